@@ -1,0 +1,55 @@
+"""The `bench` command line: assembles the command groups and turns bad input into exit 2.
+
+Every user error (BenchError, or a usage error from the option parser) prints one
+line on stderr and exits with code 2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import typer
+
+from bench.commands import data, evaluate, leaderboard, models
+from bench.errors import BenchError
+
+app = typer.Typer(
+    name="bench",
+    help="BindingBench: does a vision backbone bind object features? Generate, evaluate, compare.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+for _module in (data, models, evaluate, leaderboard):
+    _module.register(app)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns (and exits with) the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        code = app(args=args, prog_name="bench", standalone_mode=False)
+    except BenchError as e:
+        if debug:
+            raise
+        _error(str(e))
+        code = 2
+    except KeyboardInterrupt:
+        _error("interrupted")
+        code = 130
+    except Exception as e:  # the option parser's usage errors carry their own exit code
+        if not (hasattr(e, "format_message") and hasattr(e, "exit_code")) or debug:
+            raise
+        _error(e.format_message().replace("\n", " "))
+        code = e.exit_code
+    code = code if isinstance(code, int) else 0
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _error(message: str) -> None:
+    print(f"bench: error: {message}", file=sys.stderr)

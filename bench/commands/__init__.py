@@ -1,0 +1,1 @@
+"""Command groups of the `bench` CLI; each module has `register(app)`."""

@@ -1,0 +1,148 @@
+"""The results table (DESIGN §9): one tidy row per
+(run, backbone, dataset, split, layer, tokens, task, probe, seed), provenance in every row.
+
+Evaluators append rows through `write_run`; leaderboards read the union of every
+`results/*.parquet` through `read_results`. Each run is its own file, written
+atomically, so concurrent or crashed runs never corrupt each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import bench
+from bench.dataset import write_parquet_atomic
+from bench.errors import BenchError
+from bench.versions import package_versions
+
+RESULTS_SCHEMA_VERSION = 1
+
+#: The key: a row is identified by these (re-runs skip keys already present).
+KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "split", "layer", "tokens", "task", "probe", "seed")
+
+_F = pa.float64()
+_METRICS = [
+    # binding task (bits per scene and ratios), DESIGN §8
+    "H_O", "H_F", "H_O_given_F", "L_O", "L_F", "L_O_given_F",
+    "B_O", "beta_O", "B_F", "beta_F", "B_star", "beta_star", "B_star_cond", "beta_star_cond",
+    "bit_accuracy", "exact_accuracy",
+    # issameobject task
+    "accuracy", "balanced_accuracy", "auroc", "majority_accuracy",
+]
+
+RESULT_SCHEMA = pa.schema(
+    [
+        ("schema_version", pa.int32()),
+        ("run_id", pa.string()),
+        ("created_at", pa.string()),
+        ("bench_version", pa.string()),
+        ("package_versions", pa.string()),  # JSON object
+        ("device", pa.string()),
+        ("host", pa.string()),
+        ("backbone", pa.string()),  # the spec string, e.g. "facebook/dinov2-small", "oracle:objects"
+        ("backbone_family", pa.string()),
+        ("backbone_revision", pa.string()),  # weights revision or content hash
+        ("dataset", pa.string()),  # dataset name (directory name)
+        ("dataset_fingerprint", pa.string()),  # fingerprint of the evaluated split
+        ("split", pa.string()),
+        ("layer", pa.int32()),  # 0 = embeddings, L = last block
+        ("n_layers", pa.int32()),
+        ("tokens", pa.string()),  # cls | mean | all | cls+mean
+        ("task", pa.string()),  # binding | issameobject
+        ("probe", pa.string()),
+        ("seed", pa.int64()),
+        ("config_hash", pa.string()),
+        ("config", pa.string()),  # JSON of everything that produced the row
+        ("status", pa.string()),  # ok | error
+        ("error", pa.string()),
+        ("wall_time_s", _F),
+        ("n_train", pa.int64()),
+        ("n_test", pa.int64()),
+        ("best_epoch", pa.int32()),
+        *[(m, _F) for m in _METRICS],
+        *[(f"{m}_lo", _F) for m in _METRICS],
+        *[(f"{m}_hi", _F) for m in _METRICS],
+        # per-scene test bits (binding task), kept so any metric can be re-bootstrapped
+        ("scene_bits_O", pa.list_(pa.float32())),
+        ("scene_bits_F", pa.list_(pa.float32())),
+        ("scene_bits_O_given_F", pa.list_(pa.float32())),
+    ],
+    metadata={b"bindingbench_results_schema_version": str(RESULTS_SCHEMA_VERSION).encode()},
+)
+
+METRICS = tuple(_METRICS)
+
+
+def new_run_id() -> str:
+    """Sortable, unique run id: UTC time plus a random suffix."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def provenance(run_id: str, device: str) -> dict[str, Any]:
+    """Columns every row of a run shares."""
+    return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "run_id": run_id,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "bench_version": bench.__version__,
+        "package_versions": json.dumps(package_versions(), sort_keys=True),
+        "device": device,
+        "host": platform.node(),
+    }
+
+
+def make_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+    """Rows (dicts; missing columns become null) as a table in the results schema."""
+    rows = list(rows)
+    unknown = {k for r in rows for k in r} - set(RESULT_SCHEMA.names)
+    if unknown:
+        raise ValueError(f"unknown result columns: {sorted(unknown)}")
+    return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+def write_run(rows: Iterable[dict[str, Any]], results_dir: str | os.PathLike, run_id: str) -> Path:
+    """Write one run's rows to `<results_dir>/<run_id>.parquet` atomically."""
+    path = Path(results_dir) / f"{run_id}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_parquet_atomic(make_table(rows), path)
+    return path
+
+
+def read_results(results_dir: str | os.PathLike) -> pa.Table:
+    """Union of every run file in a results directory (empty table if none)."""
+    d = Path(results_dir)
+    if not d.is_dir():
+        raise BenchError(f"results: {d} is not a directory")
+    tables = []
+    for f in sorted(d.glob("*.parquet")):
+        t = pq.read_table(f)
+        version = (t.schema.metadata or {}).get(b"bindingbench_results_schema_version")
+        if version != str(RESULTS_SCHEMA_VERSION).encode():
+            raise BenchError(
+                f"results: {f.name} has schema version {version.decode() if version else 'none'}; "
+                f"this BindingBench reads {RESULTS_SCHEMA_VERSION}"
+            )
+        tables.append(t)
+    return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
+
+
+def existing_keys(results_dir: str | os.PathLike) -> set[tuple]:
+    """Keys of finished (status ok) rows, so a re-run can skip them."""
+    d = Path(results_dir)
+    if not d.is_dir():
+        return set()
+    t = read_results(d)
+    if t.num_rows == 0:
+        return set()
+    cols = [t[c].to_pylist() for c in KEY_COLUMNS]
+    status = t["status"].to_pylist()
+    return {key for key, s in zip(zip(*cols), status) if s == "ok"}

@@ -1,0 +1,1 @@
+"""Backbones, activation caches, probes and metrics; they read datasets and write results."""

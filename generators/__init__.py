@@ -1,0 +1,1 @@
+"""Scene distributions, renderers and exact priors; they write dataset directories."""

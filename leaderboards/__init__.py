@@ -1,0 +1,1 @@
+"""Results store, tables and plots; they read results."""
