@@ -99,7 +99,15 @@ class FeatureSpace:
 
     def conj_names(self, conj: int) -> tuple[str, ...]:
         """Value names per group of a conjunction id, e.g. ("red", "circle")."""
-        return tuple(vs[v] for (_, vs), v in zip(self.groups, self.conj_values(conj)))
+        if not 0 <= conj < self.n_conjunctions:
+            raise ConfigError("conjunction", f"id {conj} out of range 0..{self.n_conjunctions - 1}")
+        return self._names_table[conj]
+
+    @cached_property
+    def _names_table(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(
+            tuple(vs[v] for (_, vs), v in zip(self.groups, self.conj_values(c))) for c in range(self.n_conjunctions)
+        )
 
     def value_index(self, group: str, value: str) -> int:
         """Index of a named value inside its group; bad names raise a one-line error."""

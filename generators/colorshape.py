@@ -1,7 +1,7 @@
 """ColorShape: flat coloured shapes on a white canvas (DESIGN §4, paper setups).
 
-Rendering paints instance ids into the mask first and colours the image from the
-mask, so image, mask and objects list agree pixel for pixel by construction.
+Each object is painted into the image and the instance mask through the same
+boolean stencil, so image, mask and objects list agree pixel for pixel by construction.
 Shapes are drawn without anti-aliasing: every object pixel has exactly its colour.
 """
 
@@ -257,27 +257,28 @@ class ColorShapeGenerator(SceneGenerator):
         corners = self.layout(rng, len(conjs))
         size = c.object_size
         mask = np.zeros((c.image_size, c.image_size), dtype=np.uint8)
-        lut = np.empty((len(conjs) + 1, 3), dtype=np.uint8)
-        lut[0] = BACKGROUND
+        image = np.full((c.image_size, c.image_size, 3), BACKGROUND, dtype=np.uint8)
         colors = list(PALETTE.values())
         stencils = []
         for i, (conj, (x, y)) in enumerate(zip(conjs, corners), start=1):
             color, shape = divmod(conj, c.n_shapes)
             st = stencil(SHAPES[shape], size)
             mask[y : y + size, x : x + size][st] = i
-            lut[i] = colors[color]
+            image[y : y + size, x : x + size][st] = colors[color]
             stencils.append(st)
-        counts = np.bincount(mask.ravel(), minlength=len(conjs) + 1)
+        if c.overlap == "allow":  # later objects may cover earlier ones
+            visible = np.bincount(mask.ravel(), minlength=len(conjs) + 1)[1:].tolist()
+        else:
+            visible = [int(st.sum()) for st in stencils]
         objects = []
-        for i, (conj, (x, y), st) in enumerate(zip(conjs, corners, stencils), start=1):
+        for i, (conj, (x, y), st, vis) in enumerate(zip(conjs, corners, stencils, visible), start=1):
             full = int(st.sum())
-            visible = int(counts[i])
             objects.append({
                 "id": i, "conj": conj, "bbox": [x, y, x + size, y + size],
-                "visible_px": visible, "full_px": full, "visibility": visible / full,
+                "visible_px": int(vis), "full_px": full, "visibility": vis / full,
             })
         omega = self._omega(active_counts(code))
-        return Scene(image=lut[mask], mask=mask, objects=objects), math.log2(omega)
+        return Scene(image=image, mask=mask, objects=objects), math.log2(omega)
 
     def _omega(self, a: tuple[int, ...]) -> int:
         c = self.config

@@ -46,6 +46,8 @@ def generate(
     overwrite: bool = typer.Option(False, help="Replace an existing dataset."),
 ) -> None:
     """Render a synthetic dataset with exact codes, masks and analytic priors."""
+    if workers < 1:
+        raise BenchError(f"workers: must be ≥ 1, got {workers}")
     gen = get_generator(generator)
     overrides = _parse_sets(set_)
     for key, value in dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, image_size=image_size).items():

@@ -1,0 +1,32 @@
+"""Shared fixtures: small generated datasets, built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from generators.base import build_config, get_generator
+from generators.engine import generate
+
+
+def make_dataset(out: Path, generator: str = "colorshape", preset: str | None = "small", **overrides) -> Path:
+    """Generate a dataset with the Python API (the same path `bench generate` takes)."""
+    gen = get_generator(generator)
+    generate(gen, build_config(gen, preset, overrides), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def balanced_small(tmp_path_factory) -> Path:
+    """Paper-shaped balanced ColorShape (8x8, 6 colours, 6 shapes, 18 objects), few scenes."""
+    return make_dataset(tmp_path_factory.mktemp("data") / "balanced", n_train=40, n_val=20, n_test=20, shard_size=16)
+
+
+@pytest.fixture(scope="session")
+def uniform_small(tmp_path_factory) -> Path:
+    """Uniform ColorShape with overlapping objects allowed (exercises occlusion bookkeeping)."""
+    return make_dataset(
+        tmp_path_factory.mktemp("data") / "uniform", preset="uniform", n_train=40, n_val=20, n_test=20,
+        n_colors=4, n_shapes=4, min_objects=1, max_objects=10, overlap="allow", image_size=64, margin=2,
+    )
