@@ -53,16 +53,16 @@ class FeatureSpace:
     def names(self) -> tuple[str, ...]:
         return tuple(g for g, _ in self.groups)
 
-    @property
+    @cached_property
     def sizes(self) -> tuple[int, ...]:
         return tuple(len(vs) for _, vs in self.groups)
 
-    @property
+    @cached_property
     def n_features(self) -> int:
         """Length of F: the total number of feature values."""
         return sum(self.sizes)
 
-    @property
+    @cached_property
     def n_conjunctions(self) -> int:
         """Length of O: the number of distinct object kinds."""
         return math.prod(self.sizes)

@@ -50,10 +50,12 @@ class Scene:
     in from `conj`); `mask` holds instance ids (0 = background, ids 1..n).
     """
 
-    image: np.ndarray  # H x W x 3 uint8
+    image: np.ndarray  # H x W x 3 uint8, or H x W palette indices when `palette` is given
     mask: np.ndarray  # H x W uint8 / uint16 instance ids
     objects: list[dict[str, Any]]
     extras: dict[str, Any] = field(default_factory=dict)
+    #: K x 3 uint8 colours: flat-colour scenes stored as palette PNGs (3-4x faster to encode).
+    palette: np.ndarray | None = None
 
 
 def row_schema(object_fields: dict[str, pa.DataType], scene_fields: dict[str, pa.DataType]) -> pa.Schema:
@@ -77,18 +79,24 @@ def row_schema(object_fields: dict[str, pa.DataType], scene_fields: dict[str, pa
     return pa.schema(cols, metadata={b"bindingbench_schema_version": str(SCHEMA_VERSION).encode()})
 
 
-def encode_png(array: np.ndarray, compress_level: int = 1) -> bytes:
-    """PNG bytes of an image or an instance mask (uint8 -> L, uint16 -> I;16)."""
+def encode_png(array: np.ndarray, palette: np.ndarray | None = None, compress_level: int = 1) -> bytes:
+    """PNG bytes of an image or an instance mask (uint8 -> L, uint16 -> I;16, indices + palette -> P)."""
+    im = Image.fromarray(array)
+    if palette is not None:
+        im = Image.fromarray(array, mode="P") if im.mode != "P" else im
+        im.putpalette(np.asarray(palette, dtype=np.uint8).ravel().tolist())
     buf = io.BytesIO()
-    Image.fromarray(array).save(buf, format="PNG", compress_level=compress_level)
+    im.save(buf, format="PNG", compress_level=compress_level)
     return buf.getvalue()
 
 
 def decode_png(data: bytes | dict) -> np.ndarray:
-    """Pixels of a PNG (accepts the `{bytes, path}` struct too)."""
+    """Pixels of a PNG (accepts the `{bytes, path}` struct too); palette images come back RGB."""
     if isinstance(data, dict):
         data = data["bytes"]
     with Image.open(io.BytesIO(data)) as im:
+        if im.mode == "P":
+            im = im.convert("RGB")
         return np.asarray(im)
 
 
@@ -125,10 +133,11 @@ def encode_scene(
         "objects": objects,
         **scene.extras,
     }
+    palette = b"" if scene.palette is None else np.ascontiguousarray(scene.palette, dtype=np.uint8).tobytes()
     row["content_hash"] = sha256_hex(
-        image.tobytes(), str(image.shape), mask.tobytes(), str(mask.dtype), stable_json(row)
+        image.tobytes(), str(image.shape), palette, mask.tobytes(), str(mask.dtype), stable_json(row)
     )
-    row["image"] = {"bytes": encode_png(image), "path": None}
+    row["image"] = {"bytes": encode_png(image, scene.palette), "path": None}
     row["mask"] = {"bytes": encode_png(mask), "path": None}
     return row
 

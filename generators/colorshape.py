@@ -36,6 +36,8 @@ PALETTE: dict[str, tuple[int, int, int]] = {
 }
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "diamond", "pentagon", "hexagon", "cross", "star")
 BACKGROUND = (255, 255, 255)
+#: Flat colours: images are palette PNGs, index 0 the background, index k+1 colour k.
+_PNG_PALETTE = np.array([BACKGROUND, *PALETTE.values()], dtype=np.uint8)
 #: Supersampling factor for drawing stencils (then thresholded: no blending).
 _SS = 8
 
@@ -99,6 +101,12 @@ def stencil(shape: str, size: int) -> np.ndarray:
         raise ConfigError("shape", f"unknown {shape!r}; allowed: {', '.join(SHAPES)}")
     small = np.asarray(im, dtype=np.float32).reshape(size, _SS, size, _SS).mean(axis=(1, 3))
     return small >= 127.5
+
+
+@lru_cache(maxsize=None)
+def stencil_area(shape: str, size: int) -> int:
+    """Pixels of a shape drawn alone: an object's `full_px`."""
+    return int(stencil(shape, size).sum())
 
 
 @register_generator
@@ -257,28 +265,25 @@ class ColorShapeGenerator(SceneGenerator):
         corners = self.layout(rng, len(conjs))
         size = c.object_size
         mask = np.zeros((c.image_size, c.image_size), dtype=np.uint8)
-        image = np.full((c.image_size, c.image_size, 3), BACKGROUND, dtype=np.uint8)
-        colors = list(PALETTE.values())
-        stencils = []
+        image = np.zeros((c.image_size, c.image_size), dtype=np.uint8)  # indices into _PNG_PALETTE
         for i, (conj, (x, y)) in enumerate(zip(conjs, corners), start=1):
             color, shape = divmod(conj, c.n_shapes)
             st = stencil(SHAPES[shape], size)
             mask[y : y + size, x : x + size][st] = i
-            image[y : y + size, x : x + size][st] = colors[color]
-            stencils.append(st)
+            image[y : y + size, x : x + size][st] = color + 1
+        full_px = [stencil_area(SHAPES[conj % c.n_shapes], size) for conj in conjs]
         if c.overlap == "allow":  # later objects may cover earlier ones
             visible = np.bincount(mask.ravel(), minlength=len(conjs) + 1)[1:].tolist()
         else:
-            visible = [int(st.sum()) for st in stencils]
+            visible = full_px
         objects = []
-        for i, (conj, (x, y), st, vis) in enumerate(zip(conjs, corners, stencils, visible), start=1):
-            full = int(st.sum())
+        for i, (conj, (x, y), full, vis) in enumerate(zip(conjs, corners, full_px, visible), start=1):
             objects.append({
                 "id": i, "conj": conj, "bbox": [x, y, x + size, y + size],
                 "visible_px": int(vis), "full_px": full, "visibility": vis / full,
             })
         omega = self._omega(active_counts(code))
-        return Scene(image=image, mask=mask, objects=objects), math.log2(omega)
+        return Scene(image=image, mask=mask, objects=objects, palette=_PNG_PALETTE), math.log2(omega)
 
     def _omega(self, a: tuple[int, ...]) -> int:
         c = self.config

@@ -36,15 +36,7 @@ def _completions(rows_left: int, cols: int, covered: int, used: int, k: int) -> 
     """Ways to fill `rows_left` non-empty rows so all `cols` columns end covered with k cells."""
     if rows_left == 0:
         return int(covered == cols and used == k)
-    total = 0
-    for t in range(cols - covered + 1):
-        for u in range(covered + 1):
-            if t + u == 0 or used + t + u > k:
-                continue
-            total += math.comb(cols - covered, t) * math.comb(covered, u) * _completions(
-                rows_left - 1, cols, covered + t, used + t + u, k
-            )
-    return total
+    return sum(_row_options(rows_left, cols, covered, used, k)[1])
 
 
 def covering_acceptance(a: tuple[int, ...], k: int) -> float:
@@ -73,17 +65,7 @@ def _sample_two_groups(rng: random.Random, rows: int, cols: int, k: int) -> list
     used = 0
     cells: list[tuple[int, ...]] = []
     for row in range(rows):
-        options, weights = [], []
-        for t in range(len(uncovered) + 1):
-            for u in range(len(covered) + 1):
-                if t + u == 0 or used + t + u > k:
-                    continue
-                w = math.comb(len(uncovered), t) * math.comb(len(covered), u) * _completions(
-                    rows - row - 1, cols, len(covered) + t, used + t + u, k
-                )
-                if w:
-                    options.append((t, u))
-                    weights.append(w)
+        options, weights = _row_options(rows - row, cols, len(covered), used, k)
         t, u = options[choose_weighted(rng, weights)]
         new = rng.sample(uncovered, t)
         old = rng.sample(covered, u)
@@ -92,6 +74,23 @@ def _sample_two_groups(rng: random.Random, rows: int, cols: int, k: int) -> list
         uncovered = [c for c in uncovered if c not in new]
         used += t + u
     return sorted(cells)
+
+
+@lru_cache(maxsize=None)
+def _row_options(rows_left: int, cols: int, covered: int, used: int, k: int) -> tuple[list, list]:
+    """Choices (new columns t, old columns u) for the next row, weighted by their completions."""
+    options, weights = [], []
+    for t in range(cols - covered + 1):
+        for u in range(covered + 1):
+            if t + u == 0 or used + t + u > k:
+                continue
+            w = math.comb(cols - covered, t) * math.comb(covered, u) * _completions(
+                rows_left - 1, cols, covered + t, used + t + u, k
+            )
+            if w:
+                options.append((t, u))
+                weights.append(w)
+    return options, weights
 
 
 def _sample_rejection(rng: random.Random, a: tuple[int, ...], k: int) -> list[tuple[int, ...]]:
