@@ -11,7 +11,7 @@ from typing import Sequence
 
 import typer
 
-from bench.commands import data, evaluate, leaderboard, models
+from bench.commands import data, evaluate, leaderboard, models, report
 from bench.errors import BenchError
 
 app = typer.Typer(
@@ -21,7 +21,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _module in (data, models, evaluate, leaderboard):
+for _module in (data, models, evaluate, leaderboard, report):
     _module.register(app)
 
 
