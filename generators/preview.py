@@ -32,7 +32,7 @@ def contact_sheet(ds: Dataset, split: str, n: int, cols: int = 4, tile: int = 19
     """A grid of scenes; each cell shows the image, its mask and a caption of its objects."""
     scenes = list(islice(ds.iter_scenes(split), n))
     font = ImageFont.load_default(size=10)
-    caption_h = 64
+    caption_h = 80
     cell_w, cell_h = 2 * tile + 8, tile + caption_h + 8
     rows = -(-len(scenes) // cols)
     sheet = Image.new("RGB", (cols * cell_w, max(rows, 1) * cell_h), "white")
@@ -45,6 +45,6 @@ def contact_sheet(ds: Dataset, split: str, n: int, cols: int = 4, tile: int = 19
         sheet.paste(msk, (x + tile + 4, y))
         objs = ", ".join(f"{o['id']}:{' '.join(o['attributes'])}" for o in scene["objects"])
         text = f"{scene['scene_id']} ({len(scene['objects'])} objects) " + objs
-        lines = textwrap.wrap(text, width=cell_w // 6)[:5]
+        lines = textwrap.wrap(text, width=cell_w // 6)[:7]
         draw.multiline_text((x + 2, y + tile + 2), "\n".join(lines), fill="black", font=font, spacing=1)
     return sheet

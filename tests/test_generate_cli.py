@@ -146,7 +146,7 @@ def test_preview_writes_contact_sheet(balanced_small, tmp_path, capsys):
     code, _, err = run(["preview", balanced_small, "--out", out, "--n", 6], capsys)
     assert code == 0, err
     with Image.open(out) as im:
-        assert im.size == (4 * (2 * 192 + 8), 2 * (192 + 64 + 8))  # 4 columns x 2 rows of scene | mask cells
+        assert im.size == (4 * (2 * 192 + 8), 2 * (192 + 80 + 8))  # 4 columns x 2 rows of scene | mask cells
         sheet = np.asarray(im.convert("RGB"))
     scene, mask = sheet[:192, :192], sheet[:192, 196:388]
     assert (scene == 255).all(-1).mean() > 0.5  # white canvas with some shapes

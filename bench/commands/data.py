@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -41,7 +42,7 @@ def generate(
     n_test: Optional[int] = typer.Option(None, help="Test scenes."),
     seed: Optional[int] = typer.Option(None, help="Global seed: same config + seed gives the same bytes."),
     image_size: Optional[int] = typer.Option(None, help="Image side in pixels."),
-    workers: int = typer.Option(1, help="Worker processes (output is identical for any count)."),
+    workers: int = typer.Option(os.cpu_count() or 1, help="Worker processes (output is identical for any count)."),
     set_: list[str] = typer.Option([], "--set", help="Any config parameter, KEY=VALUE (repeatable)."),
     overwrite: bool = typer.Option(False, help="Replace an existing dataset."),
 ) -> None:
