@@ -17,6 +17,15 @@ def make_dataset(out: Path, generator: str = "colorshape", preset: str | None = 
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_activation_cache(tmp_path_factory):
+    """Keep every test's activation cache (and subprocesses') out of the user's ~/.cache."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("BINDINGBENCH_CACHE", str(tmp_path_factory.mktemp("activation-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def balanced_small(tmp_path_factory) -> Path:
     """Paper-shaped balanced ColorShape (8x8, 6 colours, 6 shapes, 18 objects), few scenes."""

@@ -1,9 +1,112 @@
-"""`bench` commands of this area (filled in by its issue)."""
+"""Backbone commands: `bench models`, `bench extract`, `bench cache ls|rm`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from bench.commands.common import Format, echo, render_table, stderr
+from bench.errors import BenchError
+
+cache_app = typer.Typer(help="See and clear cached activations.")
+
+CACHE_COLUMNS = ["key", "status", "backbone", "dataset", "split", "layers", "views", "rows", "size_mb"]
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    app.command("models")(models)
+    app.command("extract")(extract)
+    app.add_typer(cache_app, name="cache")
+
+
+def models(
+    spec: Optional[str] = typer.Argument(None, help="Show one backbone (resolved, so hub ids must be cached)."),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+) -> None:
+    """List the registered backbones: presets, random-init controls, pixels and oracles."""
+    from evaluators.backbones import PRESETS, list_backbones, resolve_backbone
+
+    infos = [resolve_backbone(spec).info] if spec else list_backbones()
+    rows = []
+    for info in infos:
+        preset = PRESETS.get(info.spec.removeprefix("random:"))
+        source = ("random init" if info.spec.startswith("random:") else preset.hub_id) if preset else "builtin"
+        rows.append({**info.to_dict(), "source": source})
+    if fmt == Format.json:
+        echo(render_table(rows, list(rows[0]), fmt))
+        return
+    short = [{"spec": r["spec"], "source": r["source"], "revision": r["revision"][:10],
+              "params_M": round(r["n_params"] / 1e6, 1), "input": r["input_size"], "patch": r["patch_size"],
+              "L": r["n_layers"], "D": r["width"] or "data", "pre": r["n_prefix"]} for r in rows]
+    echo(render_table(short, list(short[0]), fmt,
+                      title="Backbones (also: pixels:<P>, oracle:mix-<q> for q in [0, 1], HF ids, local dirs)"))
+
+
+def extract(
+    model: str = typer.Option(..., "--model", "-m", help="Backbone spec (see `bench models`)."),
+    dataset: Path = typer.Option(..., "--dataset", "-d", help="Dataset directory."),
+    split: list[str] = typer.Option(["train", "val", "test"], "--split", help="Splits (repeatable)."),
+    layers: str = typer.Option("all", help="all, last, mid, indices or fractions, comma-separated."),
+    tokens: str = typer.Option("cls", help="Views to store: cls, mean, all, cls+mean (comma-separated)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("fp32", help="fp32, bf16 or fp16 (autocast)."),
+    batch_size: int = typer.Option(32, help="Images per forward pass."),
+    resolution: str = typer.Option("native", help="native or match-grid."),
+    image_size: Optional[int] = typer.Option(None, help="Input side in px (overrides native)."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
+) -> None:
+    """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
+    from bench.dataset import Dataset
+    from evaluators.extract import extract_activations
+
+    ds = Dataset(dataset)
+    for s in split:
+        acts = extract_activations(model, ds, s, layers=layers, views=tokens.split(","), device=device, dtype=dtype,
+                                   batch_size=batch_size, resolution=resolution, image_size=image_size,
+                                   cache_dir=cache_dir)
+        echo(f"{s}: {acts.n} rows, layers {acts.layers[0]}..{acts.layers[-1]}, views {','.join(acts.views)} -> {acts.path}")
+
+
+@cache_app.callback(invoke_without_command=True)
+def cache_group(ctx: typer.Context) -> None:
+    """See and clear cached activations."""
+    if ctx.invoked_subcommand is None:
+        echo(ctx.get_help())
+
+
+@cache_app.command("ls")
+def cache_ls(
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
+) -> None:
+    """List cached activation entries (partial ones are resumable)."""
+    from evaluators.cache import list_entries
+
+    rows = [e.row() for e in list_entries(cache_dir)]
+    columns = CACHE_COLUMNS if fmt != Format.json else [*CACHE_COLUMNS, "revision", "path"]
+    echo(render_table(rows, columns, fmt, title="Activation cache"))
+
+
+@cache_app.command("rm")
+def cache_rm(
+    keys: list[str] = typer.Argument(None, help="Entry keys or key prefixes (see `bench cache ls`)."),
+    all_: bool = typer.Option(False, "--all", help="Remove every entry."),
+    partial: bool = typer.Option(False, "--partial", help="Remove unfinished entries only."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
+) -> None:
+    """Remove cached activation entries."""
+    from evaluators.cache import list_entries, remove_entries, select_entries
+
+    entries = list_entries(cache_dir)
+    if all_:
+        chosen = entries
+    elif partial:
+        chosen = [e for e in entries if not e.complete]
+    elif keys:
+        chosen = select_entries(entries, keys)
+    else:
+        raise BenchError("cache rm: name entry keys, or pass --all or --partial")
+    freed = remove_entries(chosen)
+    stderr.print(f"removed {len(chosen)} entr{'y' if len(chosen) == 1 else 'ies'} ({freed / 2**20:.1f} MiB)")

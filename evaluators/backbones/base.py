@@ -1,0 +1,114 @@
+"""What every backbone provides to the extractor, and its metadata record.
+
+A backbone turns a batch of dataset rows into token sequences, one per requested
+hidden-state index. Learned backbones read the image; the `pixels` and `oracle`
+baselines read pixels or ground truth directly. Splitting the work into `prepare`
+(CPU, runs in a loader thread: decoding, resizing) and `hidden_states` (the
+forward pass) is what lets extraction overlap input work with compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from bench.errors import BenchError
+
+RESOLUTIONS = ("native", "match-grid")
+#: `match-grid` feeds every model the dataset's 16-px patch grid (side / 16 patches per side).
+MATCH_GRID_PATCH = 16
+
+
+@dataclass(frozen=True)
+class BackboneInfo:
+    """Strict metadata of one backbone (JSON-able via `to_dict`)."""
+
+    spec: str
+    family: str
+    revision: str
+    n_params: int
+    patch_size: int | None
+    input_size: int
+    n_layers: int
+    width: int
+    n_prefix: int
+    cls_index: int | None
+    register_indices: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["register_indices"] = list(self.register_indices)
+        return d
+
+
+class Backbone(ABC):
+    """A resolved backbone: metadata, input preparation and the forward pass."""
+
+    info: BackboneInfo
+    #: dataset columns `prepare` reads.
+    columns: tuple[str, ...] = ("image",)
+    device: torch.device = torch.device("cpu")
+    dtype: str = "fp32"
+
+    @abstractmethod
+    def identity(self) -> dict[str, Any]:
+        """Everything about the backbone that changes its numbers (weights hash, preprocessing)."""
+
+    @abstractmethod
+    def prepare(self, rows: dict[str, list], side: int) -> Any:
+        """Model inputs for a batch of rows (column -> values); runs off the main thread."""
+
+    @abstractmethod
+    def hidden_states(self, inputs: Any, layers: Sequence[int]) -> list[torch.Tensor]:
+        """Tokens (B x T x D, prefix tokens first) of each requested hidden-state index."""
+
+    def bind(self, dataset: Any) -> "Backbone":
+        """Adapt to a dataset (ground-truth backbones take their width from its feature space)."""
+        return self
+
+    def to(self, device: torch.device, dtype: str) -> "Backbone":
+        self.device, self.dtype = device, dtype
+        return self
+
+    def input_side(self, dataset_side: int, resolution: str = "native", image_size: int | None = None) -> int:
+        """Input image side under a resolution policy (DESIGN §6): native, explicit, or match-grid."""
+        if resolution not in RESOLUTIONS:
+            raise BenchError(f"resolution: unknown {resolution!r}; allowed: {', '.join(RESOLUTIONS)}")
+        patch = self.info.patch_size
+        if resolution == "match-grid":
+            ref = image_size or dataset_side
+            if ref % MATCH_GRID_PATCH:
+                raise BenchError(f"image_size: match-grid needs a multiple of {MATCH_GRID_PATCH} px, got {ref}")
+            side = ref // MATCH_GRID_PATCH * (patch or MATCH_GRID_PATCH)
+        else:
+            side = image_size or self.native_side(dataset_side)
+        if side <= 0:
+            raise BenchError(f"image_size: must be > 0, got {side}")
+        if patch and side % patch:
+            raise BenchError(f"image_size: {side} px is not a multiple of {self.info.spec}'s patch size {patch}")
+        return side
+
+    def native_side(self, dataset_side: int) -> int:
+        return self.info.input_size
+
+    def grid(self, side: int) -> tuple[int, int] | None:
+        """Spatial token grid at an input side (None when there are no spatial tokens)."""
+        p = self.info.patch_size
+        return (side // p, side // p) if p else None
+
+
+def decode_resized(image: dict | bytes, side: int, resample: int) -> np.ndarray:
+    """RGB pixels (side x side x 3 uint8) of a PNG cell, resized with a PIL filter code when needed."""
+    data = image["bytes"] if isinstance(image, dict) else image
+    with Image.open(io.BytesIO(data)) as im:
+        im = im.convert("RGB")
+        if im.size != (side, side):
+            im = im.resize((side, side), resample=Image.Resampling(resample))
+        return np.asarray(im)

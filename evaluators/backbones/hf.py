@@ -1,0 +1,259 @@
+"""Hugging Face vision transformers: hub ids, local checkpoints and `random:` presets.
+
+Hub ids resolve offline first: a snapshot in the local cache is used as is; only
+when it is missing (and HF_HUB_OFFLINE is unset) is the hub contacted, after a
+quick reachability probe so that a machine without network fails in seconds, not
+after the client's retries. Every checkpoint is then loaded from its directory,
+so a hub id and a local copy take exactly the same path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+
+from bench.errors import BenchError
+from bench.hashing import stable_json
+from evaluators.backbones.base import Backbone, BackboneInfo, decode_resized
+from evaluators.backbones.presets import FAMILIES, Family, Preprocess, Preset
+from evaluators.backbones.weights import files_hash, state_dict_hash
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+HUB_FILES = ["config.json", "preprocessor_config.json", "*.safetensors", "*.safetensors.index.json"]
+
+
+class HFBackbone(Backbone):
+    """A transformers vision model run for all its hidden states in one forward pass."""
+
+    def __init__(self, spec: str, model: torch.nn.Module, config: Any, family: Family,
+                 preprocess: Preprocess, input_size: int, revision: str, weights: str) -> None:
+        self.model = model.eval()
+        self.config = config
+        self.family = family
+        self.preprocess = preprocess
+        self.weights = weights
+        n_reg = family.registers(config)
+        self.info = BackboneInfo(
+            spec=spec, family=family.name, revision=revision,
+            n_params=sum(p.numel() for p in model.parameters()), patch_size=int(config.patch_size),
+            input_size=int(input_size), n_layers=int(config.num_hidden_layers), width=int(config.hidden_size),
+            n_prefix=1 + n_reg, cls_index=0, register_indices=tuple(range(1, 1 + n_reg)),
+        )
+        self._set_normalisation(preprocess)
+
+    def _set_normalisation(self, p: Preprocess) -> None:
+        self._mean = torch.tensor(p.mean if p.do_normalize else (0.0,) * 3).view(1, 3, 1, 1)
+        self._std = torch.tensor(p.std if p.do_normalize else (1.0,) * 3).view(1, 3, 1, 1)
+        self._scale = p.rescale_factor if p.do_rescale else 1.0
+
+    def identity(self) -> dict[str, Any]:
+        return {"family": self.family.name, "class": self.family.model_class, "weights": self.weights,
+                "config": _config_identity(self.config), "preprocess": self.preprocess.to_dict()}
+
+    def to(self, device: torch.device, dtype: str) -> "HFBackbone":
+        super().to(device, dtype)
+        self.model.to(device)
+        return self
+
+    def prepare(self, rows: dict[str, list], side: int) -> torch.Tensor:
+        """Decode, resize the whole image to side x side (never crop: objects at the border count), normalise."""
+        pixels = np.stack([decode_resized(im, side, self.preprocess.resample) for im in rows["image"]])
+        x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().mul_(self._scale)
+        return x.sub_(self._mean).div_(self._std)
+
+    def hidden_states(self, inputs: torch.Tensor, layers: Sequence[int]) -> list[torch.Tensor]:
+        x = inputs.to(self.device, non_blocking=True)
+        kwargs: dict[str, Any] = {"output_hidden_states": True}
+        if self.family.interpolate_flag and x.shape[-1] != int(self.config.image_size):
+            kwargs["interpolate_pos_encoding"] = True
+        if self.family.name == "mae":  # argsort(arange) is the identity: no shuffle, patch order kept
+            n = (x.shape[-2] // self.info.patch_size) * (x.shape[-1] // self.info.patch_size)
+            kwargs["noise"] = torch.arange(n, device=x.device, dtype=torch.float32).expand(x.shape[0], n)
+        with torch.inference_mode(), autocast(self.device, self.dtype):
+            hs = self.model(pixel_values=x, **kwargs).hidden_states
+        return [hs[i] for i in layers]
+
+
+def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for bf16/fp16 (CPU autocast uses AMX for bf16); fp32 runs as is."""
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+
+
+def _config_identity(config: Any) -> dict[str, Any]:
+    d = config.to_dict()
+    for k in ("transformers_version", "_name_or_path", "architectures", "torch_dtype", "dtype", "id2label", "label2id"):
+        d.pop(k, None)
+    return json.loads(stable_json(d))
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers prints load reports and progress bars; extraction output stays clean."""
+    import transformers
+
+    log = transformers.utils.logging
+    level, bars = log.get_verbosity(), log.is_progress_bar_enabled()
+    log.set_verbosity_error()
+    log.disable_progress_bar()
+    try:
+        yield
+    finally:
+        log.set_verbosity(level)
+        if bars:
+            log.enable_progress_bar()
+
+
+def _family(model_type: str, where: str) -> Family:
+    if model_type not in FAMILIES:
+        raise BenchError(
+            f"model: {where} is a {model_type!r} checkpoint; supported model types: {', '.join(sorted(FAMILIES))}"
+        )
+    return FAMILIES[model_type]
+
+
+def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone:
+    """A checkpoint directory (config.json + weights + preprocessor_config.json)."""
+    import transformers
+    from transformers import AutoConfig, AutoImageProcessor
+
+    if not (path / "config.json").is_file():
+        raise BenchError(f"model: {path} has no config.json (not a Hugging Face checkpoint directory)")
+    with _quiet_transformers():
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        family = _family(config.model_type, str(path))
+        if config.model_type == "clip":  # vision tower only: the text tower is never built
+            config = config.vision_config
+        if family.name == "mae":
+            config.mask_ratio = 0.0
+        try:
+            processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise BenchError(f"model: {path} has no usable preprocessor_config.json ({str(e).splitlines()[0]})") from None
+        cls = getattr(transformers, family.model_class)
+        extra = {"add_pooling_layer": False} if family.name == "vit" else {}
+        model = cls.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32, **extra)
+    preprocess, native = _processor_settings(processor)
+    weights = files_hash(sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat)))
+    return HFBackbone(spec, model, config, family, preprocess, native, revision or f"sha256:{weights[:12]}", weights)
+
+
+def _processor_settings(processor: Any) -> tuple[Preprocess, int]:
+    """Resample filter, rescale and mean/std of the checkpoint's processor, and its native input side."""
+    crop = getattr(processor, "crop_size", None)
+    size = processor.size
+    if getattr(processor, "do_center_crop", False) and crop:
+        native = _side(crop)
+    else:
+        native = _side(size)
+    pre = Preprocess(
+        mean=tuple(float(v) for v in processor.image_mean), std=tuple(float(v) for v in processor.image_std),
+        resample=int(processor.resample), rescale_factor=float(processor.rescale_factor),
+        do_normalize=bool(processor.do_normalize), do_rescale=bool(processor.do_rescale),
+    )
+    return pre, native
+
+
+def _side(size: Any) -> int:
+    get = size.get if isinstance(size, dict) else lambda k: getattr(size, k, None)
+    for key in ("height", "shortest_edge"):
+        if get(key):
+            return int(get(key))
+    raise BenchError(f"model: cannot read an input size from the image processor's size {size}")
+
+
+def _build_preset(preset: Preset) -> torch.nn.Module:
+    """A preset's architecture from the config shipped in presets.py (initialised on the current device)."""
+    import transformers
+
+    family = FAMILIES[preset.model_type]
+    config = transformers.CONFIG_MAPPING[preset.model_type](**preset.config)
+    extra = {"add_pooling_layer": False} if family.name == "vit" else {}
+    with _quiet_transformers():
+        return getattr(transformers, family.model_class)(config, **extra)
+
+
+def build_random(spec: str, preset: Preset, seed: int = 0) -> HFBackbone:
+    """The preset's architecture with seeded random init (the untrained control; no download)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _build_preset(preset)
+    return HFBackbone(spec, model, model.config, FAMILIES[preset.model_type], preset.preprocess, preset.input_size,
+                      f"seed={seed}", state_dict_hash(model))
+
+
+def preset_n_params(preset: Preset) -> int:
+    """Parameter count of a preset's architecture, built on the meta device (no memory, no download)."""
+    with torch.device("meta"):
+        model = _build_preset(preset)
+    return sum(p.numel() for p in model.parameters())
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache the huggingface_hub client would use, read from the environment now."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
+    """The local snapshot directory of a hub repo, or None when it is not cached."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = Path(snapshot_download(repo_id, revision=revision, local_files_only=True, cache_dir=hub_cache_dir()))
+    except Exception:  # any "not cached" flavour of the client's errors
+        return None
+    return path if (path / "config.json").is_file() else None
+
+
+def load_hub(spec: str, repo_id: str, revision: str | None = None) -> HFBackbone:
+    """A hub id: the cached snapshot if there is one, otherwise a download (fails fast offline)."""
+    path = cached_snapshot(repo_id, revision)
+    if path is None:
+        path = _download(repo_id, revision)
+    return load_local(spec, path, revision=path.name)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _download(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    how = (f"download it where there is network (`hf download {repo_id}`) and pass its directory as the model, "
+           f"or point HF_HOME at a cache that holds it")
+    if _offline():
+        raise BenchError(f"model: {repo_id} is not in the local Hugging Face cache ({hub_cache_dir()}) "
+                         f"and HF_HUB_OFFLINE is set; {how}")
+    if not _reachable(endpoint):
+        raise BenchError(f"model: {repo_id} is not in the local Hugging Face cache and could not be downloaded "
+                         f"({endpoint} is unreachable); {how}")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, cache_dir=hub_cache_dir()))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BenchError(f"model: {repo_id} could not be downloaded ({first}); {how}") from None
+
+
+def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    url = urlparse(endpoint)
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+            return True
+    except OSError:
+        return False
+

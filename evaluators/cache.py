@@ -1,0 +1,266 @@
+"""The activation cache (DESIGN §7): fp16 arrays on disk, read memory-mapped.
+
+Layout: `<root>/activations/<base>/<selection>/` where `base` hashes everything
+that changes the numbers (backbone weights and preprocessing, input side, dataset
+fingerprint and split, dtype, format version) and `selection` the layers and
+views stored. One `.npy` per (layer, view). An entry is complete exactly when its
+`entry.json` exists; it is written last, after every row, so a killed run never
+looks complete. While a run is going, `state.json` records how many rows are on
+disk, and a later run resumes from there.
+
+Rows are written with positioned writes, not through a writable memmap: mapped
+dirty pages count toward the writer's RSS, which would then grow with the dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bench.dataset import write_json_atomic
+from bench.errors import BenchError
+from bench.hashing import sha256_hex, stable_json
+
+FORMAT_VERSION = 1
+ENTRY_NAME = "entry.json"
+STATE_NAME = "state.json"
+LOCK_NAME = ".lock"
+DTYPE = np.float16
+
+
+def cache_root(cache_dir: Path | str | None = None) -> Path:
+    """`cache_dir`, else $BINDINGBENCH_CACHE, else ~/.cache/bindingbench."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    return Path(os.environ.get("BINDINGBENCH_CACHE") or "~/.cache/bindingbench").expanduser()
+
+
+def activations_dir(cache_dir: Path | str | None = None) -> Path:
+    return cache_root(cache_dir) / "activations"
+
+
+def base_key(material: dict[str, Any]) -> str:
+    """Hash of the key material (plus the format version): equal only for equal numbers."""
+    return sha256_hex(stable_json({"format_version": FORMAT_VERSION, **material}))[:32]
+
+
+def selection_key(layers: Sequence[int], views: Sequence[str]) -> str:
+    return sha256_hex(stable_json({"layers": sorted(layers), "views": sorted(views)}))[:16]
+
+
+def array_name(layer: int, view: str) -> str:
+    return f"L{layer:03d}-{view}.npy"
+
+
+def covers(stored: Sequence[str], view: str) -> bool:
+    """A stored view set serves `view` (cls and mean are column slices of cls+mean)."""
+    return view in stored or (view in ("cls", "mean") and "cls+mean" in stored)
+
+
+def find_complete(cache_dir: Path | None, base: str, layers: Sequence[int], views: Sequence[str]) -> Path | None:
+    """A complete entry of this base key holding at least these layers and views."""
+    root = activations_dir(cache_dir) / base
+    if not root.is_dir():
+        return None
+    for entry in sorted(root.iterdir()):
+        meta = read_meta(entry)
+        if meta and set(layers) <= set(meta["layers"]) and all(covers(meta["views"], v) for v in views):
+            return entry
+    return None
+
+
+def read_meta(entry: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((entry / ENTRY_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def open_array(entry: Path, layer: int, view: str) -> np.memmap:
+    """Read-only memory map of one stored array (no data read until indexed)."""
+    arr = np.load(entry / array_name(layer, view), mmap_mode="r")
+    assert isinstance(arr, np.memmap)
+    return arr
+
+
+@dataclass
+class EntryWriter:
+    """Fills one entry's arrays row range by row range; resumes from `state.json`."""
+
+    path: Path
+    material: dict[str, Any]
+    layers: list[int]
+    views: list[str]
+    n: int
+    row_shapes: dict[str, tuple[int, ...]]
+    n_done: int = 0
+    _fds: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
+    _lock_fd: int | None = None
+
+    def open(self) -> "EntryWriter":
+        """Lock the entry, then reuse its rows on disk if a previous run of the same key left some."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.path / LOCK_NAME, os.O_CREAT | os.O_RDWR)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # a concurrent run of the same key waits here
+        if read_meta(self.path) is not None:  # finished by the run we waited for: leave it alone
+            self.n_done = self.n
+            return self
+        state = self._read_state()
+        if state is None:
+            self._create_arrays()
+            self.n_done = 0
+            self._write_state()
+        else:
+            self.n_done = int(state["n_done"])
+        for layer in self.layers:
+            for view in self.views:
+                p = self.path / array_name(layer, view)
+                fd = os.open(p, os.O_RDWR)
+                self._fds[layer, view] = (fd, _data_offset(p))
+        return self
+
+    def _read_state(self) -> dict[str, Any] | None:
+        try:
+            state = json.loads((self.path / STATE_NAME).read_text())
+        except (OSError, ValueError):
+            return None
+        same = state.get("n") == self.n and state.get("row_shapes") == {k: list(v) for k, v in self.row_shapes.items()}
+        files = all((self.path / array_name(l, v)).is_file() for l in self.layers for v in self.views)
+        return state if same and files else None
+
+    def _create_arrays(self) -> None:
+        for layer in self.layers:
+            for view in self.views:
+                shape = (self.n, *self.row_shapes[view])
+                p = self.path / array_name(layer, view)
+                with open(p, "wb") as f:
+                    np.lib.format.write_array_header_1_0(
+                        f, {"descr": np.lib.format.dtype_to_descr(np.dtype(DTYPE)), "fortran_order": False,
+                            "shape": shape})
+                    f.truncate(f.tell() + int(np.prod(shape)) * np.dtype(DTYPE).itemsize)
+
+    def _write_state(self) -> None:
+        write_json_atomic({"n_done": self.n_done, "n": self.n, "material": self.material, "layers": self.layers,
+                           "views": self.views, "row_shapes": {k: list(v) for k, v in self.row_shapes.items()},
+                           "updated": time.time()}, self.path / STATE_NAME)
+
+    def write(self, start: int, arrays: dict[tuple[int, str], np.ndarray]) -> None:
+        """Write rows [start, start + len) of every array, then record them as done."""
+        count = 0
+        for (layer, view), rows in arrays.items():
+            fd, offset = self._fds[layer, view]
+            rows = np.ascontiguousarray(rows, dtype=DTYPE)
+            row_bytes = int(np.prod(self.row_shapes[view])) * rows.itemsize
+            _pwrite_all(fd, rows.data.cast("B"), offset + start * row_bytes)
+            count = len(rows)
+        self.n_done = start + count
+        self._write_state()
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Make the entry complete: flush the arrays, then write entry.json last."""
+        for fd, _ in self._fds.values():
+            os.fsync(fd)
+        write_json_atomic({"format_version": FORMAT_VERSION, "material": self.material, "layers": self.layers,
+                           "views": self.views, "n": self.n, **meta}, self.path / ENTRY_NAME)
+        (self.path / STATE_NAME).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for fd, _ in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
+def _data_offset(path: Path) -> int:
+    with open(path, "rb") as f:
+        np.lib.format.read_magic(f)
+        np.lib.format.read_array_header_1_0(f)
+        return f.tell()
+
+
+@dataclass
+class EntryInfo:
+    """One cache entry as `bench cache ls` shows it."""
+
+    key: str
+    path: Path
+    complete: bool
+    backbone: str
+    revision: str
+    dataset: str
+    split: str
+    layers: list[int]
+    views: list[str]
+    rows: str
+    bytes: int
+
+    def row(self) -> dict[str, Any]:
+        layers = self.layers
+        span = f"{layers[0]}..{layers[-1]} ({len(layers)})" if len(layers) > 3 else ",".join(map(str, layers))
+        return {"key": self.key, "status": "complete" if self.complete else "partial", "backbone": self.backbone,
+                "revision": self.revision, "dataset": self.dataset, "split": self.split, "layers": span,
+                "views": ",".join(self.views), "rows": self.rows, "size_mb": round(self.bytes / 2**20, 1),
+                "path": str(self.path)}
+
+
+def list_entries(cache_dir: Path | None = None) -> list[EntryInfo]:
+    """Complete and partial entries under the cache root."""
+    out = []
+    root = activations_dir(cache_dir)
+    for entry in sorted(root.glob("*/*")) if root.is_dir() else []:
+        meta = read_meta(entry)
+        complete = meta is not None
+        if meta is None:
+            try:
+                meta = json.loads((entry / STATE_NAME).read_text())
+            except (OSError, ValueError):
+                meta = {}
+        mat = meta.get("material", {})
+        rows = str(meta.get("n", "?")) if complete else f"{meta.get('n_done', 0)}/{meta.get('n', '?')}"
+        out.append(EntryInfo(
+            key=f"{entry.parent.name[:8]}{entry.name[:4]}", path=entry, complete=complete,
+            backbone=mat.get("spec", "?"), revision=mat.get("revision", "?"), dataset=mat.get("dataset", "?"),
+            split=mat.get("split", "?"), layers=list(meta.get("layers", [])), views=list(meta.get("views", [])),
+            rows=rows, bytes=sum(f.stat().st_size for f in entry.iterdir() if f.is_file()),
+        ))
+    return out
+
+
+def remove_entries(entries: Sequence[EntryInfo]) -> int:
+    """Delete entries (and base directories left empty); returns bytes freed."""
+    freed = 0
+    for e in entries:
+        freed += e.bytes
+        shutil.rmtree(e.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            e.path.parent.rmdir()
+    return freed
+
+
+def select_entries(entries: Sequence[EntryInfo], keys: Sequence[str]) -> list[EntryInfo]:
+    """Entries whose key starts with any of `keys`; an unmatched key is a BenchError."""
+    out = []
+    for k in keys:
+        hits = [e for e in entries if e.key.startswith(k)]
+        if not hits:
+            raise BenchError(f"cache key: no entry matches {k!r}; run `bench cache ls` to see the keys")
+        out += [e for e in hits if e not in out]
+    return out
+

@@ -1,0 +1,290 @@
+"""Per-layer token activations of a dataset split, extracted once and cached (DESIGN §7).
+
+All requested layers come from one forward pass per batch. Three stages overlap:
+a loader thread reads and prepares batches (Parquet -> PNG decode -> resize ->
+normalise), the calling thread runs the model, and a writer thread appends fp16
+rows to the cache. Queues are bounded, so memory stays O(batch) whatever the
+dataset size.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from bench.dataset import Dataset, decode_png
+from bench.errors import BenchError
+from evaluators import cache
+from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
+
+VIEWS = ("cls", "mean", "all", "cls+mean")
+DTYPES = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+_DONE = object()
+
+
+@dataclass
+class Activations:
+    """Cached activations of one (backbone, dataset split): read-only fp16 memmaps."""
+
+    info: BackboneInfo
+    layers: list[int]
+    n: int
+    grid: tuple[int, int] | None
+    views: list[str]
+    path: Path
+
+    def get(self, layer: int, view: str) -> np.memmap:
+        """Rows in dataset order: cls/mean (N, D), cls+mean (N, 2D), all (N, T, D) spatial tokens only."""
+        if view not in VIEWS:
+            raise BenchError(f"view: unknown {view!r}; allowed: {', '.join(VIEWS)}")
+        if layer not in self.layers:
+            raise BenchError(f"layer: {layer} was not extracted; available: {', '.join(map(str, self.layers))}")
+        if view == "all" and self.grid is None:
+            raise BenchError(f"view: {self.info.spec} has no spatial tokens, so no 'all' view")
+        if view in self.views:
+            return cache.open_array(self.path, layer, view)
+        if cache.covers(self.views, view):
+            both = cache.open_array(self.path, layer, "cls+mean")
+            d = both.shape[1] // 2
+            return both[:, :d] if view == "cls" else both[:, d:]
+        raise BenchError(f"view: {view!r} was not extracted; available: {', '.join(self.views)}")
+
+
+def parse_layers(layers: str | int | Sequence[int | str], n_layers: int) -> list[int]:
+    """Hidden-state indices (0 = embeddings, n_layers = last block) from `all`, `last`, `mid`,
+    ints (negative count from the end) or fractions of the depth like `0.5`, comma-separated or listed."""
+    items: list[Any] = layers.split(",") if isinstance(layers, str) else (
+        [layers] if isinstance(layers, int) else list(layers))
+    out: set[int] = set()
+    for raw in items:
+        item = raw.strip().lower() if isinstance(raw, str) else raw
+        if item == "all":
+            out.update(range(n_layers + 1))
+            continue
+        if item in ("last", "mid", "first"):
+            out.add({"last": n_layers, "mid": n_layers // 2, "first": 0}[item])
+            continue
+        try:
+            value = float(item) if isinstance(item, str) and "." in item else int(item)
+        except (TypeError, ValueError):
+            raise BenchError(f"layers: cannot read {raw!r}; use all, last, mid, integers or fractions like 0.5") from None
+        if isinstance(value, float):
+            if not 0.0 <= value <= 1.0:
+                raise BenchError(f"layers: fraction {raw!r} must be in [0, 1]")
+            out.add(int(round(value * n_layers)))
+            continue
+        index = value + n_layers + 1 if value < 0 else value
+        if not 0 <= index <= n_layers:
+            raise BenchError(f"layers: {raw!r} out of range; this backbone has hidden states 0..{n_layers}")
+        out.add(index)
+    if not out:
+        raise BenchError("layers: nothing selected")
+    return sorted(out)
+
+
+def parse_views(views: str | Sequence[str]) -> list[str]:
+    items = views.split(",") if isinstance(views, str) else list(views)
+    out = []
+    for v in (s.strip() for s in items):
+        if v not in VIEWS:
+            raise BenchError(f"tokens: unknown view {v!r}; allowed: {', '.join(VIEWS)}")
+        if v not in out:
+            out.append(v)
+    if not out:
+        raise BenchError("tokens: no view selected")
+    return out
+
+
+def resolve_device(device: str) -> torch.device:
+    if device not in DEVICES:
+        raise BenchError(f"device: unknown {device!r}; allowed: {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("device: cuda requested but no CUDA device is available")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def dataset_side(dataset: Dataset, split: str) -> int:
+    """Image side of a split (its first image; datasets are square)."""
+    for batch in dataset.iter_batches(split, batch_size=1, columns=["image"]):
+        return int(decode_png(batch.column("image")[0].as_py()).shape[0])
+    raise BenchError(f"split: {split!r} of {dataset.path} has no rows")
+
+
+def extract_activations(
+    spec: str | Backbone,
+    dataset: Dataset,
+    split: str,
+    *,
+    layers: str | Sequence[int] = "all",
+    views: Sequence[str] = ("cls",),
+    device: str = "auto",
+    dtype: str = "fp32",
+    batch_size: int = 32,
+    resolution: str = "native",
+    image_size: int | None = None,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+) -> Activations:
+    """Activations of a split, from the cache when an entry covers the request, else extracted now.
+
+    `spec` may also be an already resolved Backbone (the benchmark reuses one model).
+    """
+    if dtype not in DTYPES:
+        raise BenchError(f"dtype: unknown {dtype!r}; allowed: {', '.join(DTYPES)}")
+    if batch_size < 1:
+        raise BenchError(f"batch_size: must be ≥ 1, got {batch_size}")
+    view_list = parse_views(views)
+    n = dataset.num_rows(split)
+    backbone = (resolve_backbone(spec) if isinstance(spec, str) else spec).bind(dataset)
+    info = backbone.info
+    side = backbone.input_side(dataset_side(dataset, split), resolution, image_size)
+    grid = backbone.grid(side)
+    if "all" in view_list and grid is None:
+        raise BenchError(f"tokens: {info.spec} has no spatial tokens; use cls or mean")
+    if info.cls_index is None and {"cls", "cls+mean"} & set(view_list):
+        raise BenchError(f"tokens: {info.spec} has no class token; use mean or all")
+    layer_ids = parse_layers(layers, info.n_layers)
+    dev = resolve_device(device)
+    material = {
+        "spec": info.spec, "revision": info.revision, "backbone": backbone.identity(), "side": side,
+        "dataset": dataset.name, "fingerprint": dataset.fingerprint(split), "split": split, "dtype": dtype,
+    }
+    # the spec string labels the entry but is not part of its identity: the weights are
+    key = cache.base_key({k: v for k, v in material.items() if k not in ("spec", "dataset")})
+    found = cache.find_complete(cache_dir, key, layer_ids, view_list)
+    if found is None:
+        found = cache.activations_dir(cache_dir) / key / cache.selection_key(layer_ids, view_list)
+        row_shapes = _row_shapes(view_list, info.width, grid)
+        writer = cache.EntryWriter(found, material, layer_ids, view_list, n, row_shapes).open()
+        try:
+            if cache.read_meta(found) is None:  # another run may have finished it while we waited
+                t0 = time.perf_counter()
+                _run(backbone.to(dev, dtype), dataset, split, side, layer_ids, view_list, batch_size, writer,
+                     progress)
+                writer.finish({"info": info.to_dict(), "grid": list(grid) if grid else None, "device": str(dev),
+                               "batch_size": batch_size, "wall_s": round(time.perf_counter() - t0, 3)})
+        finally:
+            writer.close()
+    meta = cache.read_meta(found)
+    return Activations(info=info, layers=layer_ids, n=n, grid=grid, views=list(meta["views"]), path=found)
+
+
+def _row_shapes(views: Sequence[str], width: int, grid: tuple[int, int] | None) -> dict[str, tuple[int, ...]]:
+    tokens = grid[0] * grid[1] if grid else 0
+    shapes = {"cls": (width,), "mean": (width,), "cls+mean": (2 * width,), "all": (tokens, width)}
+    return {v: shapes[v] for v in views}
+
+
+def token_views(h: torch.Tensor, info: BackboneInfo, views: Sequence[str], spatial: bool) -> dict[str, torch.Tensor]:
+    """The requested views of one layer's tokens (B x T x D); registers are never spatial."""
+    patches = h[:, info.n_prefix:]
+    out: dict[str, torch.Tensor] = {}
+    if info.cls_index is not None:
+        out["cls"] = h[:, info.cls_index].float()
+    out["mean"] = patches.float().mean(dim=1) if spatial else out["cls"]
+    if "cls+mean" in views:
+        out["cls+mean"] = torch.cat([out["cls"], out["mean"]], dim=1)
+    if "all" in views:
+        out["all"] = patches
+    return {v: out[v] for v in views}
+
+
+def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: list[int], views: list[str],
+         batch_size: int, writer: cache.EntryWriter, progress: bool) -> None:
+    """The three-stage pipeline: loader thread -> forward here -> writer thread."""
+    start = writer.n_done
+    inputs: queue.Queue = queue.Queue(maxsize=2)
+    outputs: queue.Queue = queue.Queue(maxsize=2)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    spatial = backbone.grid(side) is not None
+
+    def load() -> None:
+        try:
+            for offset, rows in _batches(dataset, split, backbone.columns, batch_size, skip=start):
+                if stop.is_set():
+                    return
+                inputs.put((offset, backbone.prepare(rows, side)))
+        except BaseException as e:  # surfaced in the main thread
+            errors.append(e)
+        finally:
+            inputs.put(_DONE)
+
+    def write(advance: Callable[[int], None]) -> None:
+        while (item := outputs.get()) is not _DONE:
+            if errors:  # keep consuming so the forward loop never blocks on a full queue
+                continue
+            offset, arrays = item
+            try:
+                writer.write(offset, arrays)
+                advance(len(next(iter(arrays.values()))))
+            except BaseException as e:
+                errors.append(e)
+                stop.set()
+
+    with ExitStack() as stack:
+        advance = _progress(stack, progress, f"extract {backbone.info.spec} {split}", writer.n, start)
+        threads = [threading.Thread(target=load, daemon=True), threading.Thread(target=write, args=(advance,), daemon=True)]
+        for t in threads:
+            t.start()
+        try:
+            while (item := inputs.get()) is not _DONE and not stop.is_set():
+                offset, x = item
+                hs = backbone.hidden_states(x, layers)
+                arrays = {}
+                for layer, h in zip(layers, hs):
+                    for view, t in token_views(h, backbone.info, views, spatial).items():
+                        arrays[layer, view] = t.to(torch.float16).cpu().numpy()
+                outputs.put((offset, arrays))
+        finally:
+            stop.set()
+            _drain(inputs)
+            outputs.put(_DONE)
+            for t in threads:
+                t.join()
+    if errors:
+        raise errors[0]
+    if writer.n_done != writer.n:
+        raise RuntimeError(f"extraction wrote {writer.n_done} of {writer.n} rows")
+
+
+def _drain(q: queue.Queue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _progress(stack: ExitStack, enabled: bool, description: str, total: int, done: int) -> Callable[[int], None]:
+    if not enabled:
+        return lambda k: None
+    from bench.commands.common import progress_bar
+
+    bar = stack.enter_context(progress_bar(description, total))
+    bar.advance(done)
+    return bar.advance
+
+
+def _batches(dataset: Dataset, split: str, columns: Sequence[str], batch_size: int,
+             skip: int = 0) -> Iterator[tuple[int, dict[str, list]]]:
+    """(first row index, column -> values) batches in dataset order, starting at row `skip`."""
+    offset = 0
+    for batch in dataset.iter_batches(split, batch_size=batch_size, columns=list(columns)):
+        size = batch.num_rows
+        if offset + size > skip:
+            lo = max(skip - offset, 0)
+            part = batch.slice(lo)
+            yield offset + lo, {c: part.column(c).to_pylist() for c in columns}
+        offset += size

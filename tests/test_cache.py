@@ -1,0 +1,186 @@
+"""Activation cache: identity (same name, different weights never share), superset reuse,
+resume after a kill, memory-mapped reads, and `bench cache ls|rm`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_backbones import TINY, tiny_checkpoint
+
+from bench.cli import main
+from bench.dataset import Dataset
+from bench.errors import BenchError
+from evaluators import cache
+from evaluators.backbones import PRESETS, resolve_backbone
+from evaluators.backbones.hf import HFBackbone
+from evaluators.backbones.presets import Preset
+from evaluators.extract import extract_activations
+
+
+@pytest.fixture(scope="module")
+def ds(uniform_small) -> Dataset:
+    return Dataset(uniform_small)
+
+
+def extract(spec, ds, cache_dir, split="test", **kw):
+    return extract_activations(spec, ds, split, cache_dir=cache_dir, progress=False, **kw)
+
+
+def forbid_forward(monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("cache miss: the model ran")
+
+    monkeypatch.setattr(HFBackbone, "hidden_states", fail)
+
+
+def test_same_name_different_weights_never_share_an_entry(ds, tmp_path, monkeypatch):
+    ckpt, store = tmp_path / "model", tmp_path / "cache"
+    tiny_checkpoint("dinov2", ckpt, seed=0)
+    a = extract(str(ckpt), ds, store, layers="last")
+    a_values = np.array(a.get(2, "cls"))
+    tiny_checkpoint("dinov2", ckpt, seed=1)  # same path, same name, other weights
+    b = extract(str(ckpt), ds, store, layers="last")
+    assert b.path != a.path and not np.allclose(a_values, b.get(2, "cls"))
+    tiny_checkpoint("dinov2", ckpt, seed=0)  # the first weights again: a cache hit, no forward pass
+    with monkeypatch.context() as m:
+        forbid_forward(m)
+        again = extract(str(ckpt), ds, store, layers="last")
+    assert again.path == a.path
+    np.testing.assert_array_equal(again.get(2, "cls"), a_values)
+
+
+def test_key_covers_seed_split_dtype_and_resolution(ds, tmp_path, monkeypatch):
+    monkeypatch.setitem(PRESETS, "tiny", Preset("none/tiny", "dinov2", 32, {**TINY, "mlp_ratio": 2}))
+    base = dict(layers="last")
+    paths = {
+        "seed0": extract("random:tiny", ds, tmp_path, **base).path,
+        "seed1": extract(resolve_backbone("random:tiny", seed=1), ds, tmp_path, **base).path,
+        "val": extract("random:tiny", ds, tmp_path, split="val", **base).path,
+        "bf16": extract("random:tiny", ds, tmp_path, dtype="bf16", **base).path,
+        "48px": extract("random:tiny", ds, tmp_path, image_size=48, **base).path,
+    }
+    assert len({p.parent for p in paths.values()}) == len(paths)  # five different base keys
+
+
+def test_a_superset_entry_serves_smaller_requests(ds, tmp_path, monkeypatch):
+    ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
+    full = extract(str(ckpt), ds, tmp_path, layers="all", views=("cls+mean", "all"))
+    forbid_forward(monkeypatch)
+    part = extract(str(ckpt), ds, tmp_path, layers="mid", views=("mean",))
+    assert part.path == full.path and part.layers == [1]
+    np.testing.assert_array_equal(part.get(1, "mean"), full.get(1, "cls+mean")[:, 32:])
+    hit = extract(str(ckpt), ds, tmp_path, layers="last", views=("cls", "mean", "all", "cls+mean"))
+    assert hit.path == full.path
+    with pytest.raises(AssertionError, match="cache miss"):  # another input side is another entry
+        extract(str(ckpt), ds, tmp_path, layers="last", views=("cls",), image_size=48)
+
+
+def test_reads_are_read_only_memmaps(ds, tmp_path):
+    acts = extract("oracle:patches", ds, tmp_path, views=("all",))
+    arr = acts.get(0, "all")
+    assert isinstance(arr, np.memmap) and arr.dtype == np.float16 and arr.shape == (20, 16, 8 + 1)  # one-hots + background flag
+    with pytest.raises(ValueError):
+        arr[0, 0, 0] = 1
+
+
+def test_a_writer_that_waited_never_touches_the_finished_entry(ds, tmp_path):
+    acts = extract("oracle:objects", ds, tmp_path)
+    before = np.array(acts.get(0, "cls"))
+    assert before.sum() > 0
+    writer = cache.EntryWriter(acts.path, {}, [0], ["cls"], 20, {"cls": (16,)}).open()
+    writer.close()
+    assert writer.n_done == 20
+    np.testing.assert_array_equal(acts.get(0, "cls"), before)
+
+
+SLOW_RUN = """
+import sys, time
+from bench.dataset import Dataset
+from evaluators.backbones.hf import HFBackbone
+from evaluators.extract import extract_activations
+
+forward = HFBackbone.hidden_states
+def slow(self, x, layers):
+    time.sleep(0.25)
+    return forward(self, x, layers)
+HFBackbone.hidden_states = slow
+ckpt, data, store = sys.argv[1:]
+extract_activations(ckpt, Dataset(data), "train", views=("cls", "all"), batch_size=2, cache_dir=store, progress=False)
+"""
+
+
+def test_killed_extraction_resumes_and_matches_an_uninterrupted_run(ds, tmp_path, monkeypatch):
+    ckpt = tiny_checkpoint("dinov2-reg", tmp_path / "m")[1]
+    store, script = tmp_path / "cache", tmp_path / "slow.py"
+    script.write_text(textwrap.dedent(SLOW_RUN))
+    proc = subprocess.Popen([sys.executable, str(script), str(ckpt), str(ds.path), str(store)])
+    try:
+        n_done = _wait_for_rows(store, proc, at_least=6)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    [entry] = cache.list_entries(store)
+    assert not entry.complete and cache.read_meta(entry.path) is None
+    n_done = json.loads((entry.path / cache.STATE_NAME).read_text())["n_done"]
+    assert 6 <= n_done < 40
+    rows_run = []
+    forward = HFBackbone.hidden_states
+    monkeypatch.setattr(HFBackbone, "hidden_states", lambda self, x, l: rows_run.append(len(x)) or forward(self, x, l))
+    resumed = extract(str(ckpt), ds, store, split="train", views=("cls", "all"), batch_size=2)
+    assert sum(rows_run) == 40 - n_done  # only the missing rows ran
+    assert resumed.path == entry.path and cache.list_entries(store)[0].complete
+    fresh = extract(str(ckpt), ds, tmp_path / "fresh", split="train", views=("cls", "all"), batch_size=2)
+    for layer in (0, 2):
+        for view in ("cls", "all"):
+            np.testing.assert_array_equal(resumed.get(layer, view), fresh.get(layer, view))
+
+
+def _wait_for_rows(store: Path, proc: subprocess.Popen, at_least: int, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the extraction finished before it could be killed"
+        for state in store.glob(f"activations/*/*/{cache.STATE_NAME}"):
+            try:
+                n = json.loads(state.read_text())["n_done"]
+            except (OSError, ValueError):
+                continue
+            if n >= at_least:
+                return n
+        time.sleep(0.05)
+    raise AssertionError("extraction made no progress")
+
+
+def test_cache_ls_and_rm(ds, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path))
+    extract("oracle:objects", ds, None)
+    extract("oracle:features", ds, None)
+    partial = cache.EntryWriter(tmp_path / "activations" / ("f" * 32) / "x", {"spec": "pixels"}, [0], ["cls"], 20,
+                                {"cls": (3,)}).open()
+    partial.close()
+    assert main(["cache", "ls", "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted((r["backbone"], r["status"]) for r in listed) == [
+        ("oracle:features", "complete"), ("oracle:objects", "complete"), ("pixels", "partial")]
+    assert next(r for r in listed if r["status"] == "partial")["rows"] == "0/20"
+    assert main(["cache", "rm", "--partial"]) == 0
+    assert len(cache.list_entries()) == 2
+    objects = next(r["key"] for r in listed if r["backbone"] == "oracle:objects")
+    assert main(["cache", "rm", objects[:8]]) == 0
+    assert [e.backbone for e in cache.list_entries()] == ["oracle:features"]
+    capsys.readouterr()
+    assert main(["cache", "rm", "nosuchkey"]) == 2 and "nosuchkey" in capsys.readouterr().err
+    assert main(["cache", "rm"]) == 2
+    assert main(["cache"]) == 0 and "ls" in capsys.readouterr().out
+    assert main(["cache", "rm", "--all"]) == 0 and cache.list_entries() == []
+    with pytest.raises(BenchError):
+        cache.select_entries([], ["x"])
+    assert os.listdir(tmp_path / "activations") == []
