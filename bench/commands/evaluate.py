@@ -1,9 +1,67 @@
-"""`bench` commands of this area (filled in by its issue)."""
+"""`bench evaluate`: binding or IsSameObject probes on a dataset for one or more backbones."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
+import pyarrow.parquet as pq
 import typer
+
+from bench.commands.common import Format, echo, render_table, stderr
+
+SUMMARY_COLUMNS = {
+    "binding": ("backbone", "layer", "tokens", "probe", "seed", "status", "L_O", "L_F", "beta_O", "beta_star",
+                "beta_star_lo", "beta_star_hi", "beta_star_cond", "bit_accuracy", "exact_accuracy", "error"),
+    "issameobject": ("backbone", "layer", "probe", "seed", "status", "accuracy", "accuracy_lo", "accuracy_hi",
+                     "balanced_accuracy", "auroc", "majority_accuracy", "error"),
+}
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
+    app.command("evaluate")(evaluate)
+
+
+def _split(items: list[str]) -> list[str]:
+    """Repeatable options also accept comma-separated values."""
+    return [p.strip() for item in items for p in item.split(",") if p.strip()]
+
+
+def evaluate(
+    model: list[str] = typer.Option(..., "--model", "-m", help="Backbone spec (repeatable; see `bench models`)."),
+    dataset: Path = typer.Option(..., "--dataset", "-d", help="Dataset directory (from `bench generate`)."),
+    task: str = typer.Option("binding", help="binding (B, β, β* from F/O probes) or issameobject (patch-pair probes)."),
+    layers: Optional[str] = typer.Option(None, help="Hidden states: all, last, mid, integers or fractions like 0.5, comma-separated [binding: last; issameobject: all]."),
+    tokens: list[str] = typer.Option([], help="Token views: cls, mean, cls+mean, all (repeatable or comma-separated) [binding: cls; issameobject: all]."),
+    probes: list[str] = typer.Option([], help="Probe families. binding: linear, quadratic, quadratic-shared, dnn, attention (needs --tokens all) [linear,quadratic,dnn]. issameobject: linear, diag-quadratic, quadratic, pointwise-identity, cosine, dot, distance, majority [linear,diag-quadratic,quadratic]."),
+    seeds: list[str] = typer.Option(["0"], help="Probe seeds (repeatable or comma-separated)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda (used for extraction and probe training)."),
+    dtype: str = typer.Option("fp32", help="Backbone dtype for extraction: fp32, bf16, fp16."),
+    epochs: Optional[int] = typer.Option(None, help="Maximum probe epochs (default 40, early-stopped on val bits)."),
+    results: Path = typer.Option(Path("results"), "--results", help="Results directory (one Parquet file per run)."),
+    limit: Optional[int] = typer.Option(None, help="[test-only] use only the first N scenes of every split."),
+    overwrite: bool = typer.Option(False, help="Re-run rows already present in the results directory."),
+    exclude_background: bool = typer.Option(False, help="issameobject: drop patch pairs that involve background."),
+    fmt: Format = typer.Option(Format.table, "--format", help="Summary table format."),
+) -> None:
+    """Measure binding (B, β, β*) or IsSameObject accuracy of backbones; write results/<run_id>.parquet."""
+    from bench.errors import BenchError
+    from evaluators.run import run_evaluation
+
+    try:
+        seed_values = [int(s) for s in _split(seeds)]
+    except ValueError:
+        raise BenchError(f"seeds: expected integers, got {', '.join(seeds)}") from None
+    path = run_evaluation(
+        _split(model), dataset, task=task, layers=layers, tokens=_split(tokens) or None,
+        probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
+        results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
+    )
+    if path is None:
+        stderr.print(f"every requested row is already in {results}; nothing to do (use --overwrite to re-run)", soft_wrap=True)
+        return
+    columns = SUMMARY_COLUMNS[task]
+    rows = pq.read_table(path, columns=list(columns)).to_pylist()
+    echo(render_table(rows, columns, fmt, title=f"{task} results · {dataset.name}"))
+    stderr.print(f"wrote {len(rows)} rows to {path}", soft_wrap=True)

@@ -1,0 +1,282 @@
+"""Autoregressive binding probes (DESIGN §8).
+
+Every probe models q(t | z) = Π_k q(t_k | t_<k, z) for a binary target t (the object
+code O, the feature code F, or O given F) and is trained teacher-forced: the forward
+pass takes the true code and returns all K conditional logits at once. Summed binary
+cross-entropies are then exactly -log2 q(t | z), the code length the metrics need.
+
+Families differ only in how a conditional reads z:
+- `linear`: logit_k = w_k·z + u_k·t_<k.
+- `quadratic`: adds a low-rank symmetric form x_kᵀ W_k x_k on x_k = [z, cond, t_<k],
+  W_k = P_kᵀ diag(s_k) P_k.
+- `quadratic-shared`: the quadratic term is bilinear in z with factors shared across
+  conjunctions, W_k = U_{colour(k)}ᵀ V_{shape(k)}: a probe that can only read binding
+  through colour x shape products (if it matches `quadratic`, binding is bilinear).
+- `dnn`: ONE masked autoregressive network (MADE, Germain et al. 2015) computing all K
+  conditionals in a single pass, plus an unmasked trunk on z that every head may read.
+- `attention`: over spatial tokens; bit k's query comes from a learned bit embedding
+  and t_<k, a softmax over tokens pools values, and a quadratic readout scores them.
+
+Inputs are standardised with training-set statistics (set by the trainer), so the same
+learning rate works for oracle codes and for backbone features with large norms.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from bench.errors import BenchError
+
+#: Probe families, and the token views they accept.
+FAMILIES = ("linear", "quadratic", "quadratic-shared", "dnn", "attention")
+SPATIAL_FAMILIES = ("attention",)
+POOLED_VIEWS = ("cls", "mean", "cls+mean")
+SPATIAL_VIEWS = ("all",)
+
+#: Default hyper-parameters per family (recorded in every result row's config).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "linear": {},
+    "quadratic": {"rank": 8},
+    "quadratic-shared": {"rank": 8},
+    "dnn": {"hidden": 256, "depth": 1},
+    "attention": {"heads": 2, "key_dim": 32, "rank": 8},
+}
+
+
+def check_family(family: str, view: str) -> None:
+    """Reject an unknown family, or a family that cannot read the given token view."""
+    if family not in FAMILIES:
+        raise BenchError(f"probe: unknown {family!r}; allowed: {', '.join(FAMILIES)}")
+    if family in SPATIAL_FAMILIES and view not in SPATIAL_VIEWS:
+        raise BenchError(
+            f"probe: {family!r} needs spatial tokens (--tokens all); view {view!r} has none"
+        )
+    if family not in SPATIAL_FAMILIES and view in SPATIAL_VIEWS:
+        raise BenchError(
+            f"probe: {family!r} reads one pooled vector per scene; view {view!r} is spatial "
+            f"(use {', '.join(SPATIAL_FAMILIES)} for it, or --tokens {'/'.join(POOLED_VIEWS)})"
+        )
+
+
+def conjunction_factors(sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Shared-factor indices of each O bit: (first-group value, conjunction of the rest).
+
+    With colour x shape this is (colour(k), shape(k)), the sharing `quadratic-shared` tests.
+    """
+    n_rest = math.prod(sizes[1:])
+    conj = np.arange(math.prod(sizes))
+    return conj // n_rest, conj % n_rest
+
+
+def strictly_lower(k: int) -> torch.Tensor:
+    """Mask m[k, j] = 1 iff j < k: conditional k may only see earlier bits."""
+    return torch.tril(torch.ones(k, k), diagonal=-1)
+
+
+class Probe(nn.Module):
+    """Shared parts: input standardisation, the linear autoregressive context, conditioning."""
+
+    spatial = False
+
+    def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0) -> None:
+        super().__init__()
+        self.in_dim, self.n_bits, self.cond_dim = in_dim, n_bits, cond_dim
+        self.register_buffer("mu", torch.zeros(in_dim))
+        self.register_buffer("sigma", torch.ones(in_dim))
+        self.register_buffer("tril", strictly_lower(n_bits))
+        self.context = nn.Parameter(torch.zeros(n_bits, n_bits))
+        self.bias = nn.Parameter(torch.zeros(n_bits))
+        self.cond = nn.Linear(cond_dim, n_bits, bias=False) if cond_dim else None
+
+    def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
+        """Standardise inputs with training statistics (constant dimensions are left as is)."""
+        std = np.where(std > 1e-6, std, 1.0)
+        self.mu.copy_(torch.as_tensor(mean, dtype=torch.float32))
+        self.sigma.copy_(torch.as_tensor(std, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
+        """All K conditional logits, teacher-forced on `target` (B x K in {0, 1})."""
+        x = (x - self.mu) / self.sigma
+        t = target.to(x.dtype)
+        base = t @ (self.context * self.tril).T + self.bias
+        if self.cond is not None:
+            base = base + self.cond(cond)
+        return base + self.readout(x, t, cond)
+
+    def readout(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class LinearProbe(Probe):
+    def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0) -> None:
+        super().__init__(in_dim, n_bits, cond_dim)
+        self.w = nn.Linear(in_dim, n_bits, bias=False)
+
+    def readout(self, x, t, cond):
+        return self.w(x)
+
+
+class QuadraticProbe(Probe):
+    """Linear terms plus Σ_r s_kr (P_k x_k)_r² on x_k = [z, cond, t_<k] (symmetric, rank r)."""
+
+    def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0, rank: int = 8) -> None:
+        super().__init__(in_dim, n_bits, cond_dim)
+        self.rank = rank
+        self.w = nn.Linear(in_dim, n_bits, bias=False)
+        self.pz = nn.Linear(in_dim, n_bits * rank, bias=False)
+        self.pc = nn.Linear(cond_dim, n_bits * rank, bias=False) if cond_dim else None
+        self.pt = nn.Parameter(torch.randn(n_bits, rank, n_bits) / math.sqrt(n_bits))
+        self.s = nn.Parameter(torch.randn(n_bits, rank) / rank)
+
+    def readout(self, x, t, cond):
+        b, k, r = x.shape[0], self.n_bits, self.rank
+        proj = self.pz(x).view(b, k, r)
+        if self.pc is not None:
+            proj = proj + self.pc(cond).view(b, k, r)
+        proj = proj + torch.einsum("bj,krj->bkr", t, self.pt * self.tril[:, None, :])
+        return self.w(x) + (self.s * proj.square()).sum(-1)
+
+
+class SharedQuadraticProbe(Probe):
+    """Linear terms plus zᵀ U_{a(k)}ᵀ V_{b(k)} z with factor tables shared across bits."""
+
+    def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0, rank: int = 8,
+                 factors: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        super().__init__(in_dim, n_bits, cond_dim)
+        a, b = factors if factors is not None else (np.arange(n_bits), np.arange(n_bits))
+        self.register_buffer("fa", torch.as_tensor(np.asarray(a), dtype=torch.long))
+        self.register_buffer("fb", torch.as_tensor(np.asarray(b), dtype=torch.long))
+        self.n_a, self.n_b, self.rank = int(self.fa.max()) + 1, int(self.fb.max()) + 1, rank
+        self.w = nn.Linear(in_dim, n_bits, bias=False)
+        self.u = nn.Linear(in_dim, self.n_a * rank, bias=False)
+        self.v = nn.Linear(in_dim, self.n_b * rank, bias=False)
+
+    def readout(self, x, t, cond):
+        b = x.shape[0]
+        uz = self.u(x).view(b, self.n_a, self.rank)[:, self.fa]
+        vz = self.v(x).view(b, self.n_b, self.rank)[:, self.fb]
+        return self.w(x) + (uz * vz).sum(-1) / math.sqrt(self.rank)
+
+
+class MadeProbe(Probe):
+    """One masked autoregressive network for all K conditionals (MADE) on an unmasked trunk.
+
+    The trunk reads [z, cond] (degree 0: every head may use it). A masked hidden layer
+    mixes trunk features with t: unit h has degree m_h, sees t_j iff j < m_h and feeds
+    head k iff m_h <= k, so head k depends on t_j only for j < k. Heads also read the
+    trunk directly, so early bits (few masked units) keep the full capacity on z.
+    """
+
+    def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0, hidden: int = 256, depth: int = 1) -> None:
+        super().__init__(in_dim, n_bits, cond_dim)
+        layers: list[nn.Module] = []
+        width = in_dim + cond_dim
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.GELU()]
+            width = hidden
+        self.trunk = nn.Sequential(*layers)
+        self.head = nn.Linear(hidden, n_bits, bias=False)
+        degree = torch.arange(hidden) * n_bits // hidden  # 0..K-1, evenly spread
+        self.register_buffer("mask_in", (torch.arange(n_bits)[None, :] < degree[:, None]).float())
+        self.register_buffer("mask_out", (degree[None, :] <= torch.arange(n_bits)[:, None]).float())
+        self.made_z = nn.Linear(hidden, hidden)
+        self.made_t = nn.Parameter(torch.randn(hidden, n_bits) / math.sqrt(n_bits))
+        self.made_out = nn.Parameter(torch.randn(n_bits, hidden) / math.sqrt(hidden))
+
+    def readout(self, x, t, cond):
+        h = self.trunk(torch.cat([x, cond], dim=-1) if self.cond_dim else x)
+        m = F.gelu(self.made_z(h) + t @ (self.made_t * self.mask_in).T)
+        return self.head(h) + m @ (self.made_out * self.mask_out).T
+
+
+class AttentionProbe(Probe):
+    """Per-bit attention over spatial tokens with a quadratic readout of the pooled value.
+
+    Bit k's query = a learned bit embedding + a masked linear map of t_<k (+ cond), so
+    it can look for "the token that is both red and a square". Values pooled by softmax
+    over tokens are scored by a per-bit linear + low-rank symmetric quadratic form, which
+    can test that two attributes come from the same attended token.
+    """
+
+    spatial = True
+
+    def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0, heads: int = 2, key_dim: int = 32,
+                 rank: int = 8) -> None:
+        super().__init__(in_dim, n_bits, cond_dim)
+        self.heads, self.key_dim, self.rank = heads, key_dim, rank
+        hd = heads * key_dim
+        self.keys = nn.Linear(in_dim, hd, bias=False)
+        self.values = nn.Linear(in_dim, hd, bias=False)
+        self.query = nn.Parameter(torch.randn(n_bits, hd) / math.sqrt(hd))
+        self.query_t = nn.Parameter(torch.zeros(n_bits, hd))
+        self.query_c = nn.Linear(cond_dim, hd, bias=False) if cond_dim else None
+        self.w = nn.Parameter(torch.randn(n_bits, hd) / math.sqrt(hd))
+        self.p = nn.Parameter(torch.randn(n_bits, rank, hd) / math.sqrt(hd))
+        self.s = nn.Parameter(torch.randn(n_bits, rank) / rank)
+
+    def queries(self, t: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
+        q = self.query + torch.einsum("bj,kj,jd->bkd", t, self.tril, self.query_t)
+        if self.query_c is not None:
+            q = q + self.query_c(cond)[:, None, :]
+        return q
+
+    def attend(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pooled values B x K x heads·d, attention B x K x heads x T)."""
+        b, n_tok, _ = x.shape
+        h, d = self.heads, self.key_dim
+        q = self.queries(t, cond).view(b, self.n_bits, h, d)
+        keys = self.keys(x).view(b, n_tok, h, d)
+        vals = self.values(x).view(b, n_tok, h, d)
+        attn = torch.softmax(torch.einsum("bkhd,bthd->bkht", q, keys) / math.sqrt(d), dim=-1)
+        pooled = torch.einsum("bkht,bthd->bkhd", attn, vals).reshape(b, self.n_bits, h * d)
+        return pooled, attn
+
+    def readout(self, x, t, cond):
+        pooled, _ = self.attend(x, t, cond)
+        proj = torch.einsum("bkd,krd->bkr", pooled, self.p)
+        return (pooled * self.w).sum(-1) + (self.s * proj.square()).sum(-1)
+
+    @torch.no_grad()
+    def attention_maps(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of every bit's query over tokens (B x K x heads x T), teacher-forced."""
+        x = (x - self.mu) / self.sigma
+        return self.attend(x, target.to(x.dtype), cond)[1]
+
+
+_CLASSES: dict[str, type[Probe]] = {
+    "linear": LinearProbe,
+    "quadratic": QuadraticProbe,
+    "quadratic-shared": SharedQuadraticProbe,
+    "dnn": MadeProbe,
+    "attention": AttentionProbe,
+}
+
+
+def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
+                factors: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0, **hparams: Any) -> Probe:
+    """A probe of `family` over inputs of width `in_dim` (per token for `attention`)
+    predicting `n_bits` bits, optionally also given a `cond_dim`-bit condition (F).
+
+    Its initial weights depend on `seed` alone (not on what the global RNG did before),
+    so a result row is reproducible whichever other probes were built beside it.
+    """
+    if family not in _CLASSES:
+        raise BenchError(f"probe: unknown {family!r}; allowed: {', '.join(FAMILIES)}")
+    params = {**DEFAULTS[family], **hparams}
+    if family == "quadratic-shared":
+        params["factors"] = factors
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _CLASSES[family](in_dim, n_bits, cond_dim, **params)
+
+
+def scene_bits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """-log2 q(t | z) per scene: the summed per-bit cross-entropy in bits."""
+    bce = F.binary_cross_entropy_with_logits(logits.float(), target.float(), reduction="none")
+    return bce.sum(-1) / math.log(2)

@@ -1,0 +1,308 @@
+"""The evaluation orchestrator behind `bench evaluate` (and `bench demo`).
+
+Two tasks share it. `binding` (the default): for each backbone, activations of the train/val/test splits (cached, DESIGN §7), then
+for every (layer, token view, seed) all requested probe families are trained together
+from one pass over the data: per family an O-probe, an F-probe and an O-probe given F
+(DESIGN §8). Each (backbone, layer, view, probe, seed) becomes one results row
+(DESIGN §9). The run's file is rewritten atomically after every backbone, so an
+interrupted run keeps what it finished; bad input stops the run with a BenchError.
+`issameobject`: pairwise patch probes on every layer's spatial tokens
+(`evaluators.issameobject`), one row per (backbone, layer, probe, seed), written the
+same way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from bench.codes import FeatureSpace
+from bench.dataset import Dataset
+from bench.errors import BenchError
+from bench.hashing import config_hash, derive_seed, fingerprint
+from bench.results import existing_keys, new_run_id, provenance, write_run
+from evaluators.backbones import resolve_backbone
+from evaluators.extract import extract_activations, parse_layers, parse_views
+from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
+from evaluators.issameobject import check_probes, evaluate_issameobject
+from evaluators.metrics import Priors, binding_metrics
+from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors
+from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
+
+TASKS = ("binding", "issameobject")
+#: Per task: the layers and probe families evaluated when none are named.
+DEFAULT_LAYERS = {"binding": "last", "issameobject": "all"}
+DEFAULT_PROBES = {"binding": ("linear", "quadratic", "dnn"), "issameobject": ISO_PROBES}
+SPLITS = ("train", "val", "test")
+#: The three probes per family: target, and whether it is also given F.
+TARGETS = ("O", "F", "O|F")
+
+Codes = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (F, O)
+
+
+def open_dataset(path: Path, need_codes: bool = True) -> Dataset:
+    """A dataset with non-empty train/val/test splits (and, for binding probes, F and O codes)."""
+    try:
+        ds = Dataset(path)
+    except KeyError as e:  # the card lacks a field the reader needs (e.g. no feature space)
+        raise BenchError(f"dataset: {path} has no {e.args[0]} in its card, so no F/O codes to probe") from None
+    missing = [s for s in SPLITS if s not in ds.card["splits"] or ds.num_rows(s) == 0]
+    if missing:
+        raise BenchError(f"dataset: {path} lacks non-empty split(s) {', '.join(missing)}; probes need train, val and test")
+    if not need_codes:
+        return ds
+    columns = set(pq.read_schema(ds.files("test")[0]).names)
+    if not {"F", "O"} <= columns:
+        raise BenchError(f"dataset: {path} has no F/O code columns; binding probes need them")
+    return ds
+
+
+def binding_jobs(family: str, in_dim: int, space: FeatureSpace, codes: Codes,
+                 targets: Sequence[str] = TARGETS, seed: int = 0) -> list[ProbeJob]:
+    """The O-, F- and O|F-probes of one family, named `<family>/<target>`, each
+    initialised from a seed derived from `seed` and its name."""
+    factors = conjunction_factors(space.sizes)
+    f_codes = {s: c[0] for s, c in codes.items()}
+    o_codes = {s: c[1] for s, c in codes.items()}
+    jobs = []
+    for target in targets:
+        name = f"{family}/{target}"
+        init = derive_seed("probe-init", seed, name)
+        if target == "O":
+            model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init)
+            jobs.append(ProbeJob(name, model, o_codes))
+        elif target == "F":
+            jobs.append(ProbeJob(name, build_probe(family, in_dim, space.n_features, seed=init), f_codes))
+        else:
+            model = build_probe(family, in_dim, space.n_conjunctions, cond_dim=space.n_features, factors=factors,
+                                seed=init)
+            jobs.append(ProbeJob(name, model, o_codes, cond=f_codes))
+    return jobs
+
+
+@dataclass
+class BindingResult:
+    """One family's outcome: metric columns, per-scene bits, best O-probe epoch, or an error."""
+
+    family: str
+    metrics: dict[str, float | None]
+    scene_bits: dict[str, np.ndarray | None]
+    best_epoch: int | None
+    error: str | None = None
+    fits: dict[str, FitResult] | None = None
+
+
+def evaluate_binding(
+    inputs: dict[str, RowReader], codes: Codes, priors: Priors, space: FeatureSpace, families: Sequence[str], *,
+    train: TrainConfig = TrainConfig(), targets: Sequence[str] = TARGETS, n_boot: int = 1000,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, BindingResult]:
+    """Train every family's probes on shared batches and compute the binding metrics on test."""
+    in_dim = inputs["train"].row_shape[-1]
+    jobs = [j for fam in families for j in binding_jobs(fam, in_dim, space, codes, targets, train.seed)]
+    fits = fit_probes(jobs, inputs, train, progress)
+    out = {}
+    for fam in families:
+        mine = {t: fits[f"{fam}/{t}"] for t in targets}
+        errors = [f"{t}-probe: {r.error}" for t, r in mine.items() if r.error]
+        bits = {t: (mine[t].scene_bits if t in mine else None) for t in TARGETS}
+        if errors:
+            out[fam] = BindingResult(fam, {}, bits, None, "; ".join(errors), mine)
+            continue
+        o = mine.get("O")
+        metrics = binding_metrics(priors, bits["O"], bits["F"], bits["O|F"],
+                                  None if o is None else o.bits_correct, None if o is None else o.n_bits,
+                                  n_boot=n_boot, seed=train.seed)
+        out[fam] = BindingResult(fam, metrics, bits, None if o is None else o.best_epoch, None, mine)
+    return out
+
+
+def run_evaluation(
+    models: Sequence[str], dataset: Path, *, task: str = "binding",
+    layers: str | Sequence[int] | None = None, tokens: Sequence[str] | None = None,
+    probes: Sequence[str] | None = None, seeds: Sequence[int] = (0,),
+    device: str = "auto", dtype: str = "fp32", epochs: int | None = None,
+    results_dir: Path = Path("results"), overwrite: bool = False, limit: int | None = None,
+    progress: bool = True, train: TrainConfig | None = None, exclude_background: bool = False,
+) -> Path | None:
+    """Evaluate backbones on a dataset; returns the results file written (None if nothing to do).
+
+    `layers` and `probes` default per task (`DEFAULT_LAYERS`, `DEFAULT_PROBES`); tokens
+    default to `cls` for binding and must be `all` (the patch tokens) for issameobject.
+    `limit` keeps only the first rows of every split (for tests; the rows then carry the
+    fingerprint of the evaluated rows, so they never pass for a full evaluation).
+    `train` overrides the binding training defaults (epochs and seed are still taken from
+    `epochs` and `seeds`); `exclude_background` drops issameobject pairs that involve
+    background patches.
+    """
+    if task not in TASKS:
+        raise BenchError(f"task: unknown {task!r}; allowed: {', '.join(TASKS)}")
+    if not models:
+        raise BenchError("model: give at least one backbone")
+    layers = DEFAULT_LAYERS[task] if layers is None else layers
+    probes = list(dict.fromkeys(DEFAULT_PROBES[task] if probes is None else probes))
+    if not probes:
+        raise BenchError("probes: give at least one probe family")
+    if task == "issameobject":
+        if tokens is not None and list(parse_views(tokens)) != ["all"]:
+            raise BenchError(f"tokens: issameobject compares patch tokens; use --tokens all, got {', '.join(tokens)}")
+        check_probes(probes)
+        views = ["all"]
+    else:
+        views = parse_views(("cls",) if tokens is None else tokens)
+        for view in views:
+            for fam in probes:
+                check_family(fam, view)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    if not seeds:
+        raise BenchError("seeds: give at least one seed")
+    if epochs is not None and epochs < 1:
+        raise BenchError(f"epochs: must be ≥ 1, got {epochs}")
+    if limit is not None and limit < 1:
+        raise BenchError(f"limit: must be ≥ 1, got {limit}")
+    if task == "issameobject":
+        return _run_issameobject(
+            models, open_dataset(Path(dataset), need_codes=False), layers=layers, probes=probes, seeds=seeds,
+            device=device, dtype=dtype, epochs=epochs, results_dir=results_dir, overwrite=overwrite, limit=limit,
+            progress=progress, exclude_background=exclude_background,
+        )
+    ds = open_dataset(Path(dataset))
+    base_train = replace(train or TrainConfig(), device=resolve_device(device))
+    if epochs is not None:
+        base_train = replace(base_train, epochs=epochs)
+    codes = {s: _codes(ds, s, limit) for s in SPLITS}
+    priors = Priors.from_split_info(ds.split_info("test"))
+    test_fp = ds.fingerprint("test") if limit is None else _prefix_fingerprint(ds, "test", limit)
+    done = set() if overwrite else existing_keys(results_dir)
+    run_id = new_run_id()
+    prov = provenance(run_id, base_train.device)
+    rows: list[dict[str, Any]] = []
+    path = None
+    for spec in models:
+        backbone = resolve_backbone(spec).bind(ds)
+        info = backbone.info
+        layer_ids = parse_layers(layers, info.n_layers)
+
+        def key(layer: int, view: str, fam: str, seed: int) -> tuple:
+            return (spec, ds.name, test_fp, "test", layer, view, task, fam, seed)
+
+        todo = [(layer, view, seed, [f for f in probes if key(layer, view, f, seed) not in done])
+                for layer in layer_ids for view in views for seed in seeds]
+        todo = [t for t in todo if t[3]]
+        if not todo:
+            continue
+        common = {**prov, "backbone": spec, "backbone_family": info.family, "backbone_revision": info.revision,
+                  "dataset": ds.name, "dataset_fingerprint": test_fp, "split": "test", "n_layers": info.n_layers,
+                  "task": task, "n_train": len(codes["train"][1]), "n_test": len(codes["test"][1])}
+        try:
+            acts = {s: extract_activations(backbone, ds, s, layers=layer_ids, views=views, device=device, dtype=dtype,
+                                           progress=progress) for s in SPLITS}
+        except BenchError:
+            raise
+        except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
+            message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
+            rows += [_row(common, layer, view, fam, seed, {"status": "error", "error": message})
+                     for layer, view, seed, fams in todo for fam in fams]
+            path = write_run(rows, results_dir, run_id)
+            continue
+        for layer, view, seed, fams in todo:
+            cfg = replace(base_train, seed=seed)
+            inputs = {s: RowReader(acts[s].get(layer, view), limit) for s in SPLITS}
+            t0 = time.perf_counter()
+            label = f"train {','.join(fams)} · {spec} layer {layer} {view} seed {seed}"
+            with _epoch_bar(progress, label, cfg.epochs) as advance:
+                results = evaluate_binding(inputs, codes, priors, ds.feature_space, fams, train=cfg, progress=advance)
+            wall = (time.perf_counter() - t0) / len(fams)
+            for fam in fams:
+                rows.append(_row(common, layer, view, fam, seed, _result_columns(results[fam], cfg, wall, dtype, limit)))
+        path = write_run(rows, results_dir, run_id)
+    return path
+
+
+def _run_issameobject(
+    models: Sequence[str], ds: Dataset, *, layers: str | Sequence[int], probes: Sequence[str], seeds: Sequence[int],
+    device: str, dtype: str, epochs: int | None, results_dir: Path, overwrite: bool, limit: int | None,
+    progress: bool, exclude_background: bool,
+) -> Path | None:
+    """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding rows."""
+    task = "issameobject"
+    test_fp = ds.fingerprint("test") if limit is None else _prefix_fingerprint(ds, "test", limit)
+    done = set() if overwrite else existing_keys(results_dir)
+    run_id = new_run_id()
+    prov = provenance(run_id, resolve_device(device))
+    rows: list[dict[str, Any]] = []
+    path = None
+    for spec in models:
+        backbone = resolve_backbone(spec).bind(ds)
+        info = backbone.info
+        layer_ids = parse_layers(layers, info.n_layers)
+        todo = {(spec, ds.name, test_fp, "test", layer, "all", task, fam, seed)
+                for layer in layer_ids for fam in probes for seed in seeds} - done
+        if not todo:
+            continue
+        common = {**prov, "backbone": spec, "backbone_family": info.family, "backbone_revision": info.revision,
+                  "dataset": ds.name, "dataset_fingerprint": test_fp, "split": "test", "n_layers": info.n_layers,
+                  "tokens": "all", "task": task}
+        try:
+            new = evaluate_issameobject(backbone, ds, layers=sorted({k[4] for k in todo}),
+                                        probes=[p for p in probes if any(k[7] == p for k in todo)], seeds=seeds,
+                                        device=device, dtype=dtype, epochs=epochs,
+                                        exclude_background=exclude_background, limit=limit, progress=progress)
+        except BenchError:
+            raise
+        except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
+            message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
+            new = [{"layer": k[4], "probe": k[7], "seed": k[8], "status": "error", "error": message} for k in sorted(todo)]
+        rows += [{**r, **common, "backbone": spec} for r in new
+                 if (spec, ds.name, test_fp, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
+        path = write_run(rows, results_dir, run_id)
+    return path
+
+
+def _row(common: dict[str, Any], layer: int, view: str, fam: str, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
+    return {**common, "layer": layer, "tokens": view, "probe": fam, "seed": seed, **extra}
+
+
+def _result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str, limit: int | None) -> dict[str, Any]:
+    config = {"probe": r.family, "hparams": DEFAULTS[r.family], "train": asdict(cfg), "dtype": dtype,
+              "resolution": "native", "limit": limit,
+              "best_epochs": {t: f.best_epoch for t, f in (r.fits or {}).items()}}
+    cols: dict[str, Any] = {"config": json.dumps(config, sort_keys=True),
+                            "config_hash": config_hash({k: v for k, v in config.items() if k != "best_epochs"}),
+                            "wall_time_s": wall, "best_epoch": r.best_epoch}
+    if r.error:
+        return {**cols, "status": "error", "error": r.error}
+    bits = {"scene_bits_O": r.scene_bits["O"], "scene_bits_F": r.scene_bits["F"],
+            "scene_bits_O_given_F": r.scene_bits["O|F"]}
+    return {**cols, **r.metrics, "status": "ok", "error": None,
+            **{k: (None if v is None else v.astype(np.float32).tolist()) for k, v in bits.items()}}
+
+
+def _codes(ds: Dataset, split: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    f, o, _ = ds.codes(split)
+    return (f, o) if limit is None else (f[:limit], o[:limit])
+
+
+def _prefix_fingerprint(ds: Dataset, split: str, limit: int) -> str:
+    """Fingerprint of a split's first `limit` rows (what a limited run evaluates)."""
+    hashes = ds.table(split, ["content_hash"])["content_hash"].to_pylist()[:limit]
+    return fingerprint(hashes)
+
+
+@contextmanager
+def _epoch_bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[int], None] | None]:
+    """A per-stage progress bar over epochs (nothing when progress is off)."""
+    if not enabled:
+        yield None
+        return
+    from bench.commands.common import progress_bar
+
+    with progress_bar(label, total) as bar:
+        yield bar.advance

@@ -1,0 +1,120 @@
+"""`bench evaluate` and run_evaluation end to end on a tiny dataset (offline, CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from bench.cli import main
+from bench.results import KEY_COLUMNS, read_results
+from tests.conftest import make_dataset
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("data") / "tiny", n_train=48, n_val=16, n_test=16, image_size=64,
+                        n_colors=3, n_shapes=3, colors_per_scene=2, shapes_per_scene=2, n_objects=3,
+                        object_size=12, margin=2, val_fraction=0.25, test_fraction=0.25)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_path, capsys):
+    results = tmp_path / "results"
+    common = ["evaluate", "--dataset", str(tiny), "--epochs", "2", "--results", str(results), "--format", "json"]
+    args = [*common, "--model", "oracle:objects", "--model", "random:dinov2-small", "--probes", "linear,dnn"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {(r["backbone"], r["probe"]) for r in summary} == {
+        (b, p) for b in ("oracle:objects", "random:dinov2-small") for p in ("linear", "dnn")}
+    table = read_results(results)
+    assert table.num_rows == 4
+    rows = table.to_pylist()
+    for r in rows:
+        assert r["status"] == "ok", r["error"]
+        assert r["task"] == "binding" and r["split"] == "test" and r["tokens"] == "cls" and r["seed"] == 0
+        assert r["dataset"] == "tiny" and r["n_train"] == 48 and r["n_test"] == 16
+        assert len(r["scene_bits_O"]) == len(r["scene_bits_F"]) == len(r["scene_bits_O_given_F"]) == 16
+        assert r["L_O"] == pytest.approx(sum(r["scene_bits_O"]) / 16, rel=1e-5)
+        assert r["beta_star_lo"] <= r["beta_star"] <= r["beta_star_hi"]
+        assert r["B_star"] == pytest.approx(r["H_O_given_F"] - (r["L_O"] - r["L_F"]))
+        assert json.loads(r["config"])["probe"] == r["probe"] and r["config_hash"]
+        assert r["wall_time_s"] > 0 and r["package_versions"] and r["run_id"]
+    layers = {r["backbone"]: (r["layer"], r["n_layers"]) for r in rows}
+    assert layers["oracle:objects"] == (0, 0)
+    assert layers["random:dinov2-small"] == (12, 12)
+
+    assert main(args) == 0  # every key is present: nothing runs, nothing is written
+    assert "nothing to do" in capsys.readouterr().err
+    assert len(list(results.glob("*.parquet"))) == 1
+
+    more = [*common, "--model", "oracle:objects,random:dinov2-small", "--model", "oracle:features",
+            "--probes", "linear", "--probes", "quadratic"]
+    assert main(more) == 0
+    new = read_results(results)
+    keys = [tuple(r[c] for c in KEY_COLUMNS) for r in new.to_pylist()]
+    assert len(keys) == len(set(keys)) == 4 + 2 + 2  # only quadratic x 2 models and oracle:features x 2 probes ran
+
+
+def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
+    from evaluators.run import run_evaluation
+
+    path = run_evaluation(["oracle:features"], tiny, probes=["linear"], epochs=1, results_dir=tmp_path, limit=8,
+                          progress=False)
+    (row,) = pq.read_table(path).to_pylist()
+    assert row["n_train"] == 8 and row["n_test"] == 8 and len(row["scene_bits_O"]) == 8
+    full = json.loads((tiny / "dataset.json").read_text())["splits"]["test"]["fingerprint"]
+    assert row["dataset_fingerprint"] != full and json.loads(row["config"])["limit"] == 8
+
+
+def test_a_failing_probe_becomes_an_error_row(tiny, tmp_path, monkeypatch):
+    import evaluators.probes as probes
+    from evaluators.run import run_evaluation
+
+    def broken(self, x, t, cond):
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr(probes.QuadraticProbe, "readout", broken)
+    path = run_evaluation(["oracle:objects"], tiny, probes=["linear", "quadratic"], epochs=1, results_dir=tmp_path,
+                          progress=False)
+    rows = {r["probe"]: r for r in pq.read_table(path).to_pylist()}
+    assert rows["linear"]["status"] == "ok"
+    assert rows["quadratic"]["status"] == "error" and "probe exploded" in rows["quadratic"]["error"]
+    assert rows["quadratic"]["L_O"] is None
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--model", "oracle:objects", "--probes", "mlp"], "probe: unknown 'mlp'"),
+        (["--model", "oracle:objects", "--probes", "attention"], "needs spatial tokens"),
+        (["--model", "oracle:objects", "--probes", "attention", "--tokens", "all"], "no spatial tokens"),
+        (["--model", "oracle:objects", "--layers", "3"], "layers: '3' out of range"),
+        (["--model", "oracle:nothing"], "unknown oracle"),
+        (["--model", "oracle:objects", "--seeds", "x"], "seeds: expected integers"),
+    ],
+)
+def test_bad_inputs_exit_2_with_one_line(tiny, tmp_path, capsys, extra, message):
+    code = main(["evaluate", "--dataset", str(tiny), "--results", str(tmp_path), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_dataset_without_codes_exits_2(tiny, tmp_path, capsys):
+    card = json.loads((tiny / "dataset.json").read_text())
+    broken = tmp_path / "nocodes"
+    broken.mkdir()
+    for f in tiny.glob("*.parquet"):
+        (broken / f.name).symlink_to(f)
+    del card["feature_space"]
+    (broken / "dataset.json").write_text(json.dumps(card))
+    assert main(["evaluate", "--dataset", str(broken), "--model", "oracle:objects"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no F/O codes" in err and len(err.splitlines()) == 1

@@ -1,0 +1,67 @@
+"""Binding metrics against hand-computed values (DESIGN §8)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evaluators.metrics import Priors, binding_metrics
+
+PRIORS = Priors(H_O=10.0, H_F=4.0, H_O_given_F=6.0)
+
+
+def test_point_estimates_follow_the_design_formulas():
+    n = 50
+    m = binding_metrics(PRIORS, np.full(n, 5.0), np.full(n, 1.0), np.full(n, 3.0))
+    assert m["L_O"] == 5.0 and m["L_F"] == 1.0 and m["L_O_given_F"] == 3.0
+    assert m["B_O"] == pytest.approx(5.0) and m["beta_O"] == pytest.approx(0.5)
+    assert m["B_F"] == pytest.approx(3.0) and m["beta_F"] == pytest.approx(0.75)
+    assert m["B_star"] == pytest.approx(6.0 - (5.0 - 1.0)) and m["beta_star"] == pytest.approx(2.0 / 6.0)
+    assert m["B_star_cond"] == pytest.approx(3.0) and m["beta_star_cond"] == pytest.approx(0.5)
+    assert (m["H_O"], m["H_F"], m["H_O_given_F"]) == (10.0, 4.0, 6.0)
+    # constant per-scene values: every bootstrap resample gives the same number
+    assert m["beta_star_lo"] == pytest.approx(m["beta_star"]) == pytest.approx(m["beta_star_hi"])
+
+
+def test_negative_estimates_are_reported_raw():
+    m = binding_metrics(PRIORS, np.full(10, 12.0), np.full(10, 0.5))
+    assert m["B_O"] == pytest.approx(-2.0) and m["beta_O"] == pytest.approx(-0.2)
+    assert m["B_star"] == pytest.approx(6.0 - 11.5) and m["beta_star"] < -0.9
+    assert m["L_O_given_F"] is None and m["B_star_cond"] is None and m["beta_star_cond_lo"] is None
+
+
+def test_ratios_are_undefined_without_entropy():
+    m = binding_metrics(Priors(3.0, 3.0, 0.0), np.full(4, 1.0), np.full(4, 1.0))
+    assert m["B_star"] == pytest.approx(0.0) and m["beta_star"] is None and m["beta_star_hi"] is None
+    assert m["beta_O"] == pytest.approx(2.0 / 3.0)
+
+
+def test_accuracies_from_teacher_forced_correct_counts():
+    correct = np.array([8, 8, 7, 4])
+    m = binding_metrics(PRIORS, np.ones(4), correct_O=correct, n_bits_O=8)
+    assert m["bit_accuracy"] == pytest.approx(27 / 32)
+    assert m["exact_accuracy"] == pytest.approx(0.5)
+
+
+def test_bootstrap_interval_is_seeded_and_matches_the_normal_approximation():
+    rng = np.random.default_rng(1)
+    bits_o = rng.exponential(4.0, size=4000)
+    a = binding_metrics(PRIORS, bits_o, n_boot=2000, seed=3)
+    b = binding_metrics(PRIORS, bits_o, n_boot=2000, seed=3)
+    c = binding_metrics(PRIORS, bits_o, n_boot=2000, seed=4)
+    assert a == b and a["L_O_lo"] != c["L_O_lo"]
+    half = 1.96 * bits_o.std() / np.sqrt(len(bits_o))
+    assert a["L_O_lo"] < a["L_O"] < a["L_O_hi"]
+    assert (a["L_O_hi"] - a["L_O_lo"]) / 2 == pytest.approx(half, rel=0.1)
+    # B_O = H_O - L_O: its interval is the mirror image
+    assert a["B_O_lo"] == pytest.approx(PRIORS.H_O - a["L_O_hi"])
+
+
+def test_paired_resampling_keeps_the_correlation_of_o_and_f_bits():
+    """L_O - L_F is nearly constant when both vary together: its interval must be narrow."""
+    rng = np.random.default_rng(0)
+    shared = rng.normal(5.0, 2.0, size=2000)
+    m = binding_metrics(PRIORS, shared + 1.0, shared)
+    assert m["B_star"] == pytest.approx(5.0)
+    assert m["B_star_hi"] - m["B_star_lo"] < 1e-9
+    assert m["L_O_hi"] - m["L_O_lo"] > 0.1
