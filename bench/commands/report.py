@@ -1,9 +1,69 @@
-"""`bench` commands of this area (filled in by its issue)."""
+"""Report commands: `bench toys-analysis` (the identical-objects experiment) and `bench report`
+(one self-contained HTML page of the IsSameObject results, plus PNG figures)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from bench.commands.common import Format, echo, render_table, stderr
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
+    app.command("toys-analysis")(toys_analysis)
+    app.command("report")(report)
+
+
+def toys_analysis(
+    model: str = typer.Option(..., "--model", "-m", help="Backbone spec (see `bench models`)."),
+    dataset: Path = typer.Option(..., "--dataset", "-d", help="A `toys` dataset (bench generate toys)."),
+    train_dataset: Optional[Path] = typer.Option(
+        None, "--train-dataset", help="Train the probe on this dataset's train/val splits (default: the toys')."),
+    probe: str = typer.Option("quadratic", "--probe", help="Pairwise probe: linear, diag-quadratic, quadratic, "
+                              "pointwise-identity, cosine, dot, distance."),
+    layers: str = typer.Option("all", "--layers", help="all, last, mid, a fraction like 0.5, or indices 0,4,8."),
+    split: str = typer.Option("test", "--split", help="Toy split whose pairs are scored."),
+    out: Path = typer.Option(Path("toy-analysis"), "--out", "-o", help="Directory for toy_analysis.json and .png."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16 forward passes."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Probe epochs (default 30, early stopping on val)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use at most this many scenes per split."),
+    heatmap_scenes: int = typer.Option(3, "--heatmap-scenes", help="Scenes whose full score maps go to the report."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table, markdown, csv or json."),
+) -> None:
+    """Score patch pairs of identical-object toy scenes by pair category, per layer."""
+    from evaluators.issameobject import check_probes
+    from evaluators.toy_analysis import TABLE_COLUMNS, run_toy_analysis, table_rows, write_analysis
+
+    check_probes([probe])
+    analysis = run_toy_analysis(
+        model, dataset, train_dataset=train_dataset, probe=probe, layers=_layers(layers), split=split,
+        device=device, dtype=dtype, epochs=epochs, limit=limit, heatmap_scenes=heatmap_scenes,
+    )
+    json_path, png = write_analysis(analysis, out)
+    echo(render_table(table_rows(analysis), TABLE_COLUMNS, fmt, title=f"IsSameObject scores by pair category — {model}"))
+    stderr.print(f"wrote {json_path} and {png}")
+
+
+def report(
+    results_dir: Optional[Path] = typer.Argument(None, help="Results directory (issameobject rows are drawn)."),
+    analysis: list[Path] = typer.Option([], "--analysis", "-a", help="A `bench toys-analysis` output directory (repeatable)."),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file; PNG figures go beside it."),
+    metric: str = typer.Option("accuracy", "--metric", help="accuracy, balanced_accuracy or auroc."),
+) -> None:
+    """Write a self-contained HTML report (opens from disk, no server, no network)."""
+    from leaderboards.report import build_report
+
+    paths = build_report(results_dir, analysis, out, metric=metric)
+    echo(str(paths[0]))
+    for p in paths[1:]:
+        stderr.print(f"figure: {p}")
+
+
+def _layers(spec: str):
+    """`0,4,8` as ints; anything else (all, last, mid, 0.5) is passed through for the extractor to parse."""
+    parts = [p.strip() for p in spec.split(",")]
+    return [int(p) for p in parts] if len(parts) > 1 or parts[0].isdigit() else spec

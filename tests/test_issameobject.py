@@ -1,0 +1,304 @@
+"""IsSameObject: pair sampling, symmetric scorers, metrics against hand-computed values,
+and end to end on oracle-style patch tokens (per-patch attribute one-hots)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.dataset import Dataset
+from bench.errors import BenchError
+from bench.results import make_table
+from tests.conftest import make_dataset
+from evaluators.issameobject import (
+    ALL_PROBES,
+    PairConfig,
+    PairTrainConfig,
+    build_probe,
+    fit_bias,
+    evaluate_activations,
+    fit_scorer,
+    layer_data,
+    pair_metrics,
+    sample_pairs,
+    weighted_auroc,
+)
+from evaluators.patch_labels import IGNORE, split_patch_labels
+
+# ---------------------------------------------------------------- pairs
+
+
+def test_balanced_sampling_takes_a_quarter_of_each_pair_kind():
+    labels = np.array([[0, 0, 1, 1, 1, 2, IGNORE, 0], [3, 3, 3, 3, 3, 3, 3, 3]])
+    pairs = sample_pairs(labels, PairConfig(pairs_per_image=8), seed=0)
+    first = pairs.image == 0
+    a, b = labels[0, pairs.i[first]], labels[0, pairs.j[first]]
+    kinds = [(x == y and x > 0, x == y == 0, x != y and x > 0 and y > 0, (x == 0) != (y == 0)) for x, y in zip(a, b)]
+    assert np.sum(kinds, axis=0).tolist() == [2, 2, 2, 2]  # same object, bg-bg, two objects, object-bg
+    # the one-object image has only same-object pairs: it contributes its quota of them
+    assert (pairs.image == 1).sum() == 2 and pairs.same[pairs.image == 1].all()
+    assert np.all(pairs.i < pairs.j)
+    assert np.all(pairs.same == (labels[pairs.image, pairs.i] == labels[pairs.image, pairs.j]))
+    assert IGNORE not in labels[pairs.image, pairs.i] and IGNORE not in labels[pairs.image, pairs.j]
+    assert len({(a, b, c) for a, b, c in zip(pairs.image, pairs.i, pairs.j)}) == len(pairs)  # no duplicates
+
+
+def test_exclude_background_and_natural_sampling():
+    labels = np.array([[0, 0, 0, 1, 1, 2]])
+    no_bg = sample_pairs(labels, PairConfig(pairs_per_image=100, exclude_background=True), seed=1)
+    assert set(labels[0, no_bg.i]) | set(labels[0, no_bg.j]) <= {1, 2}
+    assert (no_bg.same.sum(), (~no_bg.same).sum()) == (1, 2)  # (3,4) same; (3,5), (4,5) different
+    few = sample_pairs(np.array([[1, 1, 1, 1, 2, 2]]), PairConfig(pairs_per_image=4, exclude_background=True), seed=0)
+    assert (few.same.sum(), (~few.same).sum()) == (2, 2)  # half each of the two object kinds
+    natural = sample_pairs(labels, PairConfig(pairs_per_image=100, sampling="natural"), seed=1)
+    assert len(natural) == 15 and natural.same.sum() == 3 + 1  # all C(6,2) pairs; bg-bg 3, (3,4)
+    again = sample_pairs(labels, PairConfig(pairs_per_image=4, sampling="natural"), seed=1)
+    assert len(again) == 4
+    with pytest.raises(BenchError, match="sampling"):
+        sample_pairs(labels, PairConfig(sampling="stratified"), seed=0)
+
+
+# ---------------------------------------------------------------- scorers
+
+
+@pytest.mark.parametrize("name", ["linear", "diag-quadratic", "quadratic", "pointwise-identity"])
+def test_trained_probe_forms_are_symmetric(name):
+    torch.manual_seed(0)
+    probe = build_probe(name, 12, PairTrainConfig(rank=4, slots=5))
+    with torch.no_grad():
+        for p in probe.parameters():  # random, non-trivial weights (zero init would be trivially symmetric)
+            p.copy_(torch.randn_like(p))
+        x, y = torch.randn(50, 12), torch.randn(50, 12)
+        a, b = probe(x, y), probe(y, x)
+    assert a.std() > 0.1
+    torch.testing.assert_close(a, b)
+
+
+def test_quadratic_matches_its_matrix():
+    torch.manual_seed(1)
+    probe = build_probe("quadratic", 6, PairTrainConfig(rank=3))
+    w = (probe.u.T @ probe.v + probe.v.T @ probe.u) / 2  # (UᵀV + VᵀU)/2 in D x D
+    x, y = torch.randn(8, 6), torch.randn(8, 6)
+    with torch.no_grad():
+        probe.w.copy_(torch.randn(6))
+    expected = torch.einsum("bi,ij,bj->b", x, w, y) + (x + y) @ probe.w + probe.b
+    torch.testing.assert_close(probe(x, y), expected)
+    assert torch.linalg.matrix_rank(w.detach()) <= 6
+
+
+def _toy_split(rng, protos, n_img=30, t=12, d=6):
+    """Tokens = object prototype + noise: same-object pairs share a prototype."""
+    labels = rng.integers(0, 5, size=(n_img, t))
+    tokens = protos[labels] + rng.normal(size=(n_img, t, d)) * 0.3
+    return tokens.astype(np.float16), labels
+
+
+@pytest.mark.parametrize("name", ALL_PROBES)
+def test_fitted_scorers_are_symmetric_and_learn(name):
+    rng = np.random.default_rng(0)
+    protos = rng.normal(size=(5, 6)) * 3
+    data = {}
+    for split in ("train", "val", "test"):
+        tokens, labels = _toy_split(rng, protos)
+        pairs = sample_pairs(labels, PairConfig(pairs_per_image=20), seed=3)
+        data[split] = layer_data(tokens, pairs)
+    scorer = fit_scorer(name, data["train"], data["val"], PairTrainConfig(epochs=15, batch_size=64, lr=2e-2, rank=4, slots=8))
+    u, ix, iy, same = data["test"]
+    s_xy, s_yx = scorer.score(u[ix], u[iy]), scorer.score(u[iy], u[ix])
+    np.testing.assert_allclose(s_xy, s_yx, rtol=1e-5, atol=1e-6)
+    assert np.all((s_xy >= 0) & (s_xy <= 1))
+    acc = np.mean((s_xy >= 0.5) == same)
+    if name in ("diag-quadratic", "quadratic", "pointwise-identity", "dot", "cosine", "distance"):
+        assert acc > 0.8, acc  # prototypes far apart: similarity alone separates the pairs
+    if name == "linear":
+        assert acc < 0.65, acc  # w·(x + y) sees the pair's sum, not whether its halves agree
+    if name == "majority":
+        assert len(set(s_xy.tolist())) == 1
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_pair_metrics_hand_computed():
+    scores = np.array([0.9, 0.8, 0.3, 0.6, 0.2])
+    same = np.array([True, False, True, False, False])
+    m = pair_metrics(scores, same, np.arange(5), majority=False, n_boot=200)
+    # predictions 1 1 0 1 0: one TP, one TN -> 2/5; TPR 1/2, TNR 1/3
+    assert m["accuracy"] == pytest.approx(0.4)
+    assert m["balanced_accuracy"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+    # positives 0.9 beats 3 negatives, 0.3 beats 1 -> 4 of 6
+    assert m["auroc"] == pytest.approx(4 / 6)
+    assert m["majority_accuracy"] == pytest.approx(3 / 5)
+    for k in ("accuracy", "balanced_accuracy", "auroc", "majority_accuracy"):
+        assert m[f"{k}_lo"] <= m[k] <= m[f"{k}_hi"]
+    assert m["accuracy_hi"] - m["accuracy_lo"] > 0.2  # five pairs: a wide interval
+
+
+def test_auroc_ties_and_weights_match_brute_force():
+    assert weighted_auroc(np.array([0.5, 0.5]), np.array([True, False]), np.ones(2)) == pytest.approx(0.5)
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 6, 40).astype(float)  # many ties
+    same = rng.random(40) < 0.4
+    w = rng.integers(0, 3, size=(3, 40)).astype(float)
+    for b in range(3):
+        num = den = 0.0
+        for p, q in itertools.product(np.flatnonzero(same), np.flatnonzero(~same)):
+            pair = w[b, p] * w[b, q]
+            num += pair * ((scores[p] > scores[q]) + 0.5 * (scores[p] == scores[q]))
+            den += pair
+        assert weighted_auroc(scores, same, w)[b] == pytest.approx(num / den)
+
+
+def test_baseline_bias_is_the_maximum_likelihood_threshold():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=20_000)
+    same = rng.random(20_000) < 1 / (1 + np.exp(-(z - 1.0)))  # true bias -1
+    assert fit_bias(z, same) == pytest.approx(-1.0, abs=0.05)
+    # separable and saturating (Newton from 0 diverges here): the threshold falls between the classes
+    b = fit_bias(np.array([500.0, 510, 520, 530]), np.array([False, False, True, True]))
+    assert 510 < -b < 520
+
+
+def test_bootstrap_resamples_images_not_pairs():
+    # two images: one all correct, one all wrong -> accuracy intervals reach 0 and 1 exactly
+    scores = np.array([0.9] * 10 + [0.9] * 10)
+    same = np.array([True] * 10 + [False] * 10)
+    m = pair_metrics(scores, same, np.repeat([7, 9], 10), majority=True, n_boot=400, seed=1)
+    assert m["accuracy"] == 0.5 and m["accuracy_lo"] == 0.0 and m["accuracy_hi"] == 1.0
+    assert m["auroc"] == 0.5 and m["majority_accuracy"] == 0.5
+
+
+# ---------------------------------------------------------------- end to end on oracle-style tokens
+
+
+@dataclass
+class FakeInfo:
+    spec: str = "fake:patches"
+    family: str = "oracle"
+    revision: str = "test"
+    n_layers: int = 1
+
+
+class FakeActivations:
+    """The extraction contract's shape: `.get(layer, "all")` -> (N, T, D) row-major over `.grid`."""
+
+    def __init__(self, per_layer: dict[int, np.ndarray], grid: tuple[int, int]) -> None:
+        self.info, self.layers, self.grid = FakeInfo(), sorted(per_layer), grid
+        self.n = len(next(iter(per_layer.values())))
+        self._per_layer = per_layer
+
+    def get(self, layer: int, view: str) -> np.ndarray:
+        assert view == "all"
+        return self._per_layer[layer]
+
+
+def oracle_patch_tokens(ds: Dataset, split: str, grid: tuple[int, int]) -> np.ndarray:
+    """Per-patch attribute one-hots of the labelled object (zeros for background), as oracle:patches."""
+    onehots = ds.feature_space.conj_to_feature.astype(np.float16)
+    labels = split_patch_labels(ds, split, grid, min_share=0.0)
+    objects = ds.table(split, ["objects"])["objects"].to_pylist()
+    out = np.zeros((*labels.shape, onehots.shape[1]), np.float16)
+    for n, objs in enumerate(objects):
+        for o in objs:
+            out[n, labels[n] == o["id"]] = onehots[o["conj"]]
+    return out
+
+
+@pytest.fixture(scope="module")
+def big_objects(tmp_path_factory) -> Path:
+    """ColorShape with 48 px objects: each spans several 16 px patches, so same-object pairs exist."""
+    return make_dataset(tmp_path_factory.mktemp("data") / "big", n_train=120, n_val=30, n_test=30,
+                        colors_per_scene=3, shapes_per_scene=3, n_objects=6, object_size=48)
+
+
+@pytest.fixture(scope="module")
+def oracle_acts(big_objects):
+    ds = Dataset(big_objects)
+    grid = (16, 16)
+    rng = np.random.default_rng(0)
+    acts = {}
+    for split in ("train", "val", "test"):
+        oracle = oracle_patch_tokens(ds, split, grid)
+        noise = rng.normal(size=oracle.shape).astype(np.float16)
+        acts[split] = FakeActivations({0: noise, 1: oracle}, grid)
+    return ds, acts
+
+
+def test_oracle_patch_tokens_quadratic_is_near_perfect(oracle_acts):
+    ds, acts = oracle_acts
+    rows = evaluate_activations(
+        acts, ds, probes=("quadratic", "linear", "majority"), pair_config=PairConfig(min_share=0.0),
+        train_config=PairTrainConfig(epochs=25), progress=False, n_boot=200,
+    )
+    make_table(rows)  # every column is in the results schema
+    by = {(r["layer"], r["probe"]): r for r in rows}
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    quad, maj, lin = by[(1, "quadratic")], by[(1, "majority")], by[(1, "linear")]
+    assert quad["accuracy"] >= 0.98 and quad["auroc"] >= 0.99
+    assert quad["accuracy_lo"] > maj["accuracy_hi"]
+    # two different objects vs two patches of one object: w·(x + y) cannot compare them
+    assert lin["accuracy"] < 0.9
+    assert 0.4 <= maj["accuracy"] <= 0.6  # balanced sampling
+    assert by[(0, "quadratic")]["accuracy"] < 0.65  # noise tokens carry nothing
+    r = by[(1, "quadratic")]
+    assert (r["task"], r["tokens"], r["split"], r["backbone"]) == ("issameobject", "all", "test", "fake:patches")
+    assert r["dataset_fingerprint"] == ds.fingerprint("test") and r["n_test"] > 500
+    assert json.loads(r["config"])["probe"] == "quadratic"
+
+
+def test_exclude_background_drops_background_pairs(oracle_acts):
+    ds, acts = oracle_acts
+    labels = split_patch_labels(ds, "test", (16, 16))
+    pairs = sample_pairs(labels, PairConfig(exclude_background=True), seed=0)
+    assert len(pairs) > 0
+    assert np.all(labels[pairs.image, pairs.i] > 0) and np.all(labels[pairs.image, pairs.j] > 0)
+
+
+def test_unknown_probe_is_one_line_error(oracle_acts):
+    ds, acts = oracle_acts
+    with pytest.raises(BenchError, match="attention-qk is not offered"):
+        evaluate_activations(acts, ds, probes=("attention-qk",), progress=False)
+
+
+def test_bench_evaluate_issameobject_oracle_and_pixels(big_objects, tmp_path, capsys):
+    """`bench evaluate --task issameobject` end to end: real extraction (cache), results rows, re-run skip.
+
+    oracle:patches tokens are the one-hots of each patch's owner under the labelling rule,
+    so a quadratic probe must separate same from different pairs; pixels are reported
+    against the baselines on the same pairs.
+    """
+    from bench.cli import main
+    from bench.results import read_results
+
+    results = tmp_path / "results"
+    args = ["evaluate", "--task", "issameobject", "--dataset", str(big_objects), "--model", "oracle:patches",
+            "--model", "pixels", "--probes", "quadratic,distance,majority", "--epochs", "20", "--device", "cpu",
+            "--results", str(results), "--format", "json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {(r["backbone"], r["probe"]) for r in summary} == {
+        (b, p) for b in ("oracle:patches", "pixels") for p in ("quadratic", "distance", "majority")}
+    rows = read_results(results).to_pylist()
+    by = {(r["backbone"], r["probe"]): r for r in rows}
+    assert all(r["status"] == "ok" and r["task"] == "issameobject" and r["tokens"] == "all" for r in rows)
+    assert all(r["run_id"] and r["package_versions"] and r["dataset"] == "big" for r in rows)
+    quad, maj = by[("oracle:patches", "quadratic")], by[("oracle:patches", "majority")]
+    assert quad["accuracy"] >= 0.98 and quad["accuracy_lo"] > maj["accuracy_hi"]
+    assert quad["backbone_family"] == "oracle" and quad["layer"] == 0
+    pix = {p: by[("pixels", p)]["accuracy"] for p in ("quadratic", "distance", "majority")}
+    assert 0.4 <= pix["majority"] <= 0.6 and pix["quadratic"] > pix["majority"] + 0.1
+
+    assert main(args) == 0  # every key present: nothing runs
+    assert "nothing to do" in capsys.readouterr().err
+    assert main(["evaluate", "--task", "issameobject", "--dataset", str(big_objects), "--model", "oracle:objects",
+                 "--results", str(results)]) == 2
+    assert "no spatial tokens" in capsys.readouterr().err
+    assert main(["evaluate", "--task", "issameobject", "--dataset", str(big_objects), "--model", "pixels",
+                 "--tokens", "cls", "--results", str(results)]) == 2
+    assert "use --tokens all" in capsys.readouterr().err
