@@ -29,6 +29,7 @@ from bench.errors import BenchError
 from bench.hashing import config_hash, derive_seed, fingerprint
 from bench.results import existing_keys, new_run_id, provenance, write_run
 from evaluators.backbones import resolve_backbone
+from evaluators.backbones.base import BackboneInfo
 from evaluators.extract import extract_activations, parse_layers, parse_views
 from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
 from evaluators.issameobject import check_probes, evaluate_issameobject
@@ -179,7 +180,7 @@ def run_evaluation(
         base_train = replace(base_train, epochs=epochs)
     codes = {s: _codes(ds, s, limit) for s in SPLITS}
     priors = Priors.from_split_info(ds.split_info("test"))
-    test_fp = ds.fingerprint("test") if limit is None else _prefix_fingerprint(ds, "test", limit)
+    test_fp = _test_fingerprint(ds, limit)
     done = set() if overwrite else existing_keys(results_dir)
     run_id = new_run_id()
     prov = provenance(run_id, base_train.device)
@@ -198,9 +199,8 @@ def run_evaluation(
         todo = [t for t in todo if t[3]]
         if not todo:
             continue
-        common = {**prov, "backbone": spec, "backbone_family": info.family, "backbone_revision": info.revision,
-                  "dataset": ds.name, "dataset_fingerprint": test_fp, "split": "test", "n_layers": info.n_layers,
-                  "task": task, "n_train": len(codes["train"][1]), "n_test": len(codes["test"][1])}
+        common = {**_common_columns(prov, spec, info, ds.name, test_fp, task),
+                  "n_train": len(codes["train"][1]), "n_test": len(codes["test"][1])}
         try:
             acts = {s: extract_activations(backbone, ds, s, layers=layer_ids, views=views, device=device, dtype=dtype,
                                            progress=progress) for s in SPLITS}
@@ -233,7 +233,7 @@ def _run_issameobject(
 ) -> Path | None:
     """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding rows."""
     task = "issameobject"
-    test_fp = ds.fingerprint("test") if limit is None else _prefix_fingerprint(ds, "test", limit)
+    test_fp = _test_fingerprint(ds, limit)
     done = set() if overwrite else existing_keys(results_dir)
     run_id = new_run_id()
     prov = provenance(run_id, resolve_device(device))
@@ -247,9 +247,7 @@ def _run_issameobject(
                 for layer in layer_ids for fam in probes for seed in seeds} - done
         if not todo:
             continue
-        common = {**prov, "backbone": spec, "backbone_family": info.family, "backbone_revision": info.revision,
-                  "dataset": ds.name, "dataset_fingerprint": test_fp, "split": "test", "n_layers": info.n_layers,
-                  "tokens": "all", "task": task}
+        common = {**_common_columns(prov, spec, info, ds.name, test_fp, task), "tokens": "all"}
         try:
             new = evaluate_issameobject(backbone, ds, layers=sorted({k[4] for k in todo}),
                                         probes=[p for p in probes if any(k[7] == p for k in todo)], seeds=seeds,
@@ -264,6 +262,13 @@ def _run_issameobject(
                  if (spec, ds.name, test_fp, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
         path = write_run(rows, results_dir, run_id)
     return path
+
+
+def _common_columns(prov: dict[str, Any], spec: str, info: BackboneInfo, dataset: str, test_fp: str, task: str) -> dict[str, Any]:
+    """The columns every row of one backbone shares: provenance, backbone, dataset, task."""
+    return {**prov, "backbone": spec, "backbone_family": info.family, "backbone_revision": info.revision,
+            "dataset": dataset, "dataset_fingerprint": test_fp, "split": "test", "n_layers": info.n_layers,
+            "task": task}
 
 
 def _row(common: dict[str, Any], layer: int, view: str, fam: str, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
@@ -290,10 +295,11 @@ def _codes(ds: Dataset, split: str, limit: int | None) -> tuple[np.ndarray, np.n
     return (f, o) if limit is None else (f[:limit], o[:limit])
 
 
-def _prefix_fingerprint(ds: Dataset, split: str, limit: int) -> str:
-    """Fingerprint of a split's first `limit` rows (what a limited run evaluates)."""
-    hashes = ds.table(split, ["content_hash"])["content_hash"].to_pylist()[:limit]
-    return fingerprint(hashes)
+def _test_fingerprint(ds: Dataset, limit: int | None) -> str:
+    """Fingerprint of what a run evaluates: the test split, or its first `limit` rows."""
+    if limit is None:
+        return ds.fingerprint("test")
+    return fingerprint(ds.table("test", ["content_hash"])["content_hash"].to_pylist()[:limit])
 
 
 @contextmanager
