@@ -36,6 +36,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend first)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.dataset import Dataset, decode_png  # noqa: E402
@@ -281,11 +282,18 @@ def plot_toy_analysis(analysis: dict[str, Any], out: str | os.PathLike) -> Path:
     fig, axes = plt.subplots(1, len(cats), figsize=(2.8 * len(cats), 3.0), sharey=True, squeeze=False)
     for ax, cat in zip(axes[0], cats):
         rows = sorted((r for r in analysis["stats"] if r["category"] == cat and r["n"]), key=lambda r: r["layer"])
-        x = [r["layer"] for r in rows]
+        single = len(rows) == 1  # one layer (e.g. pixels): widen it into a box, so the bands stay visible
+        x = [rows[0]["layer"] - 0.3, rows[0]["layer"] + 0.3] if single else [r["layer"] for r in rows]
+        rows = rows * 2 if single else rows
         ax.fill_between(x, [r["q05"] for r in rows], [r["q95"] for r in rows], color="C0", alpha=0.15, lw=0, label="5–95 %")
         ax.fill_between(x, [r["q25"] for r in rows], [r["q75"] for r in rows], color="C0", alpha=0.35, lw=0, label="25–75 %")
-        ax.plot(x, [r["q50"] for r in rows], color="C0", marker="o", ms=3, label="median")
+        ax.plot(x, [r["q50"] for r in rows], color="C0", marker=None if single else "o", ms=3, label="median")
         ax.plot(x, [r["mean_score"] for r in rows], color="k", ls="--", lw=1, label="mean")
+        if single:
+            ax.set_xticks([rows[0]["layer"]])
+            ax.set_xlim(rows[0]["layer"] - 1, rows[0]["layer"] + 1)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.axhline(0.5, color="gray", lw=0.8, ls=":")
         ax.set_title(cat, fontsize=9)
         ax.set_xlabel("layer")
