@@ -92,7 +92,7 @@ def test_layout_does_not_depend_on_the_camera_height():
 def sweep(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("clevr") / "sweep"
     code = main(["generate", "clevr", "--out", str(out), "--n-train", "0", "--n-val", "0", "--n-test", "16",
-                 "--image-size", "128", "--set", "camera_heights=0.6,1.9,3.2"])
+                 "--image-size", "128", "--camera-heights", "0.6,1.9,3.2"])
     assert code == 0
     return out
 
@@ -153,6 +153,12 @@ def test_determinism_across_worker_counts(tmp_path):
         assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes(), name
     fps = [Dataset(tmp_path / w).fingerprint(s) for w in ("w1", "w2") for s in ("train", "test")]
     assert fps[:2] == fps[2:]
+
+
+def test_camera_heights_is_refused_by_a_2d_generator(tmp_path, capsys):
+    assert main(["generate", "colorshape", "--out", str(tmp_path / "cs"), "--camera-heights", "1,2"]) == 2
+    assert "camera_heights: unknown parameter for colorshape" in capsys.readouterr().err
+    assert not (tmp_path / "cs").exists()
 
 
 @pytest.mark.parametrize("sets, needle", [

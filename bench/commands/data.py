@@ -43,6 +43,8 @@ def generate(
     seed: Optional[int] = typer.Option(None, help="Global seed: same config + seed gives the same bytes."),
     image_size: Optional[int] = typer.Option(None, help="Image side in pixels."),
     workers: int = typer.Option(os.cpu_count() or 1, help="Worker processes (output is identical for any count)."),
+    camera_heights: Optional[str] = typer.Option(
+        None, help="3D generators: one dataset per camera height, same layouts (e.g. 0.6,1.2,1.9,2.5,3.2)."),
     set_: list[str] = typer.Option([], "--set", help="Any config parameter, KEY=VALUE (repeatable)."),
     overwrite: bool = typer.Option(False, help="Replace an existing dataset."),
 ) -> None:
@@ -50,7 +52,7 @@ def generate(
     if workers < 1:
         raise BenchError(f"workers: must be ≥ 1, got {workers}")
     gen = get_generator(generator)
-    overrides = _parse_sets(set_)
+    overrides = _parse_sets(set_ + ([f"camera_heights={camera_heights}"] if camera_heights is not None else []))
     for key, value in dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, image_size=image_size).items():
         if value is not None:
             overrides[key] = value
