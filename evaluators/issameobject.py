@@ -29,9 +29,15 @@ Scorers, all symmetric in their two inputs by construction (score(x, y) = score(
 - bias-only baselines on the raw tokens, σ((s - μ_s)/σ_s + b) with only b learned (μ_s,
   σ_s the similarity's training mean and spread, so the sign is fixed and nothing but a
   threshold is fitted):
-  `cosine`, `dot`, `distance` (s = -‖x - y‖), and `majority` (the training majority
-  class). `attention-qk` needs the next block's projection weights, which the
-  extraction API does not expose; it is not offered.
+  `cosine`, `dot`, `distance` (s = -‖x - y‖), `attention-qk` (the attention logit of
+  the block that reads the layer, symmetrised and averaged over heads:
+  s = mean_h (q_h(n(x))·k_h(n(y)) + q_h(n(y))·k_h(n(x))) / 2 / sqrt(d_head), n that
+  block's pre-attention norm, q and k its query/key projections with their biases;
+  computed from the cached tokens and the backbone's weights, `Backbone.attention_qk`),
+  and `majority` (the training majority class). `attention-qk` needs a backbone that
+  exposes those projections (the Hugging Face ViTs, `random:` presets included); asking
+  it of any other is an error. The last hidden state feeds no block: its attention-qk
+  rows are error rows.
 
 Metrics on test pairs: accuracy (threshold 0.5), balanced accuracy, AUROC (exact, ties
 count one half), majority-baseline accuracy, each with a percentile bootstrap interval
@@ -59,11 +65,12 @@ from bench.commands.common import progress_bar
 from bench.dataset import Dataset
 from bench.errors import BenchError, ConfigError
 from bench.hashing import config_hash, derive_seed
+from evaluators.backbones.base import AttentionQK
 from evaluators.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE, split_patch_labels
 from evaluators.training import resolve_device
 
 TRAINED_PROBES = ("linear", "diag-quadratic", "quadratic", "pointwise-identity")
-BASELINES = ("cosine", "dot", "distance", "majority")
+BASELINES = ("cosine", "dot", "attention-qk", "distance", "majority")
 ALL_PROBES = TRAINED_PROBES + BASELINES
 DEFAULT_PROBES = ("linear", "diag-quadratic", "quadratic")
 SAMPLINGS = ("balanced", "natural")
@@ -250,8 +257,16 @@ def build_probe(name: str, d: int, config: PairTrainConfig) -> PairProbe:
     raise BenchError(f"probe: unknown {name!r}; allowed: {', '.join(ALL_PROBES)}")
 
 
-def similarity(name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """A baseline's raw similarity per pair (larger = more likely the same object)."""
+def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
+    """A baseline's raw similarity per pair (larger = more likely the same object).
+
+    `attention-qk` needs `qk`, the projections of the block that reads these tokens.
+    """
+    if name == "attention-qk":
+        if qk is None:
+            raise BenchError(f"probe: attention-qk needs the query/key projections of the block that reads this "
+                             f"hidden state; there are none here{_NO_QK}")
+        return attention_qk_scores(qk, x, y)
     if name == "dot":
         return np.einsum("pd,pd->p", x, y, dtype=np.float64)
     if name == "cosine":
@@ -260,6 +275,20 @@ def similarity(name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if name == "distance":
         return -np.linalg.norm(x.astype(np.float64) - y, axis=1)
     raise BenchError(f"probe: unknown baseline {name!r}; allowed: {', '.join(BASELINES)}")
+
+
+_NO_QK = " (the last hidden state feeds no block; pixels, oracles and timm backbones expose no projections)"
+
+
+@torch.no_grad()
+def attention_qk_scores(qk: AttentionQK, x: np.ndarray, y: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """`AttentionQK.pair_scores` of token pairs (P, D) x (P, D), in float32 on the projections' device."""
+    dev = next(qk.query.parameters()).device
+    out = [
+        qk.pair_scores(*(torch.from_numpy(np.asarray(a[s : s + chunk], np.float32)).to(dev) for a in (x, y))).cpu()
+        for s in range(0, len(x), chunk)
+    ]
+    return torch.cat(out).double().numpy() if out else np.zeros(0)
 
 
 @dataclass
@@ -293,8 +322,13 @@ def fit_scorer(
     train: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     val: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     config: PairTrainConfig = PairTrainConfig(),
+    qk: AttentionQK | None = None,
 ) -> FittedScorer:
-    """Fit one scorer. `train`/`val` are (U, ix, iy, same): distinct tokens and pair rows into them."""
+    """Fit one scorer. `train`/`val` are (U, ix, iy, same): distinct tokens and pair rows into them.
+
+    `qk` (for `attention-qk` only) is the block that reads these tokens; it is copied to
+    `config.device` in float32.
+    """
     u, ix, iy, same = train
     if len(same) == 0:
         raise BenchError("issameobject: no training pairs (no image has two valid patches)")
@@ -302,10 +336,11 @@ def fit_scorer(
         p = float(same.mean() >= 0.5)
         return FittedScorer(name, lambda x, y: np.full(len(x), p))
     if name in BASELINES:
-        s = similarity(name, u[ix], u[iy])
+        qk = qk.copy_to(config.device) if name == "attention-qk" and qk is not None else None
+        s = similarity(name, u[ix], u[iy], qk)
         center, scale = float(s.mean()), float(s.std()) or 1.0
         b = fit_bias((s - center) / scale, same)
-        return FittedScorer(name, lambda x, y: _sigmoid((similarity(name, x, y) - center) / scale + b))
+        return FittedScorer(name, lambda x, y: _sigmoid((similarity(name, x, y, qk) - center) / scale + b))
     return _fit_probe(name, train, val, config)
 
 
@@ -474,8 +509,11 @@ def evaluate_layer(
     config: PairTrainConfig,
     n_boot: int = 1000,
     progress: Callable[[int], None] | None = None,
+    qk: AttentionQK | None = None,
 ) -> list[dict[str, Any]]:
-    """Fit and score every probe at one layer; one metrics dict per probe (errors kept as rows)."""
+    """Fit and score every probe at one layer; one metrics dict per probe (errors kept as rows).
+
+    `qk` is the block that reads this layer (for `attention-qk`; None gives an error row)."""
     data = {s: layer_data(tokens[s], pairs[s]) for s in ("train", "val", "test")}
     u, ix, iy, same = data["test"]
     majority = bool(data["train"][3].mean() >= 0.5)
@@ -484,7 +522,7 @@ def evaluate_layer(
         start = time.perf_counter()
         row: dict[str, Any] = {"probe": name, "n_train": len(pairs["train"]), "n_test": len(pairs["test"])}
         try:
-            scorer = fit_scorer(name, data["train"], data["val"], config)
+            scorer = fit_scorer(name, data["train"], data["val"], config, qk=qk)
             scores = scorer.score(u[ix], u[iy])
             row.update(pair_metrics(scores, same, pairs["test"].image, majority, n_boot=n_boot, seed=config.seed))
             row.update(status="ok", error=None, best_epoch=scorer.best_epoch)
@@ -500,8 +538,15 @@ def evaluate_layer(
 def check_probes(probes: Sequence[str]) -> None:
     unknown = [p for p in probes if p not in ALL_PROBES]
     if unknown:
-        extra = " (attention-qk is not offered: the extraction API exposes no projection weights)" if "attention-qk" in unknown else ""
-        raise BenchError(f"probe: unknown {', '.join(map(repr, unknown))}; allowed: {', '.join(ALL_PROBES)}{extra}")
+        raise BenchError(f"probe: unknown {', '.join(map(repr, unknown))}; allowed: {', '.join(ALL_PROBES)}")
+
+
+def check_attention_qk(backbone: Any, probes: Sequence[str]) -> None:
+    """A one-line error, before any extraction, when `attention-qk` is asked of a backbone
+    that exposes no query/key projections."""
+    if "attention-qk" in probes and backbone.attention_qk(0) is None:
+        raise BenchError(f"probe: attention-qk needs a backbone that exposes its blocks' query/key projections "
+                         f"(Hugging Face ViTs); {backbone.info.spec} has none")
 
 
 def evaluate_issameobject(
@@ -527,9 +572,13 @@ def evaluate_issameobject(
     Activations of every split come from `evaluators.extract.extract_activations` (one
     forward pass for all layers, cached). Provenance columns are left to the caller.
     """
+    from evaluators.backbones import resolve_backbone
     from evaluators.extract import extract_activations  # the extraction stage is only needed here
 
     check_probes(probes)
+    if "attention-qk" in probes:  # needs the model's weights as well as its cached tokens
+        spec = resolve_backbone(spec) if isinstance(spec, str) else spec
+        check_attention_qk(spec, probes)
     ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     pc = pair_config or PairConfig()
     pc = replace(pc, exclude_background=exclude_background or pc.exclude_background)
@@ -544,6 +593,7 @@ def evaluate_issameobject(
     return evaluate_activations(
         acts, ds, probes=probes, seeds=seeds, pair_config=pc, train_config=tc, limit=limit, progress=progress,
         n_boot=n_boot, extra_config={"dtype": dtype},
+        attention_qk=spec.attention_qk if "attention-qk" in probes else None,
     )
 
 
@@ -559,10 +609,17 @@ def evaluate_activations(
     progress: bool = True,
     n_boot: int = 1000,
     extra_config: dict[str, Any] | None = None,
+    attention_qk: Callable[[int], AttentionQK | None] | None = None,
 ) -> list[dict[str, Any]]:
     """The rows of `evaluate_issameobject` from per-split `Activations` (anything with
-    `.info`, `.layers`, `.grid` and `.get(layer, "all")`)."""
+    `.info`, `.layers`, `.grid` and `.get(layer, "all")`).
+
+    `attention_qk` (layer -> the block that reads it, `Backbone.attention_qk`) is needed
+    for the `attention-qk` baseline; layers no block reads give error rows."""
     check_probes(probes)
+    if "attention-qk" in probes and attention_qk is None:
+        raise BenchError("probe: attention-qk needs the backbone's query/key projections, not only its activations "
+                         "(pass attention_qk=backbone.attention_qk)")
     test = acts["test"]
     if test.grid is None:
         raise BenchError(f"issameobject: backbone {test.info.spec!r} has no spatial tokens (it needs a patch grid)")
@@ -576,7 +633,8 @@ def evaluate_activations(
             config = replace(train_config, seed=int(seed))
             for layer in test.layers:
                 tokens = {s: _limited(acts[s].get(layer, "all"), limit) for s in acts}
-                for r in evaluate_layer(tokens, pairs, probes, config, n_boot, bar.advance if bar else None):
+                qk = attention_qk(layer) if attention_qk is not None and layer < info.n_layers else None
+                for r in evaluate_layer(tokens, pairs, probes, config, n_boot, bar.advance if bar else None, qk=qk):
                     cfg = {
                         "task": "issameobject", "probe": r["probe"], "layer": int(layer), "seed": int(seed),
                         "pairs": asdict(pair_config), "train": {k: v for k, v in asdict(config).items() if k != "device"},

@@ -157,6 +157,7 @@ def run_toy_analysis(
     score categorized pairs of the toys' `split`. Returns the JSON-able analysis."""
     from evaluators.extract import extract_activations  # noqa: PLC0415 (the heavy stage, only here)
 
+    _refuse_attention_qk(probe)
     toys_ds = toys if isinstance(toys, Dataset) else Dataset(toys)
     train_ds = toys_ds if train_dataset is None else (
         train_dataset if isinstance(train_dataset, Dataset) else Dataset(train_dataset))
@@ -175,6 +176,12 @@ def run_toy_analysis(
     )
 
 
+def _refuse_attention_qk(probe: str) -> None:
+    if probe == "attention-qk":
+        raise BenchError("probe: toys-analysis does not offer attention-qk (it needs the backbone's projection "
+                         "weights); use `bench evaluate --task issameobject --probes attention-qk`")
+
+
 def analyse_activations(
     acts: dict[str, Any],
     train_ds: Dataset,
@@ -191,6 +198,7 @@ def analyse_activations(
     progress: bool = True,
 ) -> dict[str, Any]:
     """`run_toy_analysis` from activations {"train", "val", "toys"} (each with `.get(layer, "all")`)."""
+    _refuse_attention_qk(probe)
     target = acts["toys"]
     grid = target.grid
     if grid is None:

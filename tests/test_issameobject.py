@@ -16,10 +16,12 @@ from bench.dataset import Dataset
 from bench.errors import BenchError
 from bench.results import make_table
 from tests.conftest import make_dataset
+from evaluators.backbones.base import AttentionQK
 from evaluators.issameobject import (
     ALL_PROBES,
     PairConfig,
     PairTrainConfig,
+    attention_qk_scores,
     build_probe,
     fit_bias,
     evaluate_activations,
@@ -108,7 +110,9 @@ def test_fitted_scorers_are_symmetric_and_learn(name):
         tokens, labels = _toy_split(rng, protos)
         pairs = sample_pairs(labels, PairConfig(pairs_per_image=20), seed=3)
         data[split] = layer_data(tokens, pairs)
-    scorer = fit_scorer(name, data["train"], data["val"], PairTrainConfig(epochs=15, batch_size=64, lr=2e-2, rank=4, slots=8))
+    qk = random_qk(6, heads=2) if name == "attention-qk" else None
+    scorer = fit_scorer(name, data["train"], data["val"], PairTrainConfig(epochs=15, batch_size=64, lr=2e-2, rank=4, slots=8),
+                        qk=qk)
     u, ix, iy, same = data["test"]
     s_xy, s_yx = scorer.score(u[ix], u[iy]), scorer.score(u[iy], u[ix])
     np.testing.assert_allclose(s_xy, s_yx, rtol=1e-5, atol=1e-6)
@@ -120,6 +124,30 @@ def test_fitted_scorers_are_symmetric_and_learn(name):
         assert acc < 0.65, acc  # w·(x + y) sees the pair's sum, not whether its halves agree
     if name == "majority":
         assert len(set(s_xy.tolist())) == 1
+
+
+def random_qk(d: int, heads: int, seed: int = 0) -> AttentionQK:
+    """A block's norm and q/k projections with random, non-trivial weights and biases."""
+    torch.manual_seed(seed)
+    norm, q, k = torch.nn.LayerNorm(d), torch.nn.Linear(d, d), torch.nn.Linear(d, d)
+    with torch.no_grad():
+        for p in (*norm.parameters(), *q.parameters(), *k.parameters()):
+            p.copy_(torch.randn_like(p))
+    return AttentionQK(norm, q, k, heads)
+
+
+def test_attention_qk_is_symmetric_and_matches_its_formula():
+    qk = random_qk(8, heads=2, seed=3)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 8)).astype(np.float32), rng.normal(size=(40, 8)).astype(np.float32)
+    s_xy, s_yx = attention_qk_scores(qk, x, y), attention_qk_scores(qk, y, x)
+    assert s_xy.std() > 0.1
+    np.testing.assert_allclose(s_xy, s_yx, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():  # by hand: per head h, (q_h(n(x))·k_h(n(y)) + q_h(n(y))·k_h(n(x))) / 2 / sqrt(4), averaged
+        nx, ny = qk.norm(torch.from_numpy(x)), qk.norm(torch.from_numpy(y))
+        qx, kx, qy, ky = (m(n).reshape(40, 2, 4) for m, n in ((qk.query, nx), (qk.key, nx), (qk.query, ny), (qk.key, ny)))
+        expected = (((qx * ky).sum(-1) + (qy * kx).sum(-1)) / 2 / 2.0).mean(-1)
+    np.testing.assert_allclose(s_xy, expected.numpy(), rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- metrics
@@ -262,8 +290,99 @@ def test_exclude_background_drops_background_pairs(oracle_acts):
 
 def test_unknown_probe_is_one_line_error(oracle_acts):
     ds, acts = oracle_acts
-    with pytest.raises(BenchError, match="attention-qk is not offered"):
+    with pytest.raises(BenchError, match="unknown 'cosin'"):
+        evaluate_activations(acts, ds, probes=("cosin",), progress=False)
+    with pytest.raises(BenchError, match="attention-qk needs the backbone's query/key projections"):
         evaluate_activations(acts, ds, probes=("attention-qk",), progress=False)
+
+
+# ---------------------------------------------------------------- attention-qk on real (tiny) models
+
+
+@pytest.mark.parametrize("kind", ["dinov2", "clip", "vit"])
+def test_attention_qk_is_the_blocks_own_attention_logit(kind, tmp_path):
+    """The score of a token pair equals the logits the model's own attention computes at that block."""
+    from evaluators.backbones import resolve_backbone
+    from tests.test_backbones import encoder_of, tiny_checkpoint
+
+    model, path = tiny_checkpoint(kind, tmp_path / kind, seed=1)
+    with torch.no_grad():  # non-trivial biases (init leaves them at zero) and q/k weights (init std 0.02)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            elif "q_proj" in name or "k_proj" in name:
+                p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(path)
+    bb = resolve_backbone(str(path))
+    model.set_attn_implementation("eager")  # sdpa returns no attention probabilities
+    encoder = encoder_of(kind, model).eval()
+    blocks = bb.blocks()
+    captured: dict[str, torch.Tensor] = {}
+    layer = 1
+    attn = [m for n, m in encoder.named_modules() if n.endswith(f"{layer}.attention") or n.endswith(f"{layer}.self_attn")]
+    assert len(attn) == 1
+    hooks = [attn[0].q_proj.register_forward_hook(lambda m, i, o: captured.__setitem__("q", o)),
+             attn[0].k_proj.register_forward_hook(lambda m, i, o: captured.__setitem__("k", o))]
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = encoder(pixel_values=x, output_hidden_states=True, output_attentions=True)
+    for h in hooks:
+        h.remove()
+    assert len(blocks) == 2 and len(out.hidden_states) == 3
+    tokens = bb.hidden_states(x, [layer])[0][0]  # what extraction caches
+    torch.testing.assert_close(tokens, out.hidden_states[layer][0])
+
+    qk = bb.attention_qk(layer)
+    heads, t = 2, tokens.shape[0]
+    q, k = (captured[n][0].reshape(t, heads, 16) for n in ("q", "k"))
+    logits = torch.einsum("ihd,jhd->hij", q, k) / 4.0  # d_head 16
+    # the model's attention probabilities are the softmax of exactly these logits
+    torch.testing.assert_close(logits.softmax(-1), out.attentions[layer][0], atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # and AttentionQK rebuilds them from the hidden state alone
+        pq, pk = qk.project(tokens)
+    torch.testing.assert_close(torch.einsum("ihd,jhd->hij", pq, pk) / 4.0, logits, atol=1e-4, rtol=1e-4)
+
+    i, j = np.triu_indices(t, k=1)
+    h = tokens.numpy()
+    scores = attention_qk_scores(qk, h[i], h[j])
+    expected = ((logits + logits.transpose(1, 2)) / 2).mean(0).numpy()[i, j]
+    assert expected.std() > 0.1
+    np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(attention_qk_scores(qk, h[j], h[i]), scores, atol=1e-6, rtol=1e-6)
+    other = attention_qk_scores(bb.attention_qk(0), h[i], h[j])  # block 0's projections differ
+    assert np.abs(other - scores).max() > 0.1
+    with pytest.raises(BenchError, match="the last hidden state 2 feeds none"):
+        bb.attention_qk(2)
+
+
+def test_bench_evaluate_attention_qk(big_objects, tmp_path, capsys):
+    """A tiny DINOv2 end to end: attention-qk rows for hidden states 0 and 1, an error row
+    for the last; backbones without projections stop with one line (exit 2)."""
+    from bench.cli import main
+    from bench.results import read_results
+    from tests.test_backbones import tiny_checkpoint
+
+    _, path = tiny_checkpoint("dinov2", tmp_path / "dinov2")
+    results = tmp_path / "results"
+    args = ["evaluate", "--task", "issameobject", "--dataset", str(big_objects), "--model", str(path),
+            "--probes", "attention-qk,cosine", "--device", "cpu", "--results", str(results), "--format", "json"]
+    assert main(args) == 0
+    capsys.readouterr()
+    by = {(r["layer"], r["probe"]): r for r in read_results(results).to_pylist()}
+    assert set(by) == {(layer, p) for layer in (0, 1, 2) for p in ("attention-qk", "cosine")}
+    for layer in (0, 1):
+        r = by[(layer, "attention-qk")]
+        assert r["status"] == "ok" and 0 <= r["accuracy"] <= 1 and r["n_test"] > 0
+    last = by[(2, "attention-qk")]
+    assert last["status"] == "error" and "last hidden state feeds no block" in last["error"]
+    assert by[(2, "cosine")]["status"] == "ok"
+
+    for model in ("pixels", "oracle:patches", "oracle:objects"):
+        assert main(["evaluate", "--task", "issameobject", "--dataset", str(big_objects), "--model", model,
+                     "--probes", "attention-qk", "--results", str(tmp_path / "none")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "attention-qk" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "none").exists() or not any((tmp_path / "none").iterdir())
 
 
 def test_bench_evaluate_issameobject_oracle_and_pixels(big_objects, tmp_path, capsys):

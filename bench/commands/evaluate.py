@@ -34,7 +34,7 @@ def evaluate(
     task: str = typer.Option("binding", help="binding (B, β, β* from F/O probes) or issameobject (patch-pair probes)."),
     layers: Optional[str] = typer.Option(None, help="Hidden states: all, last, mid, integers or fractions like 0.5, comma-separated [binding: last; issameobject: all]."),
     tokens: list[str] = typer.Option([], help="Token views: cls, mean, cls+mean, all (repeatable or comma-separated) [binding: cls; issameobject: all]."),
-    probes: list[str] = typer.Option([], help="Probe families. binding: linear, quadratic, quadratic-shared, dnn, attention (needs --tokens all) [linear,quadratic,dnn]. issameobject: linear, diag-quadratic, quadratic, pointwise-identity, cosine, dot, distance, majority [linear,diag-quadratic,quadratic]."),
+    probes: list[str] = typer.Option([], help="Probe families. binding: linear, quadratic, quadratic-shared, dnn, attention (needs --tokens all) [linear,quadratic,dnn]. issameobject: linear, diag-quadratic, quadratic, pointwise-identity, cosine, dot, attention-qk (Hugging Face backbones), distance, majority [linear,diag-quadratic,quadratic]."),
     seeds: list[str] = typer.Option(["0"], help="Probe seeds (repeatable or comma-separated)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda (used for extraction and probe training)."),
     dtype: str = typer.Option("fp32", help="Backbone dtype for extraction: fp32, bf16, fp16."),

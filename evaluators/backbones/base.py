@@ -9,8 +9,10 @@ forward pass) is what lets extraction overlap input work with compute.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -48,6 +50,40 @@ class BackboneInfo:
         return d
 
 
+@dataclass(frozen=True)
+class AttentionQK:
+    """What one transformer block does to its input before the attention softmax: the
+    pre-attention norm and the query/key projections (biases included), `n_heads` heads.
+
+    `pair_scores` is the block's own attention logit between two tokens, symmetrised and
+    averaged over heads: mean_h (q_h(n(x))·k_h(n(y)) + q_h(n(y))·k_h(n(x))) / 2 / sqrt(d_head).
+    """
+
+    norm: torch.nn.Module
+    query: torch.nn.Module
+    key: torch.nn.Module
+    n_heads: int
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head queries and keys (..., H, d_head) of tokens (..., D)."""
+        h = self.norm(x)
+        return self.query(h).unflatten(-1, (self.n_heads, -1)), self.key(h).unflatten(-1, (self.n_heads, -1))
+
+    def pair_scores(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Symmetrised, head-averaged attention logits of token pairs (P, D) x (P, D) -> (P,)."""
+        qx, kx = self.project(x)
+        qy, ky = self.project(y)
+        logits = ((qx * ky).sum(-1) + (qy * kx).sum(-1)) / (2 * math.sqrt(qx.shape[-1]))
+        return logits.mean(-1)
+
+    def copy_to(self, device: torch.device | str) -> "AttentionQK":
+        """A float32 copy on `device` (the backbone's own modules stay where they are)."""
+        def move(m: torch.nn.Module) -> torch.nn.Module:
+            return copy.deepcopy(m).to(device=device, dtype=torch.float32).eval().requires_grad_(False)
+
+        return AttentionQK(move(self.norm), move(self.query), move(self.key), self.n_heads)
+
+
 class Backbone(ABC):
     """A resolved backbone: metadata, input preparation and the forward pass."""
 
@@ -68,6 +104,13 @@ class Backbone(ABC):
     @abstractmethod
     def hidden_states(self, inputs: Any, layers: Sequence[int]) -> list[torch.Tensor]:
         """Tokens (B x T x D, prefix tokens first) of each requested hidden-state index."""
+
+    def attention_qk(self, layer: int) -> AttentionQK | None:
+        """The norm and query/key projections of block `layer`, the block that reads hidden
+        state `layer` (the `attention-qk` IsSameObject baseline). None when the backbone
+        exposes no such weights (pixels, oracles); a BenchError for a hidden state no block
+        reads (the last one)."""
+        return None
 
     def bind(self, dataset: Any) -> "Backbone":
         """Adapt to a dataset (ground-truth backbones take their width from its feature space)."""

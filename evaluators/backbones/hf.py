@@ -22,12 +22,19 @@ import torch
 
 from bench.errors import BenchError
 from bench.hashing import stable_json
-from evaluators.backbones.base import Backbone, BackboneInfo, decode_resized
+from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo, decode_resized
 from evaluators.backbones.presets import FAMILIES, Family, Preprocess, Preset
 from evaluators.backbones.weights import files_hash, state_dict_hash
 
 
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+#: Where each family keeps a block's pre-attention norm, its attention module, and the
+#: query/key projections inside it (dotted paths, first match wins; transformers 5.x
+#: names first, the nested `attention.attention.query` of 4.x ViT/DINOv2 after).
+BLOCK_NORMS = ("norm1", "layer_norm1", "layernorm_before")
+BLOCK_ATTENTIONS = ("attention", "self_attn")
+ATTENTION_QUERIES = ("q_proj", "attention.query", "query")
+ATTENTION_KEYS = ("k_proj", "attention.key", "key")
 HUB_FILES = ["config.json", "preprocessor_config.json", "*.safetensors", "*.safetensors.index.json"]
 
 
@@ -81,6 +88,40 @@ class HFBackbone(Backbone):
         with torch.inference_mode(), autocast(self.device, self.dtype):
             hs = self.model(pixel_values=x, **kwargs).hidden_states
         return [hs[i] for i in layers]
+
+    def blocks(self) -> torch.nn.ModuleList:
+        """The transformer blocks in order: the ModuleList of `num_hidden_layers` blocks
+        (`encoder.layer` in DINOv2, `encoder.layers` in CLIP, `layers` in ViT and MAE)."""
+        n = self.info.n_layers
+        found = [(name, m) for name, m in self.model.named_modules()
+                 if isinstance(m, torch.nn.ModuleList) and len(m) == n and name.split(".")[-1] in ("layer", "layers")]
+        if not found:
+            raise BenchError(f"probe: cannot find the {n} transformer blocks of {self.info.spec}")
+        return min(found, key=lambda t: t[0].count("."))[1]
+
+    def attention_qk(self, layer: int) -> AttentionQK | None:
+        n = self.info.n_layers
+        if not 0 <= layer < n:
+            raise BenchError(f"probe: attention-qk needs the block that reads hidden state {layer}; {self.info.spec} "
+                             f"has blocks 0..{n - 1} (the last hidden state {n} feeds none)")
+        block = self.blocks()[layer]
+        attn = _submodule(block, BLOCK_ATTENTIONS)
+        parts = (_submodule(block, BLOCK_NORMS), _submodule(attn, ATTENTION_QUERIES) if attn else None,
+                 _submodule(attn, ATTENTION_KEYS) if attn else None)
+        if any(p is None for p in parts):
+            raise BenchError(f"probe: attention-qk: cannot find the pre-attention norm and query/key projections "
+                             f"in {type(block).__name__} of {self.info.spec}")
+        return AttentionQK(*parts, n_heads=int(self.config.num_attention_heads))
+
+
+def _submodule(module: torch.nn.Module, paths: Sequence[str]) -> torch.nn.Module | None:
+    """The first of `paths` (dotted) that names a submodule of `module`."""
+    for path in paths:
+        try:
+            return module.get_submodule(path)
+        except AttributeError:
+            continue
+    return None
 
 
 def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from bench.errors import BenchError
-from evaluators.backbones.base import BackboneInfo
+from evaluators.backbones.base import AttentionQK, BackboneInfo
 from evaluators.backbones.hf import HFBackbone, autocast
 from evaluators.backbones.presets import BICUBIC, BILINEAR, Family, Preprocess
 from evaluators.backbones.weights import state_dict_hash
@@ -42,6 +42,10 @@ class TimmBackbone(HFBackbone):
     def identity(self) -> dict[str, Any]:
         return {"family": "timm", "name": self.info.spec, "weights": self.weights,
                 "preprocess": self.preprocess.to_dict()}
+
+    def attention_qk(self, layer: int) -> AttentionQK | None:
+        """Not offered: timm fuses the projections into one `qkv` layer (and may norm q and k)."""
+        return None
 
     def hidden_states(self, inputs: torch.Tensor, layers: Sequence[int]) -> list[torch.Tensor]:
         m = self.model
