@@ -71,6 +71,10 @@ RESULT_SCHEMA = pa.schema(
         *[(m, _F) for m in _METRICS],
         *[(f"{m}_lo", _F) for m in _METRICS],
         *[(f"{m}_hi", _F) for m in _METRICS],
+        # issameobject trained probes: Pearson r of the probe's test-pair scores with the attention
+        # weights of the block that reads the layer, and its permutation p-value (null elsewhere)
+        ("attention_r", _F),
+        ("attention_p", _F),
         # per-scene test bits (binding task), kept so any metric can be re-bootstrapped
         ("scene_bits_O", pa.list_(pa.float32())),
         ("scene_bits_F", pa.list_(pa.float32())),

@@ -42,6 +42,16 @@ Scorers, all symmetric in their two inputs by construction (score(x, y) = score(
 Metrics on test pairs: accuracy (threshold 0.5), balanced accuracy, AUROC (exact, ties
 count one half), majority-baseline accuracy, each with a percentile bootstrap interval
 over test *images* (pairs of one image are not independent).
+
+Correlation with attention (trained probes; backbones that expose query/key projections,
+layers a block reads, i.e. not the last hidden state): `attention_r` is the Pearson r,
+over test pairs, between the probe's scores and the attention weights of the block
+that reads the layer, symmetrised and averaged over heads, (A_ij + A_ji) / 2 with
+A_ij = mean_h softmax_j(q_h(n(x_i))·k_h(n(x_j)) / sqrt(d_head)). The softmax runs over
+the tokens the cache holds for the image, its patch tokens: prefix tokens (CLS,
+registers) are not cached, so A is the model's attention renormalised over the patches.
+`attention_p` is a two-sided permutation p-value, (1 + #{|r_perm| ≥ |r|}) / (1 + n),
+1000 seeded permutations of the pairs within their images. Both are null elsewhere.
 """
 
 from __future__ import annotations
@@ -493,6 +503,77 @@ def _finite(v: float) -> float | None:
     return float(v) if np.isfinite(v) else None
 
 
+# ---------------------------------------------------------------- correlation with attention
+
+
+@torch.no_grad()
+def pair_attention(qk: AttentionQK, tokens: np.ndarray, pairs: Pairs, max_elements: int = 1 << 24) -> np.ndarray:
+    """The block's attention weight of each pair, symmetrised and averaged over heads:
+    (A_ij + A_ji) / 2 with A_ij = mean_h softmax_j(q_h(n(x_i))·k_h(n(x_j)) / sqrt(d_head)).
+
+    `tokens` (N, T, D) is the cached "all" view of one split, so the softmax runs over the
+    T patch tokens of the image only: prefix tokens (CLS, registers) are not cached, and
+    the weights are the model's attention renormalised over the patches (exactly the
+    model's probabilities restricted to patch columns, divided by their row sum). Only
+    images that have pairs are projected, a few at a time (at most about `max_elements`
+    attention entries per chunk), on the projections' device in float32.
+    """
+    out = np.zeros(len(pairs), np.float64)
+    if not len(pairs):
+        return out
+    dev = next(qk.query.parameters()).device
+    t = tokens.shape[1]
+    images = np.unique(pairs.image)
+    per_chunk = max(1, max_elements // (qk.n_heads * t * t))
+    for s in range(0, len(images), per_chunk):
+        chunk = images[s : s + per_chunk]
+        x = torch.from_numpy(np.asarray(tokens[chunk], np.float32)).to(dev)  # (B, T, D)
+        q, k = qk.project(x)  # (B, T, H, d)
+        logits = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.shape[-1])
+        attn = logits.softmax(-1).mean(1)  # (B, T, T), rows sum to 1
+        sym = ((attn + attn.transpose(1, 2)) / 2).cpu().double().numpy()
+        sel = np.flatnonzero(np.isin(pairs.image, chunk))
+        b = np.searchsorted(chunk, pairs.image[sel])
+        out[sel] = sym[b, pairs.i[sel], pairs.j[sel]]
+    return out
+
+
+def permutation_correlation(a: np.ndarray, b: np.ndarray, n_perm: int = 1000, seed: int = 0,
+                            chunk: int = 64, groups: np.ndarray | None = None) -> dict[str, float | None]:
+    """Pearson r of `a` and `b` and its two-sided permutation p-value,
+    p = (1 + #{|r_perm| >= |r|}) / (1 + n_perm) (seeded, so deterministic). With `groups`
+    (e.g. each pair's image) entries are permuted only within their group: pairs of one
+    image share its tokens, so image-level effects must not count as evidence. r and p are
+    None when either vector is constant or has < 3 entries."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if len(a) < 3 or a.std() == 0 or b.std() == 0:
+        return {"r": None, "p": None}
+    za, zb = (a - a.mean()) / a.std(), (b - b.mean()) / b.std()
+    r = float(np.clip(za @ zb / len(a), -1.0, 1.0))
+    group = np.zeros(len(a)) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1].astype(np.float64)
+    by_group = np.argsort(group, kind="stable")
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for s in range(0, n_perm, chunk):
+        c = min(chunk, n_perm - s)
+        shuffled = np.argsort(group + rng.random((c, len(a))), axis=1)  # by group, random within
+        perms = np.empty_like(shuffled)
+        perms[:, by_group] = shuffled
+        r_perm = za[perms] @ zb / len(a)
+        hits += int((np.abs(r_perm) >= abs(r) - 1e-12).sum())
+    return {"r": r, "p": (1 + hits) / (1 + n_perm)}
+
+
+def attention_correlation(qk: AttentionQK, tokens: np.ndarray, pairs: Pairs, scores: np.ndarray,
+                          n_perm: int = 1000, seed: int = 0,
+                          attention: np.ndarray | None = None) -> dict[str, float | None]:
+    """Pearson r (and permutation p) between the attention of the block that reads these
+    tokens (`pair_attention`, over the cached patch tokens of each image) and a probe's
+    scores of the same pairs. `attention` reuses precomputed `pair_attention` values."""
+    att = pair_attention(qk, tokens, pairs) if attention is None else attention
+    return permutation_correlation(att, scores, n_perm=n_perm, seed=seed, groups=pairs.image)
+
+
 # ---------------------------------------------------------------- evaluation
 
 
@@ -510,13 +591,18 @@ def evaluate_layer(
     n_boot: int = 1000,
     progress: Callable[[int], None] | None = None,
     qk: AttentionQK | None = None,
+    attention_perms: int = 1000,
 ) -> list[dict[str, Any]]:
     """Fit and score every probe at one layer; one metrics dict per probe (errors kept as rows).
 
-    `qk` is the block that reads this layer (for `attention-qk`; None gives an error row)."""
+    `qk` is the block that reads this layer (for `attention-qk`; None gives an error row).
+    With `qk`, every trained probe row also gets `attention_r`/`attention_p`: the Pearson
+    correlation, over test pairs, of its scores with that block's attention weights
+    (`attention_correlation`, `attention_perms` permutations); None without `qk`."""
     data = {s: layer_data(tokens[s], pairs[s]) for s in ("train", "val", "test")}
     u, ix, iy, same = data["test"]
     majority = bool(data["train"][3].mean() >= 0.5)
+    attention: np.ndarray | None = None  # the test pairs' attention weights, computed once per layer
     out = []
     for name in probes:
         start = time.perf_counter()
@@ -525,6 +611,12 @@ def evaluate_layer(
             scorer = fit_scorer(name, data["train"], data["val"], config, qk=qk)
             scores = scorer.score(u[ix], u[iy])
             row.update(pair_metrics(scores, same, pairs["test"].image, majority, n_boot=n_boot, seed=config.seed))
+            if qk is not None and name in TRAINED_PROBES:
+                if attention is None:
+                    attention = pair_attention(qk.copy_to(config.device), tokens["test"], pairs["test"])
+                corr = attention_correlation(qk, tokens["test"], pairs["test"], scores, n_perm=attention_perms,
+                                             seed=config.seed, attention=attention)
+                row.update(attention_r=corr["r"], attention_p=corr["p"])
             row.update(status="ok", error=None, best_epoch=scorer.best_epoch)
         except (BenchError, FloatingPointError, RuntimeError) as e:
             row.update(status="error", error=f"{type(e).__name__}: {e}".splitlines()[0])
@@ -565,10 +657,14 @@ def evaluate_issameobject(
     pair_config: PairConfig | None = None,
     train_config: PairTrainConfig | None = None,
     n_boot: int = 1000,
+    attention_corr: bool = True,
+    attention_perms: int = 1000,
 ) -> list[dict[str, Any]]:
     """IsSameObject result rows (task "issameobject", tokens "all"): one per (layer, probe, seed).
 
-    `spec` is a backbone spec or an already resolved Backbone.
+    `spec` is a backbone spec or an already resolved Backbone. With `attention_corr`,
+    trained probe rows of layers a block reads, on backbones exposing query/key
+    projections, get `attention_r`/`attention_p` (`attention_correlation`).
     Activations of every split come from `evaluators.extract.extract_activations` (one
     forward pass for all layers, cached). Provenance columns are left to the caller.
     """
@@ -576,7 +672,8 @@ def evaluate_issameobject(
     from evaluators.extract import extract_activations  # the extraction stage is only needed here
 
     check_probes(probes)
-    if "attention-qk" in probes:  # needs the model's weights as well as its cached tokens
+    want_qk = "attention-qk" in probes or (attention_corr and any(p in TRAINED_PROBES for p in probes))
+    if want_qk:  # needs the model's weights as well as its cached tokens
         spec = resolve_backbone(spec) if isinstance(spec, str) else spec
         check_attention_qk(spec, probes)
     ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
@@ -593,7 +690,7 @@ def evaluate_issameobject(
     return evaluate_activations(
         acts, ds, probes=probes, seeds=seeds, pair_config=pc, train_config=tc, limit=limit, progress=progress,
         n_boot=n_boot, extra_config={"dtype": dtype},
-        attention_qk=spec.attention_qk if "attention-qk" in probes else None,
+        attention_qk=spec.attention_qk if want_qk else None, attention_perms=attention_perms,
     )
 
 
@@ -610,12 +707,15 @@ def evaluate_activations(
     n_boot: int = 1000,
     extra_config: dict[str, Any] | None = None,
     attention_qk: Callable[[int], AttentionQK | None] | None = None,
+    attention_perms: int = 1000,
 ) -> list[dict[str, Any]]:
     """The rows of `evaluate_issameobject` from per-split `Activations` (anything with
     `.info`, `.layers`, `.grid` and `.get(layer, "all")`).
 
     `attention_qk` (layer -> the block that reads it, `Backbone.attention_qk`) is needed
-    for the `attention-qk` baseline; layers no block reads give error rows."""
+    for the `attention-qk` baseline; layers no block reads give error rows. Given, it
+    also adds `attention_r`/`attention_p` to trained probe rows where a block reads the
+    layer (`evaluate_layer`)."""
     check_probes(probes)
     if "attention-qk" in probes and attention_qk is None:
         raise BenchError("probe: attention-qk needs the backbone's query/key projections, not only its activations "
@@ -633,8 +733,9 @@ def evaluate_activations(
             config = replace(train_config, seed=int(seed))
             for layer in test.layers:
                 tokens = {s: _limited(acts[s].get(layer, "all"), limit) for s in acts}
-                qk = attention_qk(layer) if attention_qk is not None and layer < info.n_layers else None
-                for r in evaluate_layer(tokens, pairs, probes, config, n_boot, bar.advance if bar else None, qk=qk):
+                qk = _reading_block(attention_qk, layer, info.n_layers, strict="attention-qk" in probes)
+                for r in evaluate_layer(tokens, pairs, probes, config, n_boot, bar.advance if bar else None, qk=qk,
+                                        attention_perms=attention_perms):
                     cfg = {
                         "task": "issameobject", "probe": r["probe"], "layer": int(layer), "seed": int(seed),
                         "pairs": asdict(pair_config), "train": {k: v for k, v in asdict(config).items() if k != "device"},
@@ -648,6 +749,20 @@ def evaluate_activations(
                         "config": json.dumps(cfg, sort_keys=True), "config_hash": config_hash(cfg), **r,
                     })
     return rows
+
+
+def _reading_block(attention_qk: Callable[[int], AttentionQK | None] | None, layer: int, n_layers: int,
+                   strict: bool) -> AttentionQK | None:
+    """The block that reads hidden state `layer`, or None (no block reads it, or no projections).
+    Only the `attention-qk` baseline (`strict`) lets a failure to find them stop the run."""
+    if attention_qk is None or layer >= n_layers:
+        return None
+    try:
+        return attention_qk(layer)
+    except BenchError:
+        if strict:
+            raise
+        return None
 
 
 def _limited(tokens: np.ndarray, limit: int | None) -> np.ndarray:

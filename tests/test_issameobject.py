@@ -21,13 +21,17 @@ from evaluators.issameobject import (
     ALL_PROBES,
     PairConfig,
     PairTrainConfig,
+    Pairs,
+    attention_correlation,
     attention_qk_scores,
     build_probe,
     fit_bias,
     evaluate_activations,
     fit_scorer,
     layer_data,
+    pair_attention,
     pair_metrics,
+    permutation_correlation,
     sample_pairs,
     weighted_auroc,
 )
@@ -421,3 +425,100 @@ def test_bench_evaluate_issameobject_oracle_and_pixels(big_objects, tmp_path, ca
     assert main(["evaluate", "--task", "issameobject", "--dataset", str(big_objects), "--model", "pixels",
                  "--tokens", "cls", "--results", str(results)]) == 2
     assert "use --tokens all" in capsys.readouterr().err
+
+# ---------------------------------------------------------------- correlation with attention
+
+
+def test_pair_attention_is_the_models_attention_over_patches(tmp_path):
+    """A_ij of a tiny DINOv2 block equals the model's own attention probabilities (eager,
+    output_attentions) restricted to the patch tokens the cache holds and renormalised,
+    head-averaged and symmetrised; the correlation of scores = A with A is 1."""
+    from evaluators.backbones import resolve_backbone
+    from tests.test_backbones import tiny_checkpoint
+
+    model, path = tiny_checkpoint("dinov2", tmp_path / "dinov2", seed=1)
+    with torch.no_grad():  # sharper attention than the init's (q/k std 0.02), with biases
+        for name, p in model.named_parameters():
+            if "q_proj" in name or "k_proj" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+    model.save_pretrained(path)
+    bb = resolve_backbone(str(path))
+    model.set_attn_implementation("eager")
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = model(pixel_values=x, output_hidden_states=True, output_attentions=True)
+    n_prefix = bb.info.n_prefix
+    assert n_prefix == 1
+    for layer in (0, 1):
+        tokens = out.hidden_states[layer][:, n_prefix:].numpy()  # the cached "all" view: patches only
+        t = tokens.shape[1]
+        probs = out.attentions[layer][:, :, n_prefix:, n_prefix:]  # (B, H, T, T) over patch columns
+        model_a = (probs / probs.sum(-1, keepdim=True)).mean(1)
+        model_sym = ((model_a + model_a.transpose(1, 2)) / 2).numpy()
+        rng = np.random.default_rng(layer)
+        image = np.repeat(np.arange(3), 20)
+        i, j = rng.integers(0, t, size=(2, 60))
+        pairs = Pairs(image, i, j, np.zeros(60, bool))
+        got = pair_attention(bb.attention_qk(layer), tokens, pairs, max_elements=2 * 2 * t * t)  # 2 images a chunk
+        expected = model_sym[image, i, j]
+        assert expected.std() > 0.2 * expected.mean()  # far from uniform: a wrong softmax would show
+        np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+        unsym = (probs / probs.sum(-1, keepdim=True)).mean(1).numpy()[image, i, j]
+        unnorm = ((probs.mean(1) + probs.mean(1).transpose(1, 2)) / 2).numpy()[image, i, j]
+        assert np.abs(got - unsym).max() > 1e-2 and np.abs(got - unnorm).max() > 1e-3
+        assert not np.allclose(got, pair_attention(bb.attention_qk(1 - layer), tokens, pairs), atol=1e-4)
+        corr = attention_correlation(bb.attention_qk(layer), tokens, pairs, expected, n_perm=200, seed=0)
+        assert corr["r"] == pytest.approx(1.0, abs=1e-5) and corr["p"] == pytest.approx(1 / 201)
+
+
+def test_permutation_correlation_signal_noise_and_determinism():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=400)
+    same = permutation_correlation(a, 3 * a + 1, n_perm=500, seed=1)
+    assert same["r"] == pytest.approx(1.0) and same["p"] == pytest.approx(1 / 501)
+    neg = permutation_correlation(a, -a, n_perm=500, seed=1)  # two-sided
+    assert neg["r"] == pytest.approx(-1.0) and neg["p"] == pytest.approx(1 / 501)
+    weak = permutation_correlation(a, a + 4 * rng.normal(size=400), n_perm=500, seed=1)
+    assert 0.1 < weak["r"] < 0.5 and weak["p"] < 0.05
+    noise = permutation_correlation(a, rng.normal(size=400), n_perm=500, seed=1)
+    assert abs(noise["r"]) < 0.15 and noise["p"] > 0.05
+    b = rng.normal(size=400)
+    assert permutation_correlation(a, b, seed=7) == permutation_correlation(a, b, seed=7)
+    assert permutation_correlation(a, b, seed=7)["r"] == pytest.approx(np.corrcoef(a, b)[0, 1])
+    assert permutation_correlation(a, np.ones(400)) == {"r": None, "p": None}
+    # image-level confound only (each image shifts both), no relation within images:
+    # a global permutation calls it significant, a within-image one does not
+    image = np.repeat(np.arange(20), 20)
+    shift = rng.normal(size=20)[image] * 3
+    x, y = shift + rng.normal(size=400), shift + rng.normal(size=400)
+    assert permutation_correlation(x, y, n_perm=500, seed=1)["p"] < 0.01
+    assert permutation_correlation(x, y, n_perm=500, seed=1, groups=image)["p"] > 0.05
+    # under the null the p-values are roughly uniform: few below 0.05
+    ps = [permutation_correlation(rng.normal(size=50), rng.normal(size=50), n_perm=199, seed=s)["p"] for s in range(40)]
+    assert sum(p < 0.05 for p in ps) <= 6 and max(ps) > 0.5
+
+
+def test_bench_evaluate_writes_attention_correlation(big_objects, tmp_path, capsys):
+    """Trained probe rows of a tiny DINOv2 get attention_r/attention_p for hidden states
+    0 and 1 (blocks 0 and 1 read them), null for the last and for baselines."""
+    from bench.cli import main
+    from bench.results import read_results
+    from tests.test_backbones import tiny_checkpoint
+
+    _, path = tiny_checkpoint("dinov2", tmp_path / "dinov2")
+    results = tmp_path / "results"
+    args = ["evaluate", "--task", "issameobject", "--dataset", str(big_objects), "--model", str(path),
+            "--probes", "linear,cosine", "--epochs", "2", "--device", "cpu", "--results", str(results),
+            "--format", "json"]
+    assert main(args) == 0
+    capsys.readouterr()
+    table = read_results(results)
+    assert {"attention_r", "attention_p"} <= set(table.schema.names)
+    by = {(r["layer"], r["probe"]): r for r in table.to_pylist()}
+    assert set(by) == {(layer, p) for layer in (0, 1, 2) for p in ("linear", "cosine")}
+    assert all(r["status"] == "ok" for r in by.values())
+    for layer in (0, 1):
+        r = by[(layer, "linear")]
+        assert -1 <= r["attention_r"] <= 1 and 0 < r["attention_p"] <= 1
+        assert by[(layer, "cosine")]["attention_r"] is None
+    assert by[(2, "linear")]["attention_r"] is None and by[(2, "linear")]["attention_p"] is None
