@@ -180,10 +180,7 @@ def run_evaluation(
         base_train = replace(base_train, epochs=epochs)
     codes = {s: _codes(ds, s, limit) for s in SPLITS}
     priors = Priors.from_split_info(ds.split_info("test"))
-    test_fp = _test_fingerprint(ds, limit)
-    done = set() if overwrite else existing_keys(results_dir)
-    run_id = new_run_id()
-    prov = provenance(run_id, base_train.device)
+    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device)
     rows: list[dict[str, Any]] = []
     path = None
     for spec in models:
@@ -233,10 +230,7 @@ def _run_issameobject(
 ) -> Path | None:
     """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding rows."""
     task = "issameobject"
-    test_fp = _test_fingerprint(ds, limit)
-    done = set() if overwrite else existing_keys(results_dir)
-    run_id = new_run_id()
-    prov = provenance(run_id, resolve_device(device))
+    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device))
     rows: list[dict[str, Any]] = []
     path = None
     for spec in models:
@@ -262,6 +256,15 @@ def _run_issameobject(
                  if (spec, ds.name, test_fp, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
         path = write_run(rows, results_dir, run_id)
     return path
+
+
+def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: bool,
+               device: str) -> tuple[str, set[tuple], str, dict[str, Any]]:
+    """What every run starts from: the evaluated test fingerprint, the keys of rows already
+    finished (none when overwriting), a new run id and its provenance columns."""
+    done = set() if overwrite else existing_keys(results_dir)
+    run_id = new_run_id()
+    return _test_fingerprint(ds, limit), done, run_id, provenance(run_id, device)
 
 
 def _common_columns(prov: dict[str, Any], spec: str, info: BackboneInfo, dataset: str, test_fp: str, task: str) -> dict[str, Any]:
