@@ -68,6 +68,7 @@ def binding_metrics(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    groups: np.ndarray | None = None,
 ) -> dict[str, float | None]:
     """Every binding metric with `<name>_lo` / `<name>_hi` bootstrap bounds.
 
@@ -75,7 +76,8 @@ def binding_metrics(
     failed). `correct_O` counts teacher-forced correct O bits per scene: bit accuracy is
     their mean share, exact match the share of scenes with all bits right (which is
     also greedy decoding's exact match: with every conditional right given the true
-    prefix, decoding reproduces the true code bit by bit).
+    prefix, decoding reproduces the true code bit by bit). `groups` (e.g. each scene's F
+    code, one row per scene) makes the bootstrap resample whole groups.
     """
     per_scene: dict[str, np.ndarray | None] = {
         "L_O": bits_O, "L_F": bits_F, "L_O_given_F": bits_O_given_F,
@@ -87,7 +89,7 @@ def binding_metrics(
         raise ValueError("binding_metrics needs at least one per-scene array")
     matrix = np.stack([np.asarray(per_scene[k], dtype=np.float64) for k in present], axis=1)
     point = _derived(priors, _columns(matrix.mean(axis=0), present))
-    boot = _derived(priors, _columns(_bootstrap_means(matrix, n_boot, seed), present))
+    boot = _derived(priors, _columns(_bootstrap_means(matrix, n_boot, seed, groups), present))
     out: dict[str, float | None] = {"H_O": priors.H_O, "H_F": priors.H_F, "H_O_given_F": priors.H_O_given_F}
     tail = (1 - level) / 2 * 100
     for name, value in point.items():
@@ -103,12 +105,21 @@ def _columns(means: np.ndarray, present: list[str]) -> dict[str, np.ndarray | No
     return {k: (means[..., present.index(k)] if k in present else None) for k in _STATS}
 
 
-def _bootstrap_means(matrix: np.ndarray, n_boot: int, seed: int, chunk: int = 256) -> np.ndarray:
-    """n_boot x m means of scenes resampled with replacement (multinomial weights)."""
+def _bootstrap_means(matrix: np.ndarray, n_boot: int, seed: int, groups: np.ndarray | None = None,
+                     chunk: int = 256) -> np.ndarray:
+    """n_boot x m means of scenes resampled with replacement (multinomial weights).
+
+    With `groups` (one label per scene) whole groups are resampled: test scenes that share
+    an F code are not independent draws (every probe meets that code for the first time),
+    and an interval over scenes alone would ignore which F codes the test split happened
+    to hold.
+    """
     rng = np.random.default_rng(seed)
-    n = len(matrix)
+    labels = np.arange(len(matrix)) if groups is None else np.unique(np.asarray(groups), return_inverse=True, axis=0)[1]
+    labels = labels.reshape(-1)
+    g = int(labels.max()) + 1 if len(labels) else 0
     out = []
     for start in range(0, n_boot, chunk):
-        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=min(chunk, n_boot - start))
-        out.append(counts @ matrix / n)
+        weights = rng.multinomial(g, np.full(g, 1.0 / g), size=min(chunk, n_boot - start))[:, labels].astype(np.float64)
+        out.append(weights @ matrix / weights.sum(axis=1, keepdims=True))
     return np.concatenate(out)

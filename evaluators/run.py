@@ -120,7 +120,7 @@ def evaluate_binding(
         o = mine.get("O")
         metrics = binding_metrics(priors, bits["O"], bits["F"], bits["O|F"],
                                   None if o is None else o.bits_correct, None if o is None else o.n_bits,
-                                  n_boot=n_boot, seed=train.seed)
+                                  n_boot=n_boot, seed=train.seed, groups=codes["test"][0])
         out[fam] = BindingResult(fam, metrics, bits, None if o is None else o.best_epoch, None, mine)
     return out
 

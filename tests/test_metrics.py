@@ -65,3 +65,20 @@ def test_paired_resampling_keeps_the_correlation_of_o_and_f_bits():
     assert m["B_star"] == pytest.approx(5.0)
     assert m["B_star_hi"] - m["B_star_lo"] < 1e-9
     assert m["L_O_hi"] - m["L_O_lo"] > 0.1
+
+
+def test_grouped_bootstrap_resamples_whole_groups():
+    """Scenes of one F code share an offset: the interval must reflect 20 groups, not 2,000 scenes."""
+    rng = np.random.default_rng(2)
+    code = np.repeat(np.arange(20), 100)
+    offset = rng.normal(0.0, 2.0, size=20)
+    bits_o = 6.0 + offset[code] + rng.normal(0.0, 0.5, size=2000)
+    f_codes = np.stack([code % 4, code // 4], axis=1)  # one row per scene, as F codes are
+    scenes = binding_metrics(PRIORS, bits_o, n_boot=2000, seed=0)
+    grouped = binding_metrics(PRIORS, bits_o, n_boot=2000, seed=0, groups=f_codes)
+    assert grouped["L_O"] == scenes["L_O"]
+    group_means = np.array([bits_o[code == g].mean() for g in range(20)])
+    half = 1.96 * group_means.std() / np.sqrt(20)
+    assert (grouped["L_O_hi"] - grouped["L_O_lo"]) / 2 == pytest.approx(half, rel=0.2)
+    assert grouped["L_O_hi"] - grouped["L_O_lo"] > 5 * (scenes["L_O_hi"] - scenes["L_O_lo"])
+
