@@ -19,6 +19,7 @@ from bench.codes import FeatureSpace
 from bench.dataset import Scene
 from bench.errors import BenchError, ConfigError
 from generators.priors import SplitPriors
+from generators.splits import active_counts, assign_splits
 
 
 @dataclass
@@ -72,6 +73,27 @@ class SplitPlan:
     n: int
     priors: SplitPriors
     codes: list = field(default_factory=list)
+
+
+def plan_splits(config: CommonConfig, codes: list, sizes: tuple[int, ...],
+                priors_of: "typing.Callable[[list], SplitPriors]") -> dict[str, SplitPlan]:
+    """Assign F codes to disjoint splits and give every non-empty split its priors.
+
+    Every generator splits the same way (hash-ranked, optionally stratified, the full-F
+    code optionally excluded); only the F-code support and the prior formula differ.
+    """
+    if config.exclude_full_f:
+        codes = [f for f in codes if active_counts(f) != sizes]
+    assigned = assign_splits(codes, config.val_fraction, config.test_fraction, config.salt, config.stratify)
+    plans = {}
+    for split, n in config.split_sizes.items():
+        if n == 0:
+            continue
+        if not assigned[split]:
+            param = "val_fraction" if split == "train" else f"{split}_fraction"
+            raise ConfigError(param, f"split {split!r} gets no F codes ({len(codes)} in all); change the fractions")
+        plans[split] = SplitPlan(n=n, priors=priors_of(assigned[split]), codes=assigned[split])
+    return plans
 
 
 class SceneGenerator(ABC):

@@ -18,10 +18,10 @@ from PIL import Image, ImageDraw
 from bench.codes import FeatureSpace
 from bench.dataset import Scene
 from bench.errors import ConfigError
-from generators.base import CommonConfig, SceneGenerator, SplitPlan, register_generator
+from generators.base import CommonConfig, SceneGenerator, SplitPlan, plan_splits, register_generator
 from generators.priors import balanced_priors, coverage_count, omega_size, uniform_priors
-from generators.sampling import choose_weighted, sample_covering_cells
-from generators.splits import FCode, active_counts, assign_splits, fcode_key, fcode_of_conjs, fcodes_exact, fcodes_feasible
+from generators.sampling import check_object_range, sample_covering_cells, sample_uniform_objects
+from generators.splits import FCode, active_counts, fcode_key, fcodes_exact, fcodes_feasible
 
 #: The paper's palette, in order (RGB).
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -166,12 +166,7 @@ class ColorShapeGenerator(SceneGenerator):
                                   f"{c.shapes_per_scene} shapes with distinct conjunctions; allowed {lo}..{hi}")
             most = c.n_objects
         else:
-            if c.min_objects < 1:
-                raise ConfigError("min_objects", f"must be ≥ 1, got {c.min_objects}")
-            if c.max_objects < c.min_objects:
-                raise ConfigError("max_objects", f"{c.max_objects} < min_objects={c.min_objects}")
-            if c.max_objects > n_conj:
-                raise ConfigError("max_objects", f"{c.max_objects} exceeds the {n_conj} distinct conjunctions")
+            check_object_range(c.min_objects, c.max_objects, n_conj)
             most = c.max_objects
         if most > 255:
             raise ConfigError("max_objects" if c.distribution == "uniform" else "n_objects", "at most 255 objects (uint8 masks)")
@@ -191,29 +186,14 @@ class ColorShapeGenerator(SceneGenerator):
         sizes = (c.n_colors, c.n_shapes)
         if c.distribution == "balanced":
             codes = fcodes_exact(sizes, (c.colors_per_scene, c.shapes_per_scene))
-        else:
-            codes = fcodes_feasible(sizes, lambda a: omega_size(a, c.min_objects, c.max_objects) > 0)
-        if c.exclude_full_f:
-            codes = [f for f in codes if active_counts(f) != sizes]
-        assigned = assign_splits(codes, c.val_fraction, c.test_fraction, c.salt, c.stratify)
-        plans = {}
-        for split, n in c.split_sizes.items():
-            split_codes = assigned[split]
-            if n == 0:
-                continue
-            if not split_codes:
-                param = "val_fraction" if split == "train" else f"{split}_fraction"
-                raise ConfigError(param, f"split {split!r} gets no F codes ({len(codes)} in all); change the fractions")
-            if c.distribution == "balanced":
-                priors = balanced_priors(len(split_codes), (c.colors_per_scene, c.shapes_per_scene), c.n_objects)
-            else:
-                priors = uniform_priors([active_counts(f) for f in split_codes], c.min_objects, c.max_objects)
-            plans[split] = SplitPlan(n=n, priors=priors, codes=split_codes)
-        if c.distribution == "uniform":
-            self._uniform_support = {split: {fcode_key(f) for f in p.codes} for split, p in plans.items()}
+            return plan_splits(c, codes, sizes, lambda split_codes: balanced_priors(
+                len(split_codes), (c.colors_per_scene, c.shapes_per_scene), c.n_objects))
+        codes = fcodes_feasible(sizes, lambda a: omega_size(a, c.min_objects, c.max_objects) > 0)
+        plans = plan_splits(c, codes, sizes, lambda split_codes: uniform_priors(
+            [active_counts(f) for f in split_codes], c.min_objects, c.max_objects))
+        self._uniform_support = {split: {fcode_key(f) for f in p.codes} for split, p in plans.items()}
         return plans
 
-    # -- sampling and rendering ----------------------------------------------------------
     def sample_conjunctions(self, rng: random.Random, split: str) -> tuple[list[int], FCode]:
         """Draw an object code (list of conjunction ids) from the split's distribution."""
         c = self.config
@@ -221,17 +201,8 @@ class ColorShapeGenerator(SceneGenerator):
             code = self.plans[split].codes[rng.randrange(len(self.plans[split].codes))]
             cells = sample_covering_cells(rng, (len(code[0]), len(code[1])), c.n_objects)
             return [code[0][i] * c.n_shapes + code[1][j] for i, j in cells], code
-        # uniform over all O with min..max objects, conditioned on F in this split (rejection).
-        n_conj = c.n_colors * c.n_shapes
-        ks = list(range(c.min_objects, c.max_objects + 1))
-        weights = [math.comb(n_conj, k) for k in ks]
-        support = self._uniform_support[split]
-        while True:
-            k = ks[choose_weighted(rng, weights)]
-            conjs = sorted(rng.sample(range(n_conj), k))
-            code = fcode_of_conjs([divmod(x, c.n_shapes) for x in conjs], 2)
-            if fcode_key(code) in support:
-                return conjs, code
+        return sample_uniform_objects(rng, c.n_colors * c.n_shapes, c.min_objects, c.max_objects,
+                                      lambda x: divmod(x, c.n_shapes), 2, self._uniform_support[split])
 
     def layout(self, rng: random.Random, n: int) -> list[tuple[int, int]]:
         """Top-left corners for n boxes: rejection sampling, then a jittered grid as fallback."""

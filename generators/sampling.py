@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 import random
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Collection, Sequence
 
+from bench.errors import ConfigError
 from generators.priors import coverage_count
+from generators.splits import FCode, fcode_key, fcode_of_conjs
 
 #: Rejection sampling (≥ 3 groups) is refused below this acceptance rate.
 MIN_ACCEPTANCE = 1e-3
@@ -108,3 +110,29 @@ def _unravel(c: int, a: tuple[int, ...]) -> tuple[int, ...]:
         c, v = divmod(c, s)
         out.append(v)
     return tuple(reversed(out))
+
+
+def check_object_range(min_objects: int, max_objects: int, n_conjunctions: int) -> None:
+    """The `uniform` distribution's object counts: 1 <= min <= max <= distinct conjunctions."""
+    if min_objects < 1:
+        raise ConfigError("min_objects", f"must be ≥ 1, got {min_objects}")
+    if max_objects < min_objects:
+        raise ConfigError("max_objects", f"{max_objects} < min_objects={min_objects}")
+    if max_objects > n_conjunctions:
+        raise ConfigError("max_objects", f"{max_objects} exceeds the {n_conjunctions} distinct conjunctions")
+
+
+def sample_uniform_objects(rng: random.Random, n_conjunctions: int, min_objects: int, max_objects: int,
+                           conj_values: Callable[[int], Sequence[int]], n_groups: int,
+                           support: Collection) -> tuple[list[int], FCode]:
+    """O uniform over all codes with min..max objects, conditioned on F lying in `support`
+    (a split's `fcode_key`s), by exact rejection: object count weighted by C(n, k), then a
+    uniform k-subset of conjunctions, redrawn until its F code is in the split."""
+    ks = list(range(min_objects, max_objects + 1))
+    weights = [math.comb(n_conjunctions, k) for k in ks]
+    while True:
+        conjs = sorted(rng.sample(range(n_conjunctions), ks[choose_weighted(rng, weights)]))
+        code = fcode_of_conjs([conj_values(x) for x in conjs], n_groups)
+        if fcode_key(code) in support:
+            return conjs, code
+

@@ -31,11 +31,11 @@ from bench.codes import FeatureSpace
 from bench.dataset import Scene
 from bench.errors import BenchError, ConfigError
 from generators import render3d
-from generators.base import CommonConfig, SceneGenerator, SplitPlan, register_generator
+from generators.base import CommonConfig, SceneGenerator, SplitPlan, plan_splits, register_generator
 from generators.priors import omega_size, priors_from_counts, uniform_priors
 from generators.render3d import Camera, Light, Part, Placed, Stage
-from generators.sampling import choose_weighted
-from generators.splits import FCode, active_counts, assign_splits, fcode_key, fcode_of_conjs, fcodes_feasible
+from generators.sampling import check_object_range, sample_uniform_objects
+from generators.splits import FCode, active_counts, fcode_key, fcodes_feasible
 
 if TYPE_CHECKING:  # trimesh takes ~0.7 s to import: only scenes being rendered need it
     import trimesh
@@ -332,12 +332,7 @@ class ClevrGenerator(Scene3DGenerator):
             if len(set(given)) != len(given):
                 raise ConfigError(param, f"duplicate values in {list(given)}")
         n_conj = len(c.colors) * len(c.shapes) * len(c.materials) * len(c.sizes)
-        if c.min_objects < 1:
-            raise ConfigError("min_objects", f"must be ≥ 1, got {c.min_objects}")
-        if c.max_objects < c.min_objects:
-            raise ConfigError("max_objects", f"{c.max_objects} < min_objects={c.min_objects}")
-        if c.max_objects > n_conj:
-            raise ConfigError("max_objects", f"{c.max_objects} exceeds the {n_conj} distinct conjunctions")
+        check_object_range(c.min_objects, c.max_objects, n_conj)
         if c.max_objects > render3d.MAX_OBJECTS:
             raise ConfigError("max_objects", f"at most {render3d.MAX_OBJECTS} objects (uint8 masks)")
         check_packing(c.max_objects, max(SIZES[s] for s in c.sizes), c.min_gap, c.extent, "max_objects")
@@ -351,33 +346,16 @@ class ClevrGenerator(Scene3DGenerator):
         c = self.config
         sizes = self.feature_space.sizes
         codes = fcodes_feasible(sizes, lambda a: omega_size(a, c.min_objects, c.max_objects) > 0)
-        if c.exclude_full_f:
-            codes = [f for f in codes if active_counts(f) != sizes]
-        assigned = assign_splits(codes, c.val_fraction, c.test_fraction, c.salt, c.stratify)
-        plans = {}
-        for split, n in c.split_sizes.items():
-            if n == 0:
-                continue
-            if not assigned[split]:
-                param = "val_fraction" if split == "train" else f"{split}_fraction"
-                raise ConfigError(param, f"split {split!r} gets no F codes ({len(codes)} in all); change the fractions")
-            priors = uniform_priors([active_counts(f) for f in assigned[split]], c.min_objects, c.max_objects)
-            plans[split] = SplitPlan(n=n, priors=priors, codes=assigned[split])
+        plans = plan_splits(c, codes, sizes, lambda split_codes: uniform_priors(
+            [active_counts(f) for f in split_codes], c.min_objects, c.max_objects))
         self._support = {split: {fcode_key(f) for f in p.codes} for split, p in plans.items()}
         return plans
 
     def sample_conjunctions(self, rng: random.Random, split: str) -> tuple[list[int], FCode]:
         """O uniform over codes with min..max objects whose F lies in the split (exact rejection)."""
-        c = self.config
-        space = self.feature_space
-        n_conj = space.n_conjunctions
-        ks = list(range(c.min_objects, c.max_objects + 1))
-        weights = [math.comb(n_conj, k) for k in ks]
-        while True:
-            conjs = sorted(rng.sample(range(n_conj), ks[choose_weighted(rng, weights)]))
-            code = fcode_of_conjs([space.conj_values(x) for x in conjs], len(space.sizes))
-            if fcode_key(code) in self._support[split]:
-                return conjs, code
+        c, space = self.config, self.feature_space
+        return sample_uniform_objects(rng, space.n_conjunctions, c.min_objects, c.max_objects, space.conj_values,
+                                      len(space.sizes), self._support[split])
 
     def attribute(self, conj: int, group: str, default: str) -> str:
         space = self.feature_space
