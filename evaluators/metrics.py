@@ -11,12 +11,16 @@ priors (from the dataset card); the L's are mean test code lengths of probes:
 Values are raw: an estimate below zero is reported below zero. Intervals are seeded
 percentile bootstraps over test scenes, resampling all per-scene arrays together so
 paired differences (L_O - L_F) keep their correlation.
+
+β* is a difference of two probes' code lengths, so it is only as good as the worse
+probe; `beta_star_checks` names the rows where the numbers themselves show that one
+of them failed (B*_cond, a lower bound from a single probe, needs no such check).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -98,6 +102,32 @@ def binding_metrics(
         out[f"{name}_lo"] = None if samples is None else float(np.percentile(samples, tail))
         out[f"{name}_hi"] = None if samples is None else float(np.percentile(samples, 100 - tail))
     return out
+
+
+def beta_star_checks(m: Mapping[str, Any]) -> list[str]:
+    """Why this row's β* (and B*) cannot be read as binding; empty when nothing shows it.
+
+    True entropies obey H(F|Z) ≤ H(F), H(O|Z) ≤ H(O) and H(F|Z) ≤ H(O|Z) (F is a
+    function of O), so a probe coding its target in more bits than the prior, or an
+    O-probe beating the F-probe (β* > 1), has failed rather than measured: on test F codes
+    it never saw, a weak backbone's F-probe can be confidently wrong for tens of bits per
+    scene, which sends β* anywhere. A check fires only when the whole 95% interval is on
+    the impossible side, so noise around a bound is not flagged. β* < 0 is not checked:
+    it is the raw reading "no binding found" that the estimator is specified to report.
+    `m` is a results row or `binding_metrics` output (needs the B_F, B_O and β* bounds).
+    """
+    def bound(key: str) -> float:
+        value = m.get(key)
+        return float(value) if value is not None and np.isfinite(value) else float("nan")
+
+    checks = []
+    if bound("B_F_hi") < 0:
+        checks.append("F-probe worse than the F prior (L_F > H(F))")
+    if bound("B_O_hi") < 0:
+        checks.append("O-probe worse than the O prior (L_O > H(O))")
+    if bound("beta_star_lo") > 1:
+        checks.append("β* > 1 (L_O < L_F: the F-probe is the weaker code)")
+    return checks
 
 
 def _columns(means: np.ndarray, present: list[str]) -> dict[str, np.ndarray | None]:

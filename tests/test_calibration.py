@@ -9,6 +9,8 @@ shapes' different areas leak some into patch counts).
 - oracle:mix-0.5:           β* ≈ 0.5
 - oracle:patches: the attention probe over spatial tokens binds (β* ≈ 1); the mean
   token (area-weighted colour and shape histograms) cannot, so its β* is clearly lower.
+- pixels (the no-learning control): no assertion on β* itself, but its probes fail in
+  ways the estimator's own checks must catch, while no oracle is ever flagged.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from bench.dataset import Dataset
 from evaluators.extract import extract_activations
-from evaluators.metrics import Priors
+from evaluators.metrics import Priors, beta_star_checks
 from evaluators.run import SPLITS, evaluate_binding
 from evaluators.training import RowReader, TrainConfig
 from tests.conftest import make_dataset
@@ -57,13 +59,15 @@ def measure(ds: Dataset, spec: str, view: str, family: str, train: TrainConfig =
     assert result.error is None, result.error
     m = result.metrics
     print(f"\n{spec} {view} {family}: L_O={m['L_O']:.3f} L_F={m['L_F']:.3f} H(O|F)={priors.H_O_given_F:.3f} "
-          f"beta_O={m['beta_O']:.3f} beta*={m['beta_star']:.3f} [{m['beta_star_lo']:.3f}, {m['beta_star_hi']:.3f}]")
+          f"beta_O={m['beta_O']:.3f} beta*={m['beta_star']:.3f} [{m['beta_star_lo']:.3f}, {m['beta_star_hi']:.3f}] "
+          f"checks={beta_star_checks(m)}")
     return m
 
 
 def test_oracle_objects_carries_all_binding(cal):
     m = measure(cal, "oracle:objects", "cls", "dnn")
     assert m["beta_O"] >= 0.95 and m["beta_star"] >= 0.95
+    assert beta_star_checks(m) == []
 
 
 def test_oracle_features_carries_no_binding(cal):
@@ -73,11 +77,13 @@ def test_oracle_features_carries_no_binding(cal):
     m = measure(cal, "oracle:features", "cls", "dnn")
     assert m["beta_star"] == pytest.approx(0.0, abs=0.05)
     assert m["beta_O"] == pytest.approx(m["H_F"] / m["H_O"], abs=0.05)
+    assert beta_star_checks(m) == []
 
 
 def test_oracle_mix_half_carries_half(cal):
     m = measure(cal, "oracle:mix-0.5", "cls", "dnn")
     assert m["beta_star"] == pytest.approx(0.5, abs=0.1)
+    assert beta_star_checks(m) == []
 
 
 def test_attention_over_patches_binds_where_the_mean_token_cannot(cal):
@@ -85,3 +91,16 @@ def test_attention_over_patches_binds_where_the_mean_token_cannot(cal):
     pooled = measure(cal, "oracle:patches", "mean", "dnn")
     assert spatial["beta_star"] >= 0.9
     assert pooled["beta_star"] <= spatial["beta_star"] - 0.3
+    assert beta_star_checks(spatial) == beta_star_checks(pooled) == []
+
+
+@pytest.mark.parametrize("family, failure", [
+    # β* -0.47: the linear O-probe codes O in more bits than the prior (L_O 7.6 vs H(O) 6.7)
+    ("linear", "O-probe worse than the O prior"),
+    # β* +3.64: on held-out F codes the dnn F-probe is confidently wrong (L_F 10.3 vs H(F) 4.1;
+    # tens of bits per scene on the codes whose shape set training saw least)
+    ("dnn", "F-probe worse than the F prior"),
+])
+def test_no_learning_control_is_reported_and_its_failed_probe_caught(cal, family, failure):
+    m = measure(cal, "pixels", "cls", family)
+    assert any(c.startswith(failure) for c in beta_star_checks(m))

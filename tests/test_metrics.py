@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluators.metrics import Priors, binding_metrics
+from evaluators.metrics import Priors, beta_star_checks, binding_metrics
 
 PRIORS = Priors(H_O=10.0, H_F=4.0, H_O_given_F=6.0)
 
@@ -82,3 +82,29 @@ def test_grouped_bootstrap_resamples_whole_groups():
     assert (grouped["L_O_hi"] - grouped["L_O_lo"]) / 2 == pytest.approx(half, rel=0.2)
     assert grouped["L_O_hi"] - grouped["L_O_lo"] > 5 * (scenes["L_O_hi"] - scenes["L_O_lo"])
 
+
+
+def _noisy(center: float, n: int = 200, spread: float = 0.5, seed: int = 0) -> np.ndarray:
+    return center + np.random.default_rng(seed).uniform(-spread, spread, n)
+
+
+def test_beta_star_checks_flag_only_what_true_entropies_forbid():
+    """H(O)=10, H(F)=4, H(O|F)=6: each check fires when its whole interval is impossible."""
+    assert beta_star_checks(binding_metrics(PRIORS, _noisy(5.0), _noisy(1.0, seed=1))) == []
+    # the pixels/dnn failure: an F-probe far above the F prior, so β* > 1
+    failed = beta_star_checks(binding_metrics(PRIORS, _noisy(3.0), _noisy(9.0, seed=1)))
+    assert failed == ["F-probe worse than the F prior (L_F > H(F))",
+                      "β* > 1 (L_O < L_F: the F-probe is the weaker code)"]
+    # an O-probe worse than the O prior; β* is negative there, and negatives alone are never flagged
+    m = binding_metrics(PRIORS, _noisy(11.0), _noisy(1.0, seed=1))
+    assert m["beta_star_hi"] < 0 and beta_star_checks(m) == ["O-probe worse than the O prior (L_O > H(O))"]
+    assert beta_star_checks(binding_metrics(PRIORS, np.full(10, 9.0), np.full(10, 0.5))) == []
+    # at a bound, within the noise: not flagged (the interval straddles H(F))
+    m = binding_metrics(PRIORS, _noisy(5.0), _noisy(4.02, spread=1.0, seed=1))
+    assert m["B_F_lo"] < 0 < m["B_F_hi"] and beta_star_checks(m) == []
+
+
+def test_beta_star_checks_read_results_rows_with_missing_columns():
+    """Rows of a failed probe or of another task carry None/NaN: nothing to flag."""
+    assert beta_star_checks({"B_F_hi": None, "B_O_hi": float("nan")}) == []
+    assert beta_star_checks({"beta_star_lo": 1.2}) == ["β* > 1 (L_O < L_F: the F-probe is the weaker code)"]
