@@ -8,6 +8,9 @@ rules keep the table honest:
 - a cell is empty unless every seed run for that column finished (no partial means),
   and only backbones with every cell filled are ranked;
 - backbones without layers (oracles, pixels) show their one layer whatever layer is asked;
+- a β* or B* cell whose own numbers show a failed probe (`evaluators.metrics.beta_star_checks`)
+  is marked ‡ and never ranks a backbone or wins a `best` layer: its value is a probe's
+  failure, not binding;
 - `best` layer is chosen per cell on the reported (test) metric, so it is an optimistic,
   per-column choice: the layer is printed beside the value to make that visible.
 """
@@ -24,6 +27,7 @@ from rich.markup import escape
 
 from bench.commands.common import Format, render_table
 from bench.errors import BenchError
+from evaluators.metrics import beta_star_checks
 
 
 @dataclass(frozen=True)
@@ -33,14 +37,15 @@ class Metric:
     task: str
     unit: str  # "%" (ratios shown x100) or "bits"
     higher_is_better: bool = True
+    checked: bool = False  # screened with beta_star_checks (a difference of two probes)
 
 
 _METRIC_LIST = [
-    Metric("beta_star", "β*", "binding", "%"),
+    Metric("beta_star", "β*", "binding", "%", checked=True),
     Metric("beta_star_cond", "β*_cond", "binding", "%"),
     Metric("beta_O", "β_O", "binding", "%"),
     Metric("beta_F", "β_F", "binding", "%"),
-    Metric("B_star", "B*", "binding", "bits"),
+    Metric("B_star", "B*", "binding", "bits", checked=True),
     Metric("B_star_cond", "B*_cond", "binding", "bits"),
     Metric("B_O", "B_O", "binding", "bits"),
     Metric("B_F", "B_F", "binding", "bits"),
@@ -107,6 +112,7 @@ class Cell:
     n_layers: int | None = None
     n_seeds: int = 0
     error: str | None = None
+    checks: tuple[str, ...] = ()  # why the value is a failed probe's, not binding
 
     @property
     def half_width(self) -> float | None:
@@ -223,7 +229,7 @@ def _cell(rows: list[dict], m: Metric, layer: str | int, seeds: set[int]) -> Cel
     ok = [c for c in cells if c.status == "ok"]
     if ok:
         sign = 1 if m.higher_is_better else -1
-        return max(ok, key=lambda c: (sign * c.value, -c.layer))
+        return max(ok, key=lambda c: (not c.checks, sign * c.value, -c.layer))
     errors = [c for c in cells if c.status == "error"]
     return errors[0] if errors else (cells[0] if cells else None)
 
@@ -240,17 +246,18 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
     his = [r[f"{m.name}_hi"] for r in rows]
     lo = min(los) if None not in los else None
     hi = max(his) if None not in his else None
-    return Cell("ok", sum(values) / len(values), lo, hi, layer, n_layers, len(rows))
+    checks = tuple(sorted({c for r in rows for c in beta_star_checks(r)})) if m.checked else ()
+    return Cell("ok", sum(values) / len(values), lo, hi, layer, n_layers, len(rows), checks=checks)
 
 
 def _rank(board: Leaderboard) -> None:
-    """Rank complete backbones per dataset by their best cell; overlapping intervals tie."""
+    """Rank complete backbones per dataset by their best unflagged cell; overlapping intervals tie."""
     sign = 1 if board.metric.higher_is_better else -1
     for ds in board.datasets:
         rows = [r for r in board.rows if r.dataset == ds]
-        complete = [r for r in rows if r.complete and r.cells]
+        complete = [r for r in rows if r.complete and any(not c.checks for c in r.cells.values())]
         for r in complete:
-            r.score = max(r.cells.values(), key=lambda c: sign * c.value)
+            r.score = max((c for c in r.cells.values() if not c.checks), key=lambda c: sign * c.value)
         ranks = rank_with_ties([(r.score.value, r.score.lo, r.score.hi) for r in complete], board.metric.higher_is_better)
         for r, k in zip(complete, ranks):
             r.rank = k
@@ -272,7 +279,7 @@ def rank_with_ties(scores: Sequence[tuple[float, float | None, float | None]], h
 # -- rendering ----------------------------------------------------------------------------
 
 TIDY_COLUMNS = ("rank", "dataset", "backbone", "probe", "tokens", "metric", "value", "lo", "hi",
-                "half_width", "layer", "n_layers", "n_seeds", "status", "error")
+                "half_width", "layer", "n_layers", "n_seeds", "status", "checks", "error")
 
 
 def column_name(col: tuple[str, str]) -> str:
@@ -289,7 +296,7 @@ def tidy_records(board: Leaderboard) -> list[dict[str, Any]]:
                 "rank": row.rank, "dataset": row.dataset, "backbone": row.backbone, "probe": col[0],
                 "tokens": col[1], "metric": board.metric.name, "value": c.value, "lo": c.lo, "hi": c.hi,
                 "half_width": c.half_width, "layer": c.layer, "n_layers": c.n_layers, "n_seeds": c.n_seeds,
-                "status": c.status, "error": c.error,
+                "status": c.status, "checks": "; ".join(c.checks) or None, "error": c.error,
             })
     return out
 
@@ -313,11 +320,15 @@ def render_leaderboard(board: Leaderboard, fmt: Format) -> str:
             line[name] = format_cell(row.cells[col], board.metric, markdown)
         lines.append(line)
     table = render_table(lines, header, fmt, title=title(board))
-    return f"{table}\n\n_{FOOTNOTE}_" if markdown else f"{table}\n{FOOTNOTE}"
+    notes = [FOOTNOTE, *([CHECKED_NOTE] if any(c and c.checks for r in board.rows for c in r.cells.values()) else [])]
+    return "\n".join([table, *(f"\n_{n}_" for n in notes)]) if markdown else "\n".join([table, *notes])
 
 
 FOOTNOTE = ("± is half the bootstrap 95% interval; backbones whose intervals overlap share a rank; "
-            "empty = not run or incomplete, unranked = some cell empty or failed")
+            "empty = not run or incomplete, unranked = some cell empty or failed, or every cell ‡")
+CHECKED_NOTE = ("‡ a probe failed, so this is not binding: it coded its target in more bits than the prior, or "
+                "the O-probe beat the F-probe (β* > 1); never ranked. Read β*_cond (--metric beta_star_cond) "
+                "there; the reasons are in --format csv")
 
 
 def title(board: Leaderboard) -> str:
@@ -340,4 +351,6 @@ def format_cell(cell: Cell | None, m: Metric, markdown: bool = False) -> str:
         text += f" ± {cell.half_width * scale:.{digits}f}"
     if cell.n_layers:  # oracles and pixels have only layer 0: nothing to note
         text += f" <sub>L{cell.layer}</sub>" if markdown else f" [dim]L{cell.layer}[/dim]"
+    if cell.checks:
+        text += " ‡" if markdown else " [yellow]‡[/yellow]"
     return text

@@ -36,6 +36,9 @@ def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_pa
     table = read_results(results)
     assert table.num_rows == 4
     rows = table.to_pylist()
+    from evaluators.metrics import beta_star_checks  # the summary screens each row as the leaderboard does
+
+    assert [r["checks"] for r in summary] == ["; ".join(beta_star_checks(r)) or None for r in rows]
     for r in rows:
         assert r["status"] == "ok", r["error"]
         assert r["task"] == "binding" and r["split"] == "test" and r["tokens"] == "cls" and r["seed"] == 0

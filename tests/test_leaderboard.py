@@ -68,6 +68,47 @@ def test_leaderboard_ranks_ties_and_leaves_incomplete_backbones_unranked_with_em
     assert board.rows[0].score.value == pytest.approx(0.90)  # ranked by the best cell
 
 
+def failed_probe_rows() -> list[dict]:
+    """A binds (0.40); P's dnn F-probe failed (β* 2.9, the pixels/dnn case), its linear cell is
+    sound (0.10); R fails everywhere (its O-probe is worse than the prior)."""
+    def with_bounds(row: dict, b_f_hi: float = 1.0, b_o_hi: float = 1.0) -> dict:
+        return {**row, "B_F_hi": b_f_hi, "B_O_hi": b_o_hi}
+
+    return [
+        with_bounds(result_row("A", "linear", 0.30)), with_bounds(result_row("A", "dnn", 0.40)),
+        with_bounds(result_row("P", "linear", 0.10)), with_bounds(result_row("P", "dnn", 2.90), b_f_hi=-0.7),
+        with_bounds(result_row("R", "linear", -0.5), b_o_hi=-0.4), with_bounds(result_row("R", "dnn", -0.6), b_o_hi=-0.2),
+    ]
+
+
+def test_failed_probe_cells_are_marked_and_never_rank(tmp_path, capsys):
+    board = build_leaderboard(failed_probe_rows())
+    ranks = {r.backbone: r.rank for r in board.rows}
+    assert ranks == {"A": 1, "P": 2, "R": None}  # P by its sound linear cell, not its 290% dnn cell
+    p = next(r for r in board.rows if r.backbone == "P")
+    assert p.score.value == pytest.approx(0.10)
+    assert p.cells[("dnn", "cls")].checks == ("F-probe worse than the F prior (L_F > H(F))",
+                                              "β* > 1 (L_O < L_F: the F-probe is the weaker code)")
+    write_run(failed_probe_rows(), tmp_path, "r1")
+    code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "markdown"], capsys)
+    assert code == 0
+    assert "| 2 | P | 10.0 ± 2.0 | 290.0 ± 2.0 ‡ |" in out and "‡ a probe failed" in out
+    code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "csv"], capsys)
+    flagged = {(r["backbone"], r["probe"]): r["checks"] for r in csv.DictReader(io.StringIO(out))}
+    assert flagged[("P", "dnn")].startswith("F-probe worse") and flagged[("P", "linear")] == ""
+    assert flagged[("R", "linear")].startswith("O-probe worse")
+    # β*_cond needs no F-probe: the same failed row is a plain reading there
+    cond = [{**result_row("P", "dnn", 0.2, metric="beta_star_cond"), "B_F_hi": -0.7, "beta_star_lo": 2.8}]
+    assert build_leaderboard(cond, metric="beta_star_cond").rows[0].cells[("dnn", "cls")].checks == ()
+
+
+def test_best_layer_skips_a_layer_whose_probe_failed():
+    rows = [{**result_row("M", "dnn", v, layer=layer, n_layers=2), "B_F_hi": b_f_hi}
+            for layer, v, b_f_hi in [(1, 0.35, 1.0), (2, 1.80, -0.5)]]
+    cell = build_leaderboard(rows).rows[0].cells[("dnn", "cls")]
+    assert (cell.layer, cell.value, cell.checks) == (1, pytest.approx(0.35), ())
+
+
 MARKDOWN_SNAPSHOT = """\
 **β* (%) — cs — best layer per cell**
 
@@ -79,7 +120,7 @@ MARKDOWN_SNAPSHOT = """\
 |  | D | 20.0 ± 2.0 |  |
 
 _± is half the bootstrap 95% interval; backbones whose intervals overlap share a rank; \
-empty = not run or incomplete, unranked = some cell empty or failed_"""
+empty = not run or incomplete, unranked = some cell empty or failed, or every cell ‡_"""
 
 
 def test_markdown_snapshot(tmp_path, capsys):

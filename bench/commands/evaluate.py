@@ -12,7 +12,7 @@ from bench.commands.common import Format, echo, render_table, stderr
 
 SUMMARY_COLUMNS = {
     "binding": ("backbone", "layer", "tokens", "probe", "seed", "status", "L_O", "L_F", "beta_O", "beta_star",
-                "beta_star_lo", "beta_star_hi", "beta_star_cond", "bit_accuracy", "exact_accuracy", "error"),
+                "beta_star_lo", "beta_star_hi", "beta_star_cond", "bit_accuracy", "exact_accuracy", "checks", "error"),
     "issameobject": ("backbone", "layer", "probe", "seed", "status", "accuracy", "accuracy_lo", "accuracy_hi",
                      "balanced_accuracy", "auroc", "majority_accuracy", "error"),
 }
@@ -62,6 +62,11 @@ def evaluate(
         stderr.print(f"every requested row is already in {results}; nothing to do (use --overwrite to re-run)", soft_wrap=True)
         return
     columns = SUMMARY_COLUMNS[task]
-    rows = pq.read_table(path, columns=list(columns)).to_pylist()
+    rows = pq.read_table(path).to_pylist()
+    if task == "binding":
+        from evaluators.metrics import beta_star_checks
+
+        for row in rows:
+            row["checks"] = "; ".join(beta_star_checks(row)) or None
     echo(render_table(rows, columns, fmt, title=f"{task} results · {dataset.name}"))
     stderr.print(f"wrote {len(rows)} rows to {path}", soft_wrap=True)
