@@ -60,7 +60,7 @@ def _ylabel(board: Leaderboard) -> str:
     return f"{board.metric.label} ({'%' if board.metric.unit == '%' else 'bits'})"
 
 
-Point = tuple  # (x, value, lo, hi); x None for a backbone without layers
+Point = tuple  # (x, value, lo, hi, failed); x None for a backbone without layers; failed = the table's ‡
 
 
 def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Leaderboard, dict[tuple, list[Point]]]:
@@ -75,7 +75,7 @@ def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Lead
             for col, c in r.cells.items():
                 if c is not None and c.status == "ok" and c.layer == layer:
                     series[(r.dataset, r.backbone, col)].append(
-                        (c.layer / c.n_layers if c.n_layers else None, c.value, c.lo, c.hi))
+                        (c.layer / c.n_layers if c.n_layers else None, c.value, c.lo, c.hi, bool(c.checks)))
     return first, dict(series)
 
 
@@ -106,8 +106,8 @@ def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selec
 def _draw_series(ax: plt.Axes, points: list[tuple], scale: float, color: Any, label: str) -> None:
     """A line with its band; a layer-less backbone (depth None) as a dashed reference."""
     if all(p[0] is None for p in points):
-        _, v, lo, hi = points[0]
-        ax.axhline(v * scale, color=color, ls="--", lw=1.2, label=label)
+        _, v, lo, hi, failed = points[0]
+        ax.axhline(v * scale, color=color, ls="--" if not failed else ":", lw=1.2, label=label + " ‡" * failed)
         if lo is not None and hi is not None:
             ax.axhspan(lo * scale, hi * scale, color=color, alpha=0.12, lw=0)
         return
@@ -117,6 +117,16 @@ def _draw_series(ax: plt.Axes, points: list[tuple], scale: float, color: Any, la
     ax.plot(x, v, marker="o", ms=3, color=color, label=label)
     if all(p[2] is not None and p[3] is not None for p in points):
         ax.fill_between(x, [p[2] * scale for p in points], [p[3] * scale for p in points], color=color, alpha=0.2, lw=0)
+    _mark_failed(ax, points, scale)
+
+
+def _mark_failed(ax: plt.Axes, points: list[tuple], scale: float) -> None:
+    """A cross over every point whose probe failed (‡ in the table): its value is not binding."""
+    failed = [p for p in points if p[4]]
+    if failed:
+        label = "‡ a probe failed"
+        ax.scatter([p[0] for p in failed], [p[1] * scale for p in failed], marker="x", s=40, color="black", zorder=3,
+                   label=None if label in ax.get_legend_handles_labels()[1] else label)
 
 
 def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
@@ -137,8 +147,14 @@ def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
             [(c.value - c.lo) * scale, (c.hi - c.value) * scale] if good and c.lo is not None else [0.0, 0.0]
             for c, good in zip(cells, ok)
         ]).T
-        ax.bar(x + (j - (n_cols - 1) / 2) * width, vals, width, yerr=err, capsize=2,
-               color=cmap(j % 10), label=column_name(col))
+        bars = ax.bar(x + (j - (n_cols - 1) / 2) * width, vals, width, yerr=err, capsize=2,
+                      color=cmap(j % 10), label=column_name(col))
+        for bar, c, good in zip(bars, cells, ok):
+            if good and c.checks:  # a failed probe's number: drawn faint and hatched, as the table marks it ‡
+                bar.set_alpha(0.35)
+                bar.set_hatch("//")
+    if any(c is not None and c.checks for r in board.rows for c in r.cells.values()):
+        ax.bar([np.nan], [np.nan], color="white", edgecolor="black", hatch="//", label="‡ a probe failed: not binding")
     labels = [r.backbone if len(board.datasets) == 1 else f"{r.backbone}\n({r.dataset})" for r in board.rows]
     ax.set_xticks(x, labels, rotation=20, ha="right")
     ax.axhline(0, color="black", lw=0.6)
@@ -177,7 +193,7 @@ def sweep_series(rows: Sequence[dict[str, Any]], x_values: dict[str, float],
     for r in board.rows:
         for col, c in r.cells.items():
             if c is not None and c.status == "ok":
-                series[(r.backbone, col)].append((x_values[r.dataset], c.value, c.lo, c.hi))
+                series[(r.backbone, col)].append((x_values[r.dataset], c.value, c.lo, c.hi, bool(c.checks)))
     return board, {k: sorted(v) for k, v in series.items()}
 
 
@@ -199,6 +215,7 @@ def sweep_curve(rows: Sequence[dict[str, Any]], x_values: dict[str, float], axis
         if all(p[2] is not None and p[3] is not None for p in points):
             ax.fill_between(x, [p[2] * scale for p in points], [p[3] * scale for p in points],
                             color=colors[backbone], alpha=0.15, lw=0)
+        _mark_failed(ax, points, scale)
     ax.set_xlabel(SWEEP_AXES[axis][1])
     if all(float(v).is_integer() for v in x_values.values()):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

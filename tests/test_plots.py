@@ -12,8 +12,10 @@ from PIL import Image
 
 from bench.cli import main
 from bench.results import write_run
+from leaderboards import plots
 from leaderboards.plots import layer_series, sweep_series, sweep_values
-from test_leaderboard import result_row
+from leaderboards.tables import build_leaderboard
+from test_leaderboard import failed_probe_rows, result_row
 
 
 def depth_rows() -> list[dict]:
@@ -46,7 +48,7 @@ def test_layer_series_holds_normalised_depth_and_values():
     assert [p[0] for p in trained] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert np.allclose([p[1] for p in trained], [0.0, 0.2, 0.4, 0.6, 0.8])
     assert np.allclose([p[3] - p[1] for p in trained], 0.02)  # interval band carried along
-    assert series[("cs", "oracle:objects", ("dnn", "cls"))] == [(None, 1.0, 0.98, 1.02)]  # one reference point
+    assert series[("cs", "oracle:objects", ("dnn", "cls"))] == [(None, 1.0, 0.98, 1.02, False)]  # one reference point
     assert board.columns == [("linear", "cls"), ("dnn", "cls")]
 
 
@@ -88,3 +90,22 @@ def test_sweep_plot_command(tmp_path, capsys):
     assert (tmp_path / "sweep.svg").exists()
     assert main(args + ["--datasets", str(tmp_path / "data"), "--x", "height"]) == 2
     assert "x: unknown 'height'" in capsys.readouterr().err
+
+
+def test_bars_of_failed_probes_are_drawn_faint_and_hatched(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out: figures.append(fig) or [])
+    plots.probe_bars(build_leaderboard(failed_probe_rows()), tmp_path / "bars")
+    ax = figures[0].axes[0]
+    heights = {round(p.get_height(), 1): bool(p.get_hatch()) for p in ax.patches if np.isfinite(p.get_height())}
+    assert heights == {30.0: False, 40.0: False, 10.0: False, 290.0: True, -50.0: True, -60.0: True}
+    assert "‡ a probe failed: not binding" in ax.get_legend_handles_labels()[1]
+
+
+def test_layers_whose_probe_failed_are_crossed_out(tmp_path):
+    rows = [{**result_row("M", "dnn", v, layer=layer, n_layers=2), "B_F_hi": b_f_hi}
+            for layer, v, b_f_hi in [(0, 0.1, 1.0), (1, 0.3, 1.0), (2, 1.8, -0.5)]]
+    _, series = layer_series(rows)
+    assert [p[4] for p in series[("cs", "M", ("dnn", "cls"))]] == [False, False, True]
+    (png, _) = plots.layer_curves(rows, tmp_path / "layers")
+    _check_image(png)
