@@ -144,8 +144,9 @@ def demo(
             "\noracle:objects hands the probes the object code itself (a probe that reads it fully scores β* = 100%), "
             "oracle:features only the features (no binding: an ideal probe scores β* = 0%). On a few hundred scenes "
             "the probes learn p(O|F) imperfectly, which pushes β* below 0 for every backbone without binding; "
-            "compare backbones with each other, not with 0. Where a probe does worse than the prior (on a set "
-            "this small the random: and pixels controls' probes do), β* is marked ‡ and not ranked. To measure a real model, run "
+            "compare backbones with each other, not with 0. Where a probe does worse than its prior (on a set "
+            "this small the controls' probes do, and some of oracle:features' can), β* is marked ‡ and not "
+            "ranked. To measure a real model, run "
             "`bench evaluate --model facebook/dinov2-small --dataset DATA_DIR` on a dataset made by `bench generate`, "
             "then `bench leaderboard results/`."
         )
