@@ -120,7 +120,7 @@ MARKDOWN_SNAPSHOT = """\
 |  | D | 20.0 ± 2.0 |  |
 
 _± is half the bootstrap 95% interval; backbones whose intervals overlap share a rank; \
-empty = not run or incomplete, unranked = some cell empty or failed, or every cell ‡_"""
+empty = not run or incomplete, unranked = some cell empty or failed_"""
 
 
 def test_markdown_snapshot(tmp_path, capsys):
