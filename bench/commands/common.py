@@ -44,7 +44,10 @@ def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: Fo
         table.add_column(c)
     for row in cells:
         table.add_row(*row)
-    console = Console(file=io.StringIO(), force_terminal=sys.stdout.isatty(), width=max(100, Console().width))
+    # A terminal gets its own width; a pipe or file gets room for a wide table rather than
+    # wrapped cells (nothing reflows a log line).
+    width = max(100, Console().width) if sys.stdout.isatty() else 200
+    console = Console(file=io.StringIO(), force_terminal=sys.stdout.isatty(), width=width)
     console.print(table)
     return console.file.getvalue().rstrip("\n")
 
