@@ -105,7 +105,9 @@ def binding_metrics(
 
 
 def beta_star_checks(m: Mapping[str, Any]) -> list[str]:
-    """Why this row's β* (and B*) cannot be read as binding; empty when nothing shows it.
+    """The inequalities this row's probes break, so that its β* (and B*) cannot be read as
+    binding: "L_F > H(F)", "L_O > H(O)" (a probe worse than the prior), "L_O < L_F" (β* > 1).
+    Empty when nothing shows a failure.
 
     True entropies obey H(F|Z) ≤ H(F), H(O|Z) ≤ H(O) and H(F|Z) ≤ H(O|Z) (F is a
     function of O), so a probe coding its target in more bits than the prior, or an
@@ -122,11 +124,11 @@ def beta_star_checks(m: Mapping[str, Any]) -> list[str]:
 
     checks = []
     if bound("B_F_hi") < 0:
-        checks.append("F-probe worse than the F prior (L_F > H(F))")
+        checks.append("L_F > H(F)")
     if bound("B_O_hi") < 0:
-        checks.append("O-probe worse than the O prior (L_O > H(O))")
+        checks.append("L_O > H(O)")
     if bound("beta_star_lo") > 1:
-        checks.append("β* > 1 (L_O < L_F: the F-probe is the weaker code)")
+        checks.append("L_O < L_F")
     return checks
 
 

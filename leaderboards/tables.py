@@ -326,9 +326,10 @@ def render_leaderboard(board: Leaderboard, fmt: Format) -> str:
 
 FOOTNOTE = ("± is half the bootstrap 95% interval; backbones whose intervals overlap share a rank; "
             "empty = not run or incomplete, unranked = some cell empty or failed")
-CHECKED_NOTE = ("‡ a probe failed, so this is not binding: it coded its target in more bits than the prior, or "
-                "the O-probe beat the F-probe (β* > 1); never ranked on (a backbone with only ‡ cells is unranked). Read β*_cond (--metric beta_star_cond) "
-                "there; the reasons are in --format csv")
+CHECKED_NOTE = ("‡ a probe failed, so this is not binding: it coded its target in more bits than the prior "
+                "(L_F > H(F) or L_O > H(O)), or the O-probe beat the F-probe (L_O < L_F, β* > 1); never ranked on "
+                "(a backbone with only ‡ cells is unranked). Read β*_cond (--metric beta_star_cond) there; "
+                "--format csv names the check")
 
 
 def title(board: Leaderboard) -> str:

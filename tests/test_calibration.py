@@ -96,10 +96,10 @@ def test_attention_over_patches_binds_where_the_mean_token_cannot(cal):
 
 @pytest.mark.parametrize("family, failure", [
     # β* -0.47: the linear O-probe codes O in more bits than the prior (L_O 7.6 vs H(O) 6.7)
-    ("linear", "O-probe worse than the O prior"),
+    ("linear", "L_O > H(O)"),
     # β* +3.64: on held-out F codes the dnn F-probe is confidently wrong (L_F 10.3 vs H(F) 4.1;
     # tens of bits per scene on the codes whose shape set training saw least)
-    ("dnn", "F-probe worse than the F prior"),
+    ("dnn", "L_F > H(F)"),
 ])
 def test_no_learning_control_is_reported_and_its_failed_probe_caught(cal, family, failure):
     m = measure(cal, "pixels", "cls", family)

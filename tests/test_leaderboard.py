@@ -87,16 +87,15 @@ def test_failed_probe_cells_are_marked_and_never_rank(tmp_path, capsys):
     assert ranks == {"A": 1, "P": 2, "R": None}  # P by its sound linear cell, not its 290% dnn cell
     p = next(r for r in board.rows if r.backbone == "P")
     assert p.score.value == pytest.approx(0.10)
-    assert p.cells[("dnn", "cls")].checks == ("F-probe worse than the F prior (L_F > H(F))",
-                                              "β* > 1 (L_O < L_F: the F-probe is the weaker code)")
+    assert p.cells[("dnn", "cls")].checks == ("L_F > H(F)", "L_O < L_F")
     write_run(failed_probe_rows(), tmp_path, "r1")
     code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "markdown"], capsys)
     assert code == 0
     assert "| 2 | P | 10.0 ± 2.0 | 290.0 ± 2.0 ‡ |" in out and "‡ a probe failed" in out
     code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "csv"], capsys)
     flagged = {(r["backbone"], r["probe"]): r["checks"] for r in csv.DictReader(io.StringIO(out))}
-    assert flagged[("P", "dnn")].startswith("F-probe worse") and flagged[("P", "linear")] == ""
-    assert flagged[("R", "linear")].startswith("O-probe worse")
+    assert flagged[("P", "dnn")] == "L_F > H(F); L_O < L_F" and flagged[("P", "linear")] == ""
+    assert flagged[("R", "linear")] == "L_O > H(O)"
     # β*_cond needs no F-probe: the same failed row is a plain reading there
     cond = [{**result_row("P", "dnn", 0.2, metric="beta_star_cond"), "B_F_hi": -0.7, "beta_star_lo": 2.8}]
     assert build_leaderboard(cond, metric="beta_star_cond").rows[0].cells[("dnn", "cls")].checks == ()
