@@ -153,7 +153,7 @@ def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
             if good and c.checks:  # a failed probe's number: drawn faint and hatched, as the table marks it ‡
                 bar.set_alpha(0.35)
                 bar.set_hatch("//")
-    if any(c is not None and c.checks for r in board.rows for c in r.cells.values()):
+    if board.has_failed_cells:
         ax.bar([np.nan], [np.nan], color="white", edgecolor="black", hatch="//", label="‡ a probe failed: not binding")
     labels = [r.backbone if len(board.datasets) == 1 else f"{r.backbone}\n({r.dataset})" for r in board.rows]
     ax.set_xticks(x, labels, rotation=20, ha="right")

@@ -146,6 +146,11 @@ class Leaderboard:
     def datasets(self) -> list[str]:
         return sorted({r.dataset for r in self.rows})
 
+    @property
+    def has_failed_cells(self) -> bool:
+        """Whether any cell is marked ‡ (tables and plots then explain the mark)."""
+        return any(c is not None and c.checks for r in self.rows for c in r.cells.values())
+
 
 def build_leaderboard(
     rows: Iterable[dict[str, Any]],
@@ -320,7 +325,7 @@ def render_leaderboard(board: Leaderboard, fmt: Format) -> str:
             line[name] = format_cell(row.cells[col], board.metric, markdown)
         lines.append(line)
     table = render_table(lines, header, fmt, title=title(board))
-    notes = [FOOTNOTE, *([CHECKED_NOTE] if any(c and c.checks for r in board.rows for c in r.cells.values()) else [])]
+    notes = [FOOTNOTE, *([CHECKED_NOTE] if board.has_failed_cells else [])]
     return "\n".join([table, *(f"\n_{n}_" for n in notes)]) if markdown else "\n".join([table, *notes])
 
 
