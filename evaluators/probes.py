@@ -19,6 +19,12 @@ Families differ only in how a conditional reads z:
 
 Inputs are standardised with training-set statistics (set by the trainer), so the same
 learning rate works for oracle codes and for backbone features with large norms.
+
+A probe computes a *residual* on top of an exact prior logit that the trainer adds
+(DESIGN §8, prior-anchored probes): every term that reaches the output starts at zero
+(`zero_residual`), so an untrained probe codes exactly the prior and a representation
+that adds nothing leaves it there. Unanchored probes (the paper's estimator) use the
+same modules with a prior of 0 (p = 1/2 per bit).
 """
 
 from __future__ import annotations
@@ -74,6 +80,12 @@ def conjunction_factors(sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]
     return conj // n_rest, conj % n_rest
 
 
+def zero_residual(layer: nn.Linear) -> nn.Linear:
+    """A layer whose output reaches the logits, initialised at zero: the probe starts at its prior."""
+    nn.init.zeros_(layer.weight)
+    return layer
+
+
 def strictly_lower(k: int) -> torch.Tensor:
     """Mask m[k, j] = 1 iff j < k: conditional k may only see earlier bits."""
     return torch.tril(torch.ones(k, k), diagonal=-1)
@@ -93,6 +105,8 @@ class Probe(nn.Module):
         self.context = nn.Parameter(torch.zeros(n_bits, n_bits))
         self.bias = nn.Parameter(torch.zeros(n_bits))
         self.cond = nn.Linear(cond_dim, n_bits, bias=False) if cond_dim else None
+        if self.cond is not None:
+            nn.init.zeros_(self.cond.weight)
 
     def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
         """Standardise inputs with training statistics (constant dimensions are left as is)."""
@@ -116,7 +130,7 @@ class Probe(nn.Module):
 class LinearProbe(Probe):
     def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0) -> None:
         super().__init__(in_dim, n_bits, cond_dim)
-        self.w = nn.Linear(in_dim, n_bits, bias=False)
+        self.w = zero_residual(nn.Linear(in_dim, n_bits, bias=False))
 
     def readout(self, x, t, cond):
         return self.w(x)
@@ -128,11 +142,11 @@ class QuadraticProbe(Probe):
     def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0, rank: int = 8) -> None:
         super().__init__(in_dim, n_bits, cond_dim)
         self.rank = rank
-        self.w = nn.Linear(in_dim, n_bits, bias=False)
+        self.w = zero_residual(nn.Linear(in_dim, n_bits, bias=False))
         self.pz = nn.Linear(in_dim, n_bits * rank, bias=False)
         self.pc = nn.Linear(cond_dim, n_bits * rank, bias=False) if cond_dim else None
         self.pt = nn.Parameter(torch.randn(n_bits, rank, n_bits) / math.sqrt(n_bits))
-        self.s = nn.Parameter(torch.randn(n_bits, rank) / rank)
+        self.s = nn.Parameter(torch.zeros(n_bits, rank))
 
     def readout(self, x, t, cond):
         b, k, r = x.shape[0], self.n_bits, self.rank
@@ -153,9 +167,9 @@ class SharedQuadraticProbe(Probe):
         self.register_buffer("fa", torch.as_tensor(np.asarray(a), dtype=torch.long))
         self.register_buffer("fb", torch.as_tensor(np.asarray(b), dtype=torch.long))
         self.n_a, self.n_b, self.rank = int(self.fa.max()) + 1, int(self.fb.max()) + 1, rank
-        self.w = nn.Linear(in_dim, n_bits, bias=False)
+        self.w = zero_residual(nn.Linear(in_dim, n_bits, bias=False))
         self.u = nn.Linear(in_dim, self.n_a * rank, bias=False)
-        self.v = nn.Linear(in_dim, self.n_b * rank, bias=False)
+        self.v = zero_residual(nn.Linear(in_dim, self.n_b * rank, bias=False))
 
     def readout(self, x, t, cond):
         b = x.shape[0]
@@ -181,13 +195,13 @@ class MadeProbe(Probe):
             layers += [nn.Linear(width, hidden), nn.GELU()]
             width = hidden
         self.trunk = nn.Sequential(*layers)
-        self.head = nn.Linear(hidden, n_bits, bias=False)
+        self.head = zero_residual(nn.Linear(hidden, n_bits, bias=False))
         degree = torch.arange(hidden) * n_bits // hidden  # 0..K-1, evenly spread
         self.register_buffer("mask_in", (torch.arange(n_bits)[None, :] < degree[:, None]).float())
         self.register_buffer("mask_out", (degree[None, :] <= torch.arange(n_bits)[:, None]).float())
         self.made_z = nn.Linear(hidden, hidden)
         self.made_t = nn.Parameter(torch.randn(hidden, n_bits) / math.sqrt(n_bits))
-        self.made_out = nn.Parameter(torch.randn(n_bits, hidden) / math.sqrt(hidden))
+        self.made_out = nn.Parameter(torch.zeros(n_bits, hidden))
 
     def readout(self, x, t, cond):
         h = self.trunk(torch.cat([x, cond], dim=-1) if self.cond_dim else x)
@@ -216,9 +230,9 @@ class AttentionProbe(Probe):
         self.query = nn.Parameter(torch.randn(n_bits, hd) / math.sqrt(hd))
         self.query_t = nn.Parameter(torch.zeros(n_bits, hd))
         self.query_c = nn.Linear(cond_dim, hd, bias=False) if cond_dim else None
-        self.w = nn.Parameter(torch.randn(n_bits, hd) / math.sqrt(hd))
+        self.w = nn.Parameter(torch.zeros(n_bits, hd))
         self.p = nn.Parameter(torch.randn(n_bits, rank, hd) / math.sqrt(hd))
-        self.s = nn.Parameter(torch.randn(n_bits, rank) / rank)
+        self.s = nn.Parameter(torch.zeros(n_bits, rank))
 
     def queries(self, t: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
         q = self.query + torch.einsum("bj,kj,jd->bkd", t, self.tril, self.query_t)
@@ -276,7 +290,21 @@ def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
         return _CLASSES[family](in_dim, n_bits, cond_dim, **params)
 
 
+def anchor(residual: torch.Tensor, prior: torch.Tensor | None) -> torch.Tensor:
+    """Logits = prior logit + residual. A prior of ±inf is a bit the prior fixes: it stays ±inf
+    (the residual cannot move it) and `scene_bits` charges it nothing."""
+    if prior is None:
+        return residual
+    return torch.where(torch.isfinite(prior), prior + residual, prior)
+
+
 def scene_bits(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """-log2 q(t | z) per scene: the summed per-bit cross-entropy in bits."""
-    bce = F.binary_cross_entropy_with_logits(logits.float(), target.float(), reduction="none")
-    return bce.sum(-1) / math.log(2)
+    """-log2 q(t | z) per scene: the summed per-bit cross-entropy in bits.
+
+    Infinite logits are bits fixed by an exact prior; the target always agrees with them
+    (the priors check that every scene lies in its distribution's support), so they cost 0.
+    """
+    logits = logits.float()
+    fixed = torch.isinf(logits)
+    bce = F.binary_cross_entropy_with_logits(torch.where(fixed, 0.0, logits), target.float(), reduction="none")
+    return torch.where(fixed, 0.0, bce).sum(-1) / math.log(2)

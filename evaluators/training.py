@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from evaluators.probes import Probe, scene_bits
+from evaluators.probes import Probe, anchor, scene_bits
 
 
 def resolve_device(device: str) -> str:
@@ -111,17 +111,20 @@ def feature_stats(reader: RowReader, chunk: int = 1024) -> tuple[np.ndarray, np.
 
 @dataclass
 class ProbeJob:
-    """One probe to train: its model, per-split targets (N x K uint8), optional condition."""
+    """One probe to train: its model, per-split targets (N x K uint8), optional condition,
+    and optional exact prior logits (N x K float32, ±inf where the prior fixes the bit)
+    that the probe's residual is added to."""
 
     name: str
     model: Probe
     targets: dict[str, np.ndarray]
     cond: dict[str, np.ndarray] | None = None
+    prior: dict[str, np.ndarray] | None = None
 
 
 @dataclass
 class FitResult:
-    """A trained probe's test scores at its best validation epoch."""
+    """A trained probe's test scores at its best validation epoch (0 = untrained: the prior)."""
 
     name: str
     best_epoch: int = -1
@@ -161,7 +164,17 @@ def fit_probes(
         schedules[j.name] = torch.optim.lr_scheduler.CosineAnnealingLR(optims[j.name], total_steps)
     active = {j.name: j for j in jobs}
     stale = {j.name: 0 for j in jobs}
-    for epoch in range(config.epochs):
+    # Epoch 0 is the untrained probe: an anchored probe there codes exactly its prior, so a
+    # representation that adds nothing selects it and reads exactly zero information.
+    for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():
+        r = results[name]
+        if isinstance(scored, Exception):
+            _fail(r, scored, active, name)
+            continue
+        r.val_bits, r.best_epoch = float(scored[0].mean()), 0
+        r.history.append((math.nan, r.val_bits))
+        states[name] = copy.deepcopy(active[name].model.state_dict())
+    for epoch in range(1, config.epochs + 1):
         if not active:
             break
         train_sum = {name: 0.0 for name in active}
@@ -184,6 +197,9 @@ def fit_probes(
         val = _score(list(active.values()), inputs["val"], "val", device, config.batch_size)
         for name in list(active):
             r = results[name]
+            if isinstance(val[name], Exception):
+                _fail(r, val[name], active, name)
+                continue
             v = float(val[name][0].mean())
             r.history.append((train_sum[name] / n_train, v))
             if not math.isfinite(v):
@@ -200,8 +216,11 @@ def fit_probes(
     finished = [j for j in jobs if results[j.name].error is None]
     for j in finished:
         j.model.load_state_dict(states[j.name])
-    for name, (bits, correct) in _score(finished, inputs["test"], "test", device, config.batch_size).items():
-        results[name].scene_bits, results[name].bits_correct = bits, correct
+    for name, scored in _score(finished, inputs["test"], "test", device, config.batch_size).items():
+        if isinstance(scored, Exception):
+            _fail(results[name], scored, {}, name)
+        else:
+            results[name].scene_bits, results[name].bits_correct = scored
     return results
 
 
@@ -215,22 +234,33 @@ def _batch_bits(job: ProbeJob, split: str, idx: np.ndarray, x: torch.Tensor, dev
     target = torch.from_numpy(job.targets[split][idx]).to(device)
     cond = torch.from_numpy(job.cond[split][idx]).to(device).float() if job.cond is not None else None
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-        logits = job.model(x, target, cond)
+        residual = job.model(x, target, cond)
+    prior = torch.from_numpy(job.prior[split][idx]).to(device) if job.prior is not None else None
+    logits = anchor(residual.float(), prior)
     return scene_bits(logits, target), logits
 
 
 @torch.no_grad()
-def _score(jobs: Sequence[ProbeJob], reader: RowReader, split: str, device: str, batch: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per-scene bits and teacher-forced correct-bit counts of every job on a split, in order."""
+def _score(jobs: Sequence[ProbeJob], reader: RowReader, split: str, device: str,
+           batch: int) -> dict[str, tuple[np.ndarray, np.ndarray] | Exception]:
+    """Per-scene bits and teacher-forced correct-bit counts of every job on a split, in order;
+    a job that raises gets its exception instead, and the others go on."""
     for j in jobs:
         j.model.eval()
-    bits = {j.name: [] for j in jobs}
-    correct = {j.name: [] for j in jobs}
+    bits: dict[str, list] = {j.name: [] for j in jobs}
+    correct: dict[str, list] = {j.name: [] for j in jobs}
+    failed: dict[str, Exception] = {}
     for idx, rows in reader.chunks(batch):
         x = torch.from_numpy(rows).to(device)
         for j in jobs:
-            b, logits = _batch_bits(j, split, idx, x, device)
+            if j.name in failed:
+                continue
+            try:
+                b, logits = _batch_bits(j, split, idx, x, device)
+            except Exception as e:  # noqa: BLE001 — reported per job
+                failed[j.name] = e
+                continue
             target = j.targets[split][idx]
             bits[j.name].append(b.float().cpu().numpy())
             correct[j.name].append(((logits.float().cpu().numpy() > 0) == (target > 0)).sum(1))
-    return {n: (np.concatenate(bits[n]), np.concatenate(correct[n])) for n in bits}
+    return {n: failed.get(n) or (np.concatenate(bits[n]), np.concatenate(correct[n])) for n in bits}
