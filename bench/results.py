@@ -24,7 +24,9 @@ from bench.dataset import write_parquet_atomic
 from bench.errors import BenchError
 from bench.versions import package_versions
 
-RESULTS_SCHEMA_VERSION = 1
+#: 2: the chain-rule estimator on prior-anchored probes (β* = 1 - L_O|F / H(O|F)) is the
+#: headline; the paper's two-probe estimator moved to `*_paper` columns; β*_cond is gone.
+RESULTS_SCHEMA_VERSION = 2
 
 #: The key: a row is identified by these (re-runs skip keys already present).
 KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "split", "layer", "tokens", "task", "probe", "seed")
@@ -33,7 +35,9 @@ _F = pa.float64()
 _METRICS = [
     # binding task (bits per scene and ratios), DESIGN §8
     "H_O", "H_F", "H_O_given_F", "L_O", "L_F", "L_O_given_F",
-    "B_O", "beta_O", "B_F", "beta_F", "B_star", "beta_star", "B_star_cond", "beta_star_cond",
+    "B_O", "beta_O", "B_F", "beta_F", "B_star", "beta_star",
+    # the paper's estimator (unanchored direct O- and F-probes), for published comparisons
+    "L_O_paper", "L_F_paper", "B_O_paper", "beta_O_paper", "B_F_paper", "B_star_paper", "beta_star_paper",
     "bit_accuracy", "exact_accuracy",
     # issameobject task
     "accuracy", "balanced_accuracy", "auroc", "majority_accuracy",
@@ -68,6 +72,12 @@ RESULT_SCHEMA = pa.schema(
         ("n_train", pa.int64()),
         ("n_test", pa.int64()),
         ("best_epoch", pa.int32()),
+        # binding: "exact" (probes anchored on the generator's exact priors) or "none" (--unanchored)
+        ("prior", pa.string()),
+        # binding: False when some probe's best epoch lay in the last 10% of its epoch budget
+        ("converged", pa.bool_()),
+        # binding: effective number of test F codes, 1/Σ P(f)², the bootstrap's real sample size
+        ("n_F_eff", _F),
         *[(m, _F) for m in _METRICS],
         *[(f"{m}_lo", _F) for m in _METRICS],
         *[(f"{m}_hi", _F) for m in _METRICS],
@@ -76,9 +86,10 @@ RESULT_SCHEMA = pa.schema(
         ("attention_r", _F),
         ("attention_p", _F),
         # per-scene test bits (binding task), kept so any metric can be re-bootstrapped
-        ("scene_bits_O", pa.list_(pa.float32())),
         ("scene_bits_F", pa.list_(pa.float32())),
         ("scene_bits_O_given_F", pa.list_(pa.float32())),
+        ("scene_bits_O_paper", pa.list_(pa.float32())),
+        ("scene_bits_F_paper", pa.list_(pa.float32())),
     ],
     metadata={b"bindingbench_results_schema_version": str(RESULTS_SCHEMA_VERSION).encode()},
 )
@@ -133,7 +144,7 @@ def read_results(results_dir: str | os.PathLike) -> pa.Table:
         if version != str(RESULTS_SCHEMA_VERSION).encode():
             raise BenchError(
                 f"results: {f.name} has schema version {version.decode() if version else 'none'}; "
-                f"this BindingBench reads {RESULTS_SCHEMA_VERSION}"
+                f"this BindingBench reads {RESULTS_SCHEMA_VERSION}; re-run `bench evaluate` into a new results directory"
             )
         tables.append(t)
     return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()

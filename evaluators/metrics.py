@@ -1,20 +1,30 @@
 """Binding metrics from per-scene probe code lengths (DESIGN §8).
 
-All quantities are in bits per scene. The entropies are the test split's analytic
-priors (from the dataset card); the L's are mean test code lengths of probes:
+All quantities are in bits per scene. F is a function of O, so by the chain rule
+H(O|Z) = H(F|Z) + H(O|F,Z), and the headline estimator needs only two probes, both
+anchored on the exact prior (an F-probe, and an O-probe given the true F):
 
-    B_O = H(O) - L_O                    β_O = B_O / H(O)
-    B_F = H(F) - L_F                    β_F = B_F / H(F)
-    B*  = H(O|F) - (L_O - L_F)          β*  = B* / H(O|F)      (the paper's estimator)
-    B*_cond = H(O|F) - L_{O|F}          β*_cond = B*_cond / H(O|F)
+    B_F = H(F) - L_F                      β_F = B_F / H(F)
+    B*  = H(O|F) - L_{O|F}                β*  = B* / H(O|F)      (headline, ranked)
+    L_O = L_F + L_{O|F}                   B_O = H(O) - L_O = B_F + B*,  β_O = B_O / H(O)
+
+β* ≤ 1 always, and it is exactly 0 when the representation adds nothing to the prior.
+The references are the test scenes' own prior code lengths — the mean of their
+-log2 P(f) and H(O|F=f) — not the split's expectations, so an anchored probe that
+stays at its prior reads B = 0 scene by scene; without per-scene references (a card
+without exact priors) the split's analytic entropies stand in.
+
+The paper's estimator is kept beside it for comparison with published numbers, from a
+direct, unanchored O-probe and an unanchored F-probe:
+
+    B*_paper = H(O|F) - (L_O,paper - L_F,paper)     β*_paper = B*_paper / H(O|F)
+
+It is a difference of two bounds, so it leaves [0, 1] when the probes are unequally
+good; `metric_checks` names the rows where the numbers show that.
 
 Values are raw: an estimate below zero is reported below zero. Intervals are seeded
-percentile bootstraps over test scenes, resampling all per-scene arrays together so
-paired differences (L_O - L_F) keep their correlation.
-
-β* is a difference of two probes' code lengths, so it is only as good as the worse
-probe; `beta_star_checks` names the rows where the numbers themselves show that one
-of them failed (B*_cond, a lower bound from a single probe, needs no such check).
+percentile bootstraps, resampling all per-scene arrays together (whole F codes when
+`groups` is given) so paired differences keep their correlation.
 """
 
 from __future__ import annotations
@@ -24,8 +34,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-#: Statistics averaged over scenes; every metric is a function of their means.
-_STATS = ("L_O", "L_F", "L_O_given_F", "bit_accuracy", "exact_accuracy")
+#: Per-scene statistics; every metric is a function of their means.
+_STATS = ("L_F", "L_O_given_F", "L_O_paper", "L_F_paper", "h_F", "h_O_given_F", "bit_accuracy", "exact_accuracy")
+#: Probe targets whose per-scene bits `binding_metrics` reads.
+TARGET_STATS = {"F": "L_F", "O|F": "L_O_given_F", "O_paper": "L_O_paper", "F_paper": "L_F_paper"}
 
 
 @dataclass(frozen=True)
@@ -41,34 +53,45 @@ class Priors:
         return cls(float(info["H_O"]), float(info["H_F"]), float(info["H_O_given_F"]))
 
 
-def _ratio(num: np.ndarray | None, den: float) -> np.ndarray | None:
-    return None if num is None or den <= 0 else num / den
+def _ratio(num: np.ndarray | None, den: np.ndarray | float | None) -> np.ndarray | None:
+    if num is None or den is None or np.any(np.asarray(den) <= 0):
+        return None
+    return num / den
+
+
+def _diff(a: np.ndarray | float | None, b: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None or b is None else a - b
 
 
 def _derived(p: Priors, m: dict[str, np.ndarray | None]) -> dict[str, np.ndarray | None]:
     """Metrics from (bootstrapped) means of the per-scene statistics."""
-    lo, lf, lof = m["L_O"], m["L_F"], m["L_O_given_F"]
-    b_o = None if lo is None else p.H_O - lo
-    b_f = None if lf is None else p.H_F - lf
-    b_star = None if lo is None or lf is None else p.H_O_given_F - (lo - lf)
-    b_cond = None if lof is None else p.H_O_given_F - lof
+    h_f = p.H_F if m["h_F"] is None else m["h_F"]
+    h_of = p.H_O_given_F if m["h_O_given_F"] is None else m["h_O_given_F"]
+    h_o = h_f + h_of
+    l_f, l_of, lo_p, lf_p = m["L_F"], m["L_O_given_F"], m["L_O_paper"], m["L_F_paper"]
+    l_o = None if l_f is None or l_of is None else l_f + l_of
+    b_f, b_star, b_o = _diff(h_f, l_f), _diff(h_of, l_of), _diff(h_o, l_o)
+    b_f_p, b_o_p = _diff(h_f, lf_p), _diff(h_o, lo_p)
+    b_star_p = None if lo_p is None or lf_p is None else h_of - (lo_p - lf_p)
+    out = {k: v for k, v in m.items() if not k.startswith("h_")}
     return {
-        **m,
-        "B_O": b_o, "beta_O": _ratio(b_o, p.H_O),
-        "B_F": b_f, "beta_F": _ratio(b_f, p.H_F),
-        "B_star": b_star, "beta_star": _ratio(b_star, p.H_O_given_F),
-        "B_star_cond": b_cond, "beta_star_cond": _ratio(b_cond, p.H_O_given_F),
+        **out, "H_F": h_f, "H_O_given_F": h_of, "H_O": h_o, "L_O": l_o,
+        "B_F": b_f, "beta_F": _ratio(b_f, h_f),
+        "B_star": b_star, "beta_star": _ratio(b_star, h_of),
+        "B_O": b_o, "beta_O": _ratio(b_o, h_o),
+        "B_F_paper": b_f_p, "B_O_paper": b_o_p, "beta_O_paper": _ratio(b_o_p, h_o),
+        "B_star_paper": b_star_p, "beta_star_paper": _ratio(b_star_p, h_of),
     }
 
 
 def binding_metrics(
     priors: Priors,
-    bits_O: np.ndarray | None,
-    bits_F: np.ndarray | None = None,
-    bits_O_given_F: np.ndarray | None = None,
-    correct_O: np.ndarray | None = None,
-    n_bits_O: int | None = None,
+    bits: Mapping[str, np.ndarray | None],
     *,
+    ref_F: np.ndarray | None = None,
+    ref_O_given_F: np.ndarray | None = None,
+    correct: np.ndarray | None = None,
+    n_bits: int | None = None,
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
@@ -76,27 +99,37 @@ def binding_metrics(
 ) -> dict[str, float | None]:
     """Every binding metric with `<name>_lo` / `<name>_hi` bootstrap bounds.
 
-    `bits_*` are per-test-scene code lengths (aligned; any may be None when that probe
-    failed). `correct_O` counts teacher-forced correct O bits per scene: bit accuracy is
-    their mean share, exact match the share of scenes with all bits right (which is
-    also greedy decoding's exact match: with every conditional right given the true
-    prefix, decoding reproduces the true code bit by bit). `groups` (e.g. each scene's F
+    `bits` maps probe targets ("F", "O|F", "O_paper", "F_paper"; see `TARGET_STATS`) to
+    per-test-scene code lengths, aligned; a missing or None entry leaves the metrics that
+    need it None. `ref_F` / `ref_O_given_F` are the scenes' own prior code lengths,
+    -log2 P(f) and H(O|F=f) (None: the split's analytic entropies from `priors`).
+    `correct` counts teacher-forced correct O bits per scene out of `n_bits` (from the
+    O-given-F probe): bit accuracy is their mean share, exact match the share of scenes
+    with all bits right (greedy decoding's exact match too: with every conditional right
+    given the true prefix, decoding reproduces the true code). `groups` (each scene's F
     code, one row per scene) makes the bootstrap resample whole groups.
     """
-    per_scene: dict[str, np.ndarray | None] = {
-        "L_O": bits_O, "L_F": bits_F, "L_O_given_F": bits_O_given_F,
-        "bit_accuracy": None if correct_O is None else correct_O / n_bits_O,
-        "exact_accuracy": None if correct_O is None else (correct_O == n_bits_O).astype(np.float64),
-    }
-    present = [k for k in _STATS if per_scene[k] is not None]
-    if not present:
-        raise ValueError("binding_metrics needs at least one per-scene array")
+    unknown = set(bits) - set(TARGET_STATS)
+    if unknown:
+        raise ValueError(f"binding_metrics: unknown probe targets {sorted(unknown)}")
+    per_scene: dict[str, np.ndarray | None] = {TARGET_STATS[t]: b for t, b in bits.items()}
+    per_scene.update({
+        "h_F": ref_F, "h_O_given_F": ref_O_given_F,
+        "bit_accuracy": None if correct is None else correct / n_bits,
+        "exact_accuracy": None if correct is None else (correct == n_bits).astype(np.float64),
+    })
+    present = [k for k in _STATS if per_scene.get(k) is not None]
+    if not any(k.startswith("L_") for k in present):
+        raise ValueError("binding_metrics needs at least one probe's per-scene bits")
     matrix = np.stack([np.asarray(per_scene[k], dtype=np.float64) for k in present], axis=1)
     point = _derived(priors, _columns(matrix.mean(axis=0), present))
     boot = _derived(priors, _columns(_bootstrap_means(matrix, n_boot, seed, groups), present))
-    out: dict[str, float | None] = {"H_O": priors.H_O, "H_F": priors.H_F, "H_O_given_F": priors.H_O_given_F}
+    out: dict[str, float | None] = {}
     tail = (1 - level) / 2 * 100
     for name, value in point.items():
+        if name.startswith("H_"):  # references: no interval
+            out[name] = float(value)
+            continue
         out[name] = None if value is None else float(value)
         samples = boot[name]
         out[f"{name}_lo"] = None if samples is None else float(np.percentile(samples, tail))
@@ -104,31 +137,42 @@ def binding_metrics(
     return out
 
 
-def beta_star_checks(m: Mapping[str, Any]) -> list[str]:
-    """The inequalities this row's probes break, so that its β* (and B*) cannot be read as
-    binding: "L_F > H(F)", "L_O > H(O)" (a probe worse than the prior), "L_O < L_F" (β* > 1).
-    Empty when nothing shows a failure.
+def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:
+    """The inequalities a row's probes break, so that its `metric` cannot be read as binding;
+    empty when nothing shows a failure. `m` is a results row or `binding_metrics` output.
 
-    True entropies obey H(F|Z) ≤ H(F), H(O|Z) ≤ H(O) and H(F|Z) ≤ H(O|Z) (F is a
-    function of O), so a probe coding its target in more bits than the prior, or an
-    O-probe beating the F-probe (β* > 1), has failed rather than measured: on test F codes
-    it never saw, a weak backbone's F-probe can be confidently wrong for tens of bits per
-    scene, which sends β* anywhere. A check fires only when the whole 95% interval is on
-    the impossible side, so noise around a bound is not flagged. β* < 0 is not checked:
-    it is the raw reading "no binding found" that the estimator is specified to report.
-    `m` is a results row or `binding_metrics` output (needs the B_F, B_O and β* bounds).
+    True entropies obey H(F|Z) ≤ H(F), H(O|F,Z) ≤ H(O|F), H(O|Z) ≤ H(O) and
+    H(F|Z) ≤ H(O|Z) (F is a function of O). A check fires only when the whole 95% interval
+    is on the impossible side, so noise around a bound is not flagged.
+    - Headline metrics (anchored probes): "L_F > H(F)" or "L_O|F > H(O|F)" — a probe that
+      codes its test targets worse than the prior it started from (it was selected on
+      validation F codes that were easier than the test's).
+    - `*_paper` metrics: "L_F > H(F)", "L_O > H(O)" (a probe worse than the prior) and
+      "L_O < L_F" (β*_paper > 1): on test F codes it never saw, an unanchored probe can be
+      confidently wrong for tens of bits per scene, which sends the difference anywhere.
+      β* < 0 alone is not checked: it is the raw reading "no binding found".
+    - Every metric: "not converged" when a probe's best epoch lay in the last 10% of its
+      epoch budget (`converged` False), so more training might still have changed it.
     """
     def bound(key: str) -> float:
         value = m.get(key)
         return float(value) if value is not None and np.isfinite(value) else float("nan")
 
     checks = []
-    if bound("B_F_hi") < 0:
-        checks.append("L_F > H(F)")
-    if bound("B_O_hi") < 0:
-        checks.append("L_O > H(O)")
-    if bound("beta_star_lo") > 1:
-        checks.append("L_O < L_F")
+    if metric.endswith("_paper"):
+        if bound("B_F_paper_hi") < 0:
+            checks.append("L_F > H(F)")
+        if bound("B_O_paper_hi") < 0:
+            checks.append("L_O > H(O)")
+        if bound("beta_star_paper_lo") > 1:
+            checks.append("L_O < L_F")
+    else:
+        if bound("B_F_hi") < 0:
+            checks.append("L_F > H(F)")
+        if bound("B_star_hi") < 0:
+            checks.append("L_O|F > H(O|F)")
+    if m.get("converged") is False:
+        checks.append("not converged")
     return checks
 
 

@@ -20,7 +20,7 @@ from bench.errors import BenchError
 from bench.results import KEY_COLUMNS, RESULT_SCHEMA, read_results
 
 #: Per-scene bit arrays: large and not needed to tabulate or plot metrics.
-_BULK_COLUMNS = ("scene_bits_O", "scene_bits_F", "scene_bits_O_given_F")
+_BULK_COLUMNS = tuple(c for c in RESULT_SCHEMA.names if c.startswith("scene_bits_"))
 STATUSES = ("ok", "error")
 
 
