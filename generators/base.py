@@ -18,8 +18,8 @@ import pyarrow as pa
 from bench.codes import FeatureSpace
 from bench.dataset import Scene
 from bench.errors import BenchError, ConfigError
-from generators.priors import SplitPriors
-from generators.splits import active_counts, assign_splits
+from generators.priors import CoveringSets, ListedSets, SplitPriors
+from generators.splits import FCode, active_counts, assign_splits
 
 
 @dataclass
@@ -135,6 +135,21 @@ class SceneGenerator(ABC):
     def expand(cls, config: CommonConfig) -> list[tuple[str, CommonConfig]]:
         """Sweeps write one dataset per setting: (subdirectory, config) pairs; '' = no sweep."""
         return [("", config)]
+
+    # -- the distribution, for exact autoregressive priors (generators.conditionals) -----------
+    def f_support(self, split: str) -> list[tuple[FCode, int]]:
+        """The split's F codes with exact integer weights, P(f) ∝ weight."""
+        from generators.conditionals import PriorsUnavailable
+
+        raise PriorsUnavailable(f"generator: {self.name} does not describe its F distribution; "
+                                "evaluate its datasets with --unanchored")
+
+    def o_given_f(self) -> CoveringSets | ListedSets:
+        """How O is distributed given F (uniform within Ω(f) in every generator here)."""
+        from generators.conditionals import PriorsUnavailable
+
+        raise PriorsUnavailable(f"generator: {self.name} does not describe its O-given-F distribution; "
+                                "evaluate its datasets with --unanchored")
 
     def summarize(self, split: str, table: pa.Table) -> dict[str, Any]:
         """Extra per-split statistics for the card, from the written rows."""

@@ -19,7 +19,7 @@ from bench.codes import FeatureSpace
 from bench.dataset import Scene
 from bench.errors import ConfigError
 from generators.base import CommonConfig, SceneGenerator, SplitPlan, plan_splits, register_generator
-from generators.priors import balanced_priors, coverage_count, omega_size, uniform_priors
+from generators.priors import CoveringSets, balanced_priors, coverage_count, omega_size, uniform_priors
 from generators.sampling import check_object_range, sample_covering_cells, sample_uniform_objects
 from generators.splits import FCode, active_counts, fcode_key, fcodes_exact, fcodes_feasible
 
@@ -203,6 +203,19 @@ class ColorShapeGenerator(SceneGenerator):
             return [code[0][i] * c.n_shapes + code[1][j] for i, j in cells], code
         return sample_uniform_objects(rng, c.n_colors * c.n_shapes, c.min_objects, c.max_objects,
                                       lambda x: divmod(x, c.n_shapes), 2, self._uniform_support[split])
+
+    def f_support(self, split: str) -> list[tuple[FCode, int]]:
+        """`balanced`: F uniform over the split's codes; `uniform`: P(f) ∝ |Ω(f)|."""
+        codes = self.plans[split].codes
+        if self.config.distribution == "balanced":
+            return [(f, 1) for f in codes]
+        return [(f, self._omega(active_counts(f))) for f in codes]
+
+    def o_given_f(self) -> CoveringSets:
+        c = self.config
+        if c.distribution == "balanced":
+            return CoveringSets(c.n_objects, c.n_objects)
+        return CoveringSets(c.min_objects, c.max_objects)
 
     def layout(self, rng: random.Random, n: int) -> list[tuple[int, int]]:
         """Top-left corners for n boxes: rejection sampling, then a jittered grid as fallback."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Iterable, Sequence
 
@@ -41,15 +41,70 @@ def omega_size(a: Sequence[int], k_min: int, k_max: int) -> int:
     return sum(coverage_count(k, a) for k in range(max(k_min, 0), k_max + 1))
 
 
+@lru_cache(maxsize=None)
+def grid_completions(rows_left: int, cols: int, covered: int, used: int, k: int) -> int:
+    """Ways to fill `rows_left` non-empty rows of a 2-group grid with `cols` columns, `covered`
+    of them already hit and `used` cells already chosen, so that every column ends covered
+    with exactly k cells in all.
+
+    The row-by-row dynamic programme shared by the exact sampler (generators.sampling) and the
+    exact autoregressive priors (generators.conditionals): columns are exchangeable, so the
+    state needs only how many are covered, never which.
+    """
+    if rows_left == 0:
+        return int(covered == cols and used == k)
+    return sum(row_options(rows_left, cols, covered, used, k)[1])
+
+
+@lru_cache(maxsize=None)
+def row_options(rows_left: int, cols: int, covered: int, used: int, k: int) -> tuple[list, list]:
+    """Choices (new columns t, old columns u) for the next row, weighted by their completions:
+    C(cols - covered, t) · C(covered, u) · grid_completions(the rows after it)."""
+    options, weights = [], []
+    for t in range(cols - covered + 1):
+        for u in range(covered + 1):
+            if t + u == 0 or used + t + u > k:
+                continue
+            w = math.comb(cols - covered, t) * math.comb(covered, u) * grid_completions(
+                rows_left - 1, cols, covered + t, used + t + u, k
+            )
+            if w:
+                options.append((t, u))
+                weights.append(w)
+    return options, weights
+
+
+@dataclass(frozen=True)
+class CoveringSets:
+    """O given F: uniform over the subsets of f's active grid (any number of groups) with
+    k_min ≤ |O| ≤ k_max conjunctions that hit every active value (`balanced`: k_min = k_max = n;
+    `uniform`: the object range)."""
+
+    k_min: int
+    k_max: int
+
+
+@dataclass(frozen=True)
+class ListedSets:
+    """O given F: uniform over those of the listed conjunction sets whose F is f (toys: the
+    fixed core plus every distractor set; each set listed once)."""
+
+    sets: tuple[tuple[int, ...], ...]
+
+
 @dataclass(frozen=True)
 class SplitPriors:
-    """A split's analytic priors; `max_F_mass` is the largest single-F probability."""
+    """A split's analytic priors; `max_F_mass` is the largest single-F probability and
+    `n_F_eff` = 1 / Σ_f P(f)² the effective number of F codes (as many equally likely codes
+    would have the same concentration): bootstrap intervals resample whole F codes, so it
+    is their effective sample size."""
 
     n_F_codes: int
     H_O: float
     H_F: float
     H_O_given_F: float
     max_F_mass: float
+    n_F_eff: float
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,6 +134,8 @@ def priors_from_counts(omega: Sequence[int], weight: Sequence[int]) -> SplitPrio
         H_F=h_f,
         H_O_given_F=h_o_f,
         max_F_mass=max(weight) / total,
+        # exact: (Σw)² / Σw² on big integers, one correctly rounded division
+        n_F_eff=total * total / sum(w * w for w in weight),
     )
 
 
@@ -91,7 +148,7 @@ def uniform_priors(active: Iterable[Sequence[int]], k_min: int, k_max: int) -> S
     omega = [omega_size(a, k_min, k_max) for a in active]
     p = priors_from_counts(omega, omega)
     # H(O) is exactly log2 of the support size; say so without float round-off.
-    return SplitPriors(p.n_F_codes, math.log2(sum(omega)), p.H_F, p.H_O_given_F, p.max_F_mass)
+    return replace(p, H_O=math.log2(sum(omega)))
 
 
 def balanced_priors(n_codes: int, a: Sequence[int], n_objects: int) -> SplitPriors:

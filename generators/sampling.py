@@ -4,7 +4,8 @@ The priors assume O is *uniform* within Ω(f); a biased sampler would silently m
 every reported bit wrong. Rejection from the full grid is exact but hopeless when
 coverage is tight (6 colours x 6 shapes with 6 objects accepts ~1 draw in 2,600;
 7 x 7 with 7 objects ~1 in 17,000), so two-group grids use an exact row-by-row
-dynamic programme over (covered columns, cells used). Counts are big integers and
+dynamic programme over (covered columns, cells used) — `generators.priors.row_options`,
+the same counts the exact autoregressive priors use. Counts are big integers and
 choices use `random.Random.randrange`, which is exact for any size.
 """
 
@@ -12,11 +13,10 @@ from __future__ import annotations
 
 import math
 import random
-from functools import lru_cache
 from typing import Callable, Collection, Sequence
 
 from bench.errors import ConfigError
-from generators.priors import coverage_count
+from generators.priors import coverage_count, row_options
 from generators.splits import FCode, fcode_key, fcode_of_conjs
 
 #: Rejection sampling (≥ 3 groups) is refused below this acceptance rate.
@@ -31,14 +31,6 @@ def choose_weighted(rng: random.Random, weights: Sequence[int]) -> int:
             return i
         r -= w
     raise AssertionError("unreachable")
-
-
-@lru_cache(maxsize=None)
-def _completions(rows_left: int, cols: int, covered: int, used: int, k: int) -> int:
-    """Ways to fill `rows_left` non-empty rows so all `cols` columns end covered with k cells."""
-    if rows_left == 0:
-        return int(covered == cols and used == k)
-    return sum(_row_options(rows_left, cols, covered, used, k)[1])
 
 
 def covering_acceptance(a: tuple[int, ...], k: int) -> float:
@@ -67,7 +59,7 @@ def _sample_two_groups(rng: random.Random, rows: int, cols: int, k: int) -> list
     used = 0
     cells: list[tuple[int, ...]] = []
     for row in range(rows):
-        options, weights = _row_options(rows - row, cols, len(covered), used, k)
+        options, weights = row_options(rows - row, cols, len(covered), used, k)
         t, u = options[choose_weighted(rng, weights)]
         new = rng.sample(uncovered, t)
         old = rng.sample(covered, u)
@@ -76,23 +68,6 @@ def _sample_two_groups(rng: random.Random, rows: int, cols: int, k: int) -> list
         uncovered = [c for c in uncovered if c not in new]
         used += t + u
     return sorted(cells)
-
-
-@lru_cache(maxsize=None)
-def _row_options(rows_left: int, cols: int, covered: int, used: int, k: int) -> tuple[list, list]:
-    """Choices (new columns t, old columns u) for the next row, weighted by their completions."""
-    options, weights = [], []
-    for t in range(cols - covered + 1):
-        for u in range(covered + 1):
-            if t + u == 0 or used + t + u > k:
-                continue
-            w = math.comb(cols - covered, t) * math.comb(covered, u) * _completions(
-                rows_left - 1, cols, covered + t, used + t + u, k
-            )
-            if w:
-                options.append((t, u))
-                weights.append(w)
-    return options, weights
 
 
 def _sample_rejection(rng: random.Random, a: tuple[int, ...], k: int) -> list[tuple[int, ...]]:

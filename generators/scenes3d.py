@@ -32,7 +32,7 @@ from bench.dataset import Scene
 from bench.errors import BenchError, ConfigError
 from generators import render3d
 from generators.base import CommonConfig, SceneGenerator, SplitPlan, plan_splits, register_generator
-from generators.priors import omega_size, priors_from_counts, uniform_priors
+from generators.priors import CoveringSets, ListedSets, omega_size, priors_from_counts, uniform_priors
 from generators.render3d import Camera, Light, Part, Placed, Stage
 from generators.sampling import check_object_range, sample_uniform_objects
 from generators.splits import FCode, active_counts, fcode_key, fcodes_feasible
@@ -357,6 +357,14 @@ class ClevrGenerator(Scene3DGenerator):
         return sample_uniform_objects(rng, space.n_conjunctions, c.min_objects, c.max_objects, space.conj_values,
                                       len(space.sizes), self._support[split])
 
+    def f_support(self, split: str) -> list[tuple[FCode, int]]:
+        """`uniform`: P(f) ∝ |Ω(f)| over the split's codes."""
+        c = self.config
+        return [(f, omega_size(active_counts(f), c.min_objects, c.max_objects)) for f in self.plans[split].codes]
+
+    def o_given_f(self) -> CoveringSets:
+        return CoveringSets(self.config.min_objects, self.config.max_objects)
+
     def attribute(self, conj: int, group: str, default: str) -> str:
         space = self.feature_space
         if group not in space.names:
@@ -521,6 +529,25 @@ class ToysGenerator(Scene3DGenerator):
         counts = list(omega.values())
         priors = priors_from_counts(counts, counts)
         return {split: SplitPlan(n=n, priors=priors) for split, n in self.config.split_sizes.items() if n}
+
+    def f_support(self, split: str) -> list[tuple[FCode, int]]:
+        """Every split shares the F codes of all distractor sets, P(f) ∝ the sets giving f."""
+        if split not in self.plans:
+            raise BenchError(f"split: {split!r} has no scenes; available: {', '.join(self.plans)}")
+        sizes = self.feature_space.sizes
+        out = []
+        for key, n in self._omega.items():
+            bits = key.replace("|", "")
+            flat = [i for i, b in enumerate(bits) if b == "1"]
+            offsets = self.feature_space.offsets
+            out.append((tuple(tuple(i - off for i in flat if off <= i < off + s) for off, s in zip(offsets, sizes)), n))
+        return out
+
+    def o_given_f(self) -> ListedSets:
+        """O uniform over the core plus each distractor set (distinct sets give distinct O)."""
+        core = tuple(range(len(TOY_CATEGORIES)))
+        return ListedSets(tuple(core + extra for extra in itertools.combinations(self._distractor_pool(),
+                                                                               self.config.distractors)))
 
     def layout(self, split: str, index: int, seed: int) -> Layout:
         c = self.config
