@@ -8,7 +8,8 @@
   visibility, objects per scene), read from each dataset's card, one line per backbone
   and probe column.
 All three draw cells exactly as the leaderboard computes them (same seeds rule, same
-layer choice), so a figure never disagrees with the table beside it.
+layer choice, the table's ‡ as crosses or hatched bars and its † as "† unanchored" after
+the backbone's name), so a figure never disagrees with the table beside it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from bench.errors import BenchError  # noqa: E402
 from leaderboards.tables import Leaderboard, build_leaderboard, column_name  # noqa: E402
 
 FORMATS = ("png", "svg")
+#: Appended to a backbone whose run was unanchored (the table's †): not comparable with anchored ones.
+UNANCHORED_MARK = " † unanchored"
 #: Sweep axes: where each dataset card holds the x value (config key, else test-split key).
 SWEEP_AXES: dict[str, tuple[str, str]] = {
     "camera-height": ("camera_height", "camera height"),
@@ -91,6 +94,7 @@ def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selec
         for (ds, backbone, c), points in sorted(series.items()):
             if c == col:
                 label = backbone if len(board.datasets) == 1 else f"{backbone} ({ds})"
+                label += UNANCHORED_MARK if (ds, backbone) in board.unanchored_backbones else ""
                 _draw_series(ax, points, scale, colors[backbone], label)
         ax.set_title(column_name(col))
         ax.set_xlabel("layer / n_layers")
@@ -155,7 +159,8 @@ def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
                 bar.set_hatch("//")
     if board.has_failed_cells:
         ax.bar([np.nan], [np.nan], color="white", edgecolor="black", hatch="//", label="‡ a probe failed: not binding")
-    labels = [r.backbone if len(board.datasets) == 1 else f"{r.backbone}\n({r.dataset})" for r in board.rows]
+    labels = [(r.backbone if len(board.datasets) == 1 else f"{r.backbone}\n({r.dataset})")
+              + (UNANCHORED_MARK if (r.dataset, r.backbone) in board.unanchored_backbones else "") for r in board.rows]
     ax.set_xticks(x, labels, rotation=20, ha="right")
     ax.axhline(0, color="black", lw=0.6)
     ax.set_ylabel(_ylabel(board))
@@ -210,8 +215,9 @@ def sweep_curve(rows: Sequence[dict[str, Any]], x_values: dict[str, float], axis
     for (backbone, col), points in sorted(series.items()):
         x = np.array([p[0] for p in points])
         ls = styles[board.columns.index(col) % len(styles)]
+        mark = UNANCHORED_MARK if any(b == backbone for _, b in board.unanchored_backbones) else ""
         ax.plot(x, np.array([p[1] for p in points]) * scale, marker="o", ms=3, ls=ls,
-                color=colors[backbone], label=f"{backbone} — {column_name(col)}")
+                color=colors[backbone], label=f"{backbone}{mark} — {column_name(col)}")
         if all(p[2] is not None and p[3] is not None for p in points):
             ax.fill_between(x, [p[2] * scale for p in points], [p[3] * scale for p in points],
                             color=colors[backbone], alpha=0.15, lw=0)

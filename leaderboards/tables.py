@@ -1,16 +1,21 @@
 """Leaderboard views of the results: one row per backbone, one column per probe family x token view.
 
 A cell is the metric at one layer, averaged over seeds, with the bootstrap 95% interval
-(the envelope of the seeds' intervals, so seed-to-seed spread is never hidden). Three
+(the envelope of the seeds' intervals, so seed-to-seed spread is never hidden). These
 rules keep the table honest:
 - ranks tie when intervals overlap: a backbone's rank is 1 + the number of backbones
   whose whole interval lies beyond its own, so a lead within the noise earns nothing;
 - a cell is empty unless every seed run for that column finished (no partial means),
   and only backbones with every cell filled are ranked;
 - backbones without layers (oracles, pixels) show their one layer whatever layer is asked;
-- a β* or B* cell whose own numbers show a failed probe (`evaluators.metrics.beta_star_checks`)
-  is marked ‡ and never ranks a backbone or wins a `best` layer: its value is a probe's
-  failure, not binding;
+- a binding cell whose own rows break a check (`evaluators.metrics.metric_checks` for that
+  metric: a probe coded its target worse than the prior, the paper's two probes contradict
+  each other, or a probe had not converged) is marked ‡ and never ranks a backbone or wins
+  a `best` layer: its value is a probe's failure, not binding;
+- a cell from an unanchored run (`prior` "none": probes that learned the prior themselves)
+  is marked † and ranked only among such backbones: its β* is not comparable with anchored rows;
+- binding intervals resample whole test F codes, so the notes give each dataset's effective
+  number of test F codes (`n_F_eff`), the intervals' real sample size;
 - `best` layer is chosen per cell on the reported (test) metric, so it is an optimistic,
   per-column choice: the layer is printed beside the value to make that visible.
 """
@@ -27,7 +32,7 @@ from rich.markup import escape
 
 from bench.commands.common import Format, render_table
 from bench.errors import BenchError
-from evaluators.metrics import beta_star_checks
+from evaluators.metrics import metric_checks
 
 
 @dataclass(frozen=True)
@@ -37,23 +42,38 @@ class Metric:
     task: str
     unit: str  # "%" (ratios shown x100) or "bits"
     higher_is_better: bool = True
-    checked: bool = False  # screened with beta_star_checks (a difference of two probes)
+    screened: bool = False  # cells are ‡-screened with metric_checks(row, name)
+
+    @property
+    def paper(self) -> bool:
+        """The paper's two-probe estimator (unanchored direct O- and F-probes)."""
+        return self.name.endswith("_paper")
+
+
+def _binding(name: str, label: str, unit: str, higher_is_better: bool = True) -> Metric:
+    return Metric(name, label, "binding", unit, higher_is_better, screened=True)
 
 
 _METRIC_LIST = [
-    Metric("beta_star", "β*", "binding", "%", checked=True),
-    Metric("beta_star_cond", "β*_cond", "binding", "%"),
-    Metric("beta_O", "β_O", "binding", "%"),
-    Metric("beta_F", "β_F", "binding", "%"),
-    Metric("B_star", "B*", "binding", "bits", checked=True),
-    Metric("B_star_cond", "B*_cond", "binding", "bits"),
-    Metric("B_O", "B_O", "binding", "bits"),
-    Metric("B_F", "B_F", "binding", "bits"),
-    Metric("L_O", "L_O", "binding", "bits", higher_is_better=False),
-    Metric("L_F", "L_F", "binding", "bits", higher_is_better=False),
-    Metric("L_O_given_F", "L_O|F", "binding", "bits", higher_is_better=False),
-    Metric("bit_accuracy", "bit accuracy", "binding", "%"),
-    Metric("exact_accuracy", "exact-match accuracy", "binding", "%"),
+    # headline: the chain rule on prior-anchored probes
+    _binding("beta_star", "β*", "%"),
+    _binding("beta_star_paper", "β*_paper", "%"),
+    _binding("B_star", "B*", "bits"),
+    _binding("B_star_paper", "B*_paper", "bits"),
+    _binding("beta_O", "β_O", "%"),
+    _binding("beta_O_paper", "β_O_paper", "%"),
+    _binding("B_O", "B_O", "bits"),
+    _binding("B_O_paper", "B_O_paper", "bits"),
+    _binding("beta_F", "β_F", "%"),
+    _binding("B_F", "B_F", "bits"),
+    _binding("B_F_paper", "B_F_paper", "bits"),
+    _binding("L_F", "L_F", "bits", higher_is_better=False),
+    _binding("L_O_given_F", "L_O|F", "bits", higher_is_better=False),
+    _binding("L_O", "L_O", "bits", higher_is_better=False),
+    _binding("L_O_paper", "L_O_paper", "bits", higher_is_better=False),
+    _binding("L_F_paper", "L_F_paper", "bits", higher_is_better=False),
+    _binding("bit_accuracy", "bit accuracy", "%"),
+    _binding("exact_accuracy", "exact-match accuracy", "%"),
     Metric("accuracy", "IsSameObject accuracy", "issameobject", "%"),
     Metric("balanced_accuracy", "balanced accuracy", "issameobject", "%"),
     Metric("auroc", "AUROC", "issameobject", "%"),
@@ -68,7 +88,7 @@ TOKEN_ORDER = ("cls", "mean", "cls+mean", "all")
 
 
 def resolve_metric(name: str | None, task: str) -> Metric:
-    """A metric by results-column name or printed label (β*, B*_cond, ...), checked against the task."""
+    """A metric by results-column name or printed label (β*, β*_paper, L_O|F, ...), checked against the task."""
     if name is None:
         return METRICS[DEFAULT_METRIC[task]]
     wanted = _norm(name)
@@ -82,7 +102,7 @@ def resolve_metric(name: str | None, task: str) -> Metric:
 
 
 def _norm(name: str) -> str:
-    """Spelling-insensitive key: "β*_cond", "beta_star_cond" and "B*cond"-style names meet."""
+    """Spelling-insensitive key: "β*_paper", "beta_star_paper" and "B* paper"-style names meet."""
     name = name.lower().replace("β", "beta").replace("*", "star").replace("|", "given")
     return re.sub(r"[\s_]", "", name)
 
@@ -113,6 +133,12 @@ class Cell:
     n_seeds: int = 0
     error: str | None = None
     checks: tuple[str, ...] = ()  # why the value is a failed probe's, not binding
+    prior: str | None = None  # the rows' `prior`: "exact", "none" (unanchored), several joined by ","
+
+    @property
+    def unanchored(self) -> bool:
+        """Probes that learned the prior themselves (any prior but "exact"; None = not recorded)."""
+        return self.prior is not None and self.prior != "exact"
 
     @property
     def half_width(self) -> float | None:
@@ -141,15 +167,42 @@ class Leaderboard:
     layer: str | int
     columns: list[tuple[str, str]]
     rows: list[BoardRow] = field(default_factory=list)
+    #: Per dataset shown: the effective numbers of test F codes its rows report (binding only).
+    n_F_eff: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def datasets(self) -> list[str]:
         return sorted({r.dataset for r in self.rows})
 
     @property
+    def has_values(self) -> bool:
+        """Whether any cell holds a number (a metric the rows never computed leaves none)."""
+        return any(c.status == "ok" for c in self._cells())
+
+    @property
     def has_failed_cells(self) -> bool:
         """Whether any cell is marked ‡ (tables and plots then explain the mark)."""
-        return any(c is not None and c.checks for r in self.rows for c in r.cells.values())
+        return bool(self.fired_checks)
+
+    @property
+    def fired_checks(self) -> list[str]:
+        """Every check some cell breaks, in the order `metric_checks` names them."""
+        fired = {k for c in self._cells() for k in c.checks}
+        return [k for k in CHECK_MEANINGS if k in fired] + sorted(fired - set(CHECK_MEANINGS))
+
+    @property
+    def has_unanchored_cells(self) -> bool:
+        """Whether any cell is marked †: an unanchored run's, under a headline metric (the
+        `*_paper` estimator is unanchored for every row, so it marks none)."""
+        return not self.metric.paper and any(c.unanchored for c in self._cells())
+
+    @property
+    def unanchored_backbones(self) -> set[tuple[str, str]]:
+        """(dataset, backbone) of the rows with † cells: ranked apart, labelled in plots."""
+        return {(r.dataset, r.backbone) for r in self.rows if _unanchored_row(r, self.metric)}
+
+    def _cells(self) -> Iterable[Cell]:
+        return (c for r in self.rows for c in r.cells.values() if c is not None)
 
 
 def build_leaderboard(
@@ -179,6 +232,10 @@ def build_leaderboard(
         expected[(r["dataset"], r["probe"], r["tokens"])].add(r["seed"])
         groups[(r["dataset"], r["backbone"], r["probe"], r["tokens"])].append(r)
     board = Leaderboard(task, m, layer, columns)
+    if task == "binding":
+        for ds in sorted({r["dataset"] for r in rows}):
+            board.n_F_eff[ds] = tuple(sorted({float(r["n_F_eff"]) for r in rows if r["dataset"] == ds
+                                              and r.get("n_F_eff") is not None and math.isfinite(r["n_F_eff"])}))
     for ds, backbone in sorted({(r["dataset"], r["backbone"]) for r in rows}):
         cells = {
             col: _cell(groups.get((ds, backbone, *col), []), m, layer, expected[(ds, *col)]) for col in columns
@@ -251,23 +308,36 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
     his = [r[f"{m.name}_hi"] for r in rows]
     lo = min(los) if None not in los else None
     hi = max(his) if None not in his else None
-    checks = tuple(sorted({c for r in rows for c in beta_star_checks(r)})) if m.checked else ()
-    return Cell("ok", sum(values) / len(values), lo, hi, layer, n_layers, len(rows), checks=checks)
+    checks = tuple(dict.fromkeys(c for r in rows for c in metric_checks(r, m.name))) if m.screened else ()
+    priors = sorted({r["prior"] for r in rows if r.get("prior") is not None})
+    return Cell("ok", sum(values) / len(values), lo, hi, layer, n_layers, len(rows), checks=checks,
+                prior=",".join(priors) or None)
 
 
 def _rank(board: Leaderboard) -> None:
-    """Rank complete backbones per dataset by their best unflagged cell; overlapping intervals tie."""
+    """Rank complete backbones per dataset by their best unflagged cell; overlapping intervals tie.
+
+    Backbones with unanchored (†) cells are ranked among themselves, below the anchored ones:
+    their headline numbers are not comparable with anchored rows."""
     sign = 1 if board.metric.higher_is_better else -1
+    apart = {id(r): _unanchored_row(r, board.metric) for r in board.rows}
     for ds in board.datasets:
-        rows = [r for r in board.rows if r.dataset == ds]
-        complete = [r for r in rows if r.complete and any(not c.checks for c in r.cells.values())]
-        for r in complete:
-            r.score = max((c for c in r.cells.values() if not c.checks), key=lambda c: sign * c.value)
-        ranks = rank_with_ties([(r.score.value, r.score.lo, r.score.hi) for r in complete], board.metric.higher_is_better)
-        for r, k in zip(complete, ranks):
-            r.rank = k
-    board.rows.sort(key=lambda r: (r.dataset, r.rank is None, r.rank or 0,
+        for unanchored in (False, True):
+            rows = [r for r in board.rows if r.dataset == ds and apart[id(r)] == unanchored]
+            complete = [r for r in rows if r.complete and any(not c.checks for c in r.cells.values())]
+            for r in complete:
+                r.score = max((c for c in r.cells.values() if not c.checks), key=lambda c: sign * c.value)
+            ranks = rank_with_ties([(r.score.value, r.score.lo, r.score.hi) for r in complete],
+                                   board.metric.higher_is_better)
+            for r, k in zip(complete, ranks):
+                r.rank = k
+    board.rows.sort(key=lambda r: (r.dataset, apart[id(r)], r.rank is None, r.rank or 0,
                                    -sign * r.score.value if r.score else 0.0, r.backbone))
+
+
+def _unanchored_row(row: BoardRow, m: Metric) -> bool:
+    """Whether a backbone's cells are unanchored (the `*_paper` estimator is unanchored for every row)."""
+    return not m.paper and any(c is not None and c.unanchored for c in row.cells.values())
 
 
 def rank_with_ties(scores: Sequence[tuple[float, float | None, float | None]], higher_is_better: bool = True) -> list[int]:
@@ -284,7 +354,7 @@ def rank_with_ties(scores: Sequence[tuple[float, float | None, float | None]], h
 # -- rendering ----------------------------------------------------------------------------
 
 TIDY_COLUMNS = ("rank", "dataset", "backbone", "probe", "tokens", "metric", "value", "lo", "hi",
-                "half_width", "layer", "n_layers", "n_seeds", "status", "checks", "error")
+                "half_width", "layer", "n_layers", "n_seeds", "status", "checks", "prior", "n_F_eff", "error")
 
 
 def column_name(col: tuple[str, str]) -> str:
@@ -292,28 +362,48 @@ def column_name(col: tuple[str, str]) -> str:
 
 
 def tidy_records(board: Leaderboard) -> list[dict[str, Any]]:
-    """One record per (backbone, column): raw numbers, what CSV and JSON carry."""
+    """One record per (backbone, column): raw numbers, what CSV and JSON carry. `n_F_eff` is the
+    dataset's effective number of test F codes (the smallest, if its rows disagree)."""
     out = []
     for row in board.rows:
+        n_eff = board.n_F_eff.get(row.dataset) or (None,)
         for col, c in row.cells.items():
             c = c or Cell("missing")
             out.append({
                 "rank": row.rank, "dataset": row.dataset, "backbone": row.backbone, "probe": col[0],
                 "tokens": col[1], "metric": board.metric.name, "value": c.value, "lo": c.lo, "hi": c.hi,
                 "half_width": c.half_width, "layer": c.layer, "n_layers": c.n_layers, "n_seeds": c.n_seeds,
-                "status": c.status, "checks": "; ".join(c.checks) or None, "error": c.error,
+                "status": c.status, "checks": "; ".join(c.checks) or None, "prior": c.prior,
+                "n_F_eff": n_eff[0], "error": c.error,
             })
     return out
 
 
 def render_leaderboard(board: Leaderboard, fmt: Format) -> str:
     """Text in a format: table/markdown show `value ± half-interval`; CSV/JSON are tidy records."""
+    return render_leaderboards([board], fmt)
+
+
+def render_leaderboards(boards: Sequence[Leaderboard], fmt: Format) -> str:
+    """Several boards (e.g. one metric each) as one text: tables one after another, each note
+    printed once, under the first board that needs it; CSV/JSON one tidy table (records name
+    their metric)."""
     if fmt in (Format.csv, Format.json):
-        records = tidy_records(board)
+        records = [r for board in boards for r in tidy_records(board)]
         if fmt == Format.csv:  # full precision: render_table would round floats for display
             records = [{k: repr(v) if isinstance(v, float) else v for k, v in r.items()} for r in records]
         return render_table(records, TIDY_COLUMNS, fmt)
     markdown = fmt == Format.markdown
+    parts, shown = [], set()
+    for board in boards:
+        notes = [n for n in board_notes(board) if n not in shown]
+        shown.update(notes)
+        table = _render_board(board, markdown, fmt)
+        parts.append("\n".join([table, *(f"\n_{n}_" for n in notes)]) if markdown else "\n".join([table, *notes]))
+    return "\n\n".join(parts)
+
+
+def _render_board(board: Leaderboard, markdown: bool, fmt: Format) -> str:
     names = [column_name(c) for c in board.columns]
     multi = len(board.datasets) > 1
     header = ["rank", *(["dataset"] if multi else []), "backbone", *names]
@@ -324,17 +414,58 @@ def render_leaderboard(board: Leaderboard, fmt: Format) -> str:
         for col, name in zip(board.columns, names):
             line[name] = format_cell(row.cells[col], board.metric, markdown)
         lines.append(line)
-    table = render_table(lines, header, fmt, title=title(board))
-    notes = [FOOTNOTE, *([CHECKED_NOTE] if board.has_failed_cells else [])]
-    return "\n".join([table, *(f"\n_{n}_" for n in notes)]) if markdown else "\n".join([table, *notes])
+    return render_table(lines, header, fmt, title=title(board))
 
 
 FOOTNOTE = ("± is half the bootstrap 95% interval; backbones whose intervals overlap share a rank; "
             "empty = not run or incomplete, unranked = some cell empty or failed")
-CHECKED_NOTE = ("‡ a probe failed, so this is not binding: it coded its target in more bits than the prior "
-                "(L_F > H(F) or L_O > H(O)), or the O-probe beat the F-probe (L_O < L_F, β* > 1); never ranked on "
-                "(a backbone with only ‡ cells is unranked). Read β*_cond (--metric beta_star_cond) there; "
-                "--format csv names the check")
+#: What each `metric_checks` reason means, in the order the ‡ note lists them.
+CHECK_MEANINGS = {
+    "L_F > H(F)": "the F-probe coded the test F codes in more bits than their prior",
+    "L_O|F > H(O|F)": "the O|F-probe coded the test objects in more bits than the exact prior it started from",
+    "L_O > H(O)": "the direct O-probe coded the test objects in more bits than their prior",
+    "L_O < L_F": "the direct O-probe beat the F-probe, so β*_paper > 1, impossible since F is a function of O",
+    "not converged": "a probe's best epoch lay in the last 10% of its epoch budget, so more training could still move it",
+}
+HEADLINE_MEANING = ("β* = 1 − L_O|F / H(O|F) comes from probes that start at the generator's exact prior: "
+                    "0 = nothing beyond the prior, ≤ 1 always, below 0 only by test noise")
+PAPER_MEANING = ("β*_paper = 1 − (L_O − L_F) / H(O|F) is the paper's difference of two unanchored probes, "
+                 "shown to compare with published numbers; it leaves [0, 1] when the two probes are unequally good")
+UNANCHORED_NOTE = ("† unanchored (prior: none): {label} from probes that learned the prior themselves; "
+                   "not comparable with anchored rows, so ranked only among themselves")
+
+
+def board_notes(board: Leaderboard) -> list[str]:
+    """The footnotes a board needs: intervals and ranks, n_F_eff, and the † and ‡ marks it uses."""
+    notes = [FOOTNOTE]
+    if board.n_F_eff:
+        notes.append(n_f_eff_note(board))
+    if board.has_unanchored_cells:
+        notes.append(UNANCHORED_NOTE.format(label=board.metric.label))
+    if board.has_failed_cells:
+        notes.append(checked_note(board))
+    return notes
+
+
+def n_f_eff_note(board: Leaderboard) -> str:
+    """Intervals resample whole test F codes: how many there effectively are, per dataset."""
+    def shown(values: tuple[float, ...]) -> str:
+        if not values:
+            return "unknown"
+        return f"{values[0]:.1f}" if len(values) == 1 else f"{values[0]:.1f}–{values[-1]:.1f}"
+
+    per = [f"{ds} {shown(v)}" if len(board.n_F_eff) > 1 else shown(v) for ds, v in sorted(board.n_F_eff.items())]
+    return ("intervals resample whole test F codes; effective number of test F codes "
+            f"(n_F_eff = 1/ΣP(f)²): {', '.join(per)}")
+
+
+def checked_note(board: Leaderboard) -> str:
+    """The ‡ note: what the metric means and which checks fired on this board."""
+    fired = "; ".join(f"{k} ({CHECK_MEANINGS[k]})" if k in CHECK_MEANINGS else k for k in board.fired_checks)
+    meaning = PAPER_MEANING if board.metric.paper else HEADLINE_MEANING
+    return (f"‡ not read as binding. {meaning}. A ‡ cell's row broke a check: {fired}. A ‡ cell never ranks "
+            "a backbone or wins a best layer (a backbone with only ‡ cells is unranked); --format csv names "
+            "each cell's checks")
 
 
 def title(board: Leaderboard) -> str:
@@ -346,7 +477,8 @@ def title(board: Leaderboard) -> str:
 
 
 def format_cell(cell: Cell | None, m: Metric, markdown: bool = False) -> str:
-    """`value ± half-interval`, the layer in small print (Markdown <sub>, terminal dim)."""
+    """`value ± half-interval`, the layer in small print (Markdown <sub>, terminal dim), then
+    † for an unanchored run (headline metrics) and ‡ for a failed check."""
     if cell is None or cell.status == "incomplete":
         return ""
     if cell.status == "error":
@@ -357,6 +489,8 @@ def format_cell(cell: Cell | None, m: Metric, markdown: bool = False) -> str:
         text += f" ± {cell.half_width * scale:.{digits}f}"
     if cell.n_layers:  # oracles and pixels have only layer 0: nothing to note
         text += f" <sub>L{cell.layer}</sub>" if markdown else f" [dim]L{cell.layer}[/dim]"
+    if cell.unanchored and not m.paper:
+        text += " †" if markdown else " [cyan]†[/cyan]"
     if cell.checks:
         text += " ‡" if markdown else " [yellow]‡[/yellow]"
     return text

@@ -16,19 +16,24 @@ from bench.commands.common import Format
 from bench.errors import BenchError
 from bench.results import provenance, write_run
 from leaderboards.store import latest, load_results
-from leaderboards.tables import build_leaderboard, rank_with_ties, render_leaderboard, resolve_metric
+from leaderboards.tables import (build_leaderboard, rank_with_ties, render_leaderboard, render_leaderboards,
+                                 resolve_metric, tidy_records)
 
 
 def result_row(backbone: str, probe: str, value: float | None, *, half: float = 0.02, metric: str = "beta_star",
                dataset: str = "cs", fingerprint: str = "fp-cs", tokens: str = "cls", layer: int = 0,
                n_layers: int = 0, seed: int = 0, task: str = "binding", status: str = "ok",
-               run_id: str = "r1", created_at: str = "2026-01-01T00:00:00+00:00", error: str | None = None) -> dict:
-    """One results row in the real schema; the metric gets value ± half as its interval."""
+               run_id: str = "r1", created_at: str = "2026-01-01T00:00:00+00:00", error: str | None = None,
+               prior: str = "exact", converged: bool = True, n_F_eff: float | None = 4.12) -> dict:
+    """One results row in the real schema; the metric gets value ± half as its interval.
+    Binding rows are anchored and converged unless told otherwise."""
     row = {
         **provenance(run_id, "cpu"), "created_at": created_at, "backbone": backbone, "dataset": dataset,
         "dataset_fingerprint": fingerprint, "split": "test", "layer": layer, "n_layers": n_layers,
         "tokens": tokens, "task": task, "probe": probe, "seed": seed, "status": status, "error": error,
     }
+    if task == "binding":
+        row.update(prior=prior, converged=converged, n_F_eff=n_F_eff)
     if value is not None:
         row.update({metric: value, f"{metric}_lo": value - half, f"{metric}_hi": value + half})
     return row
@@ -69,36 +74,123 @@ def test_leaderboard_ranks_ties_and_leaves_incomplete_backbones_unranked_with_em
 
 
 def failed_probe_rows() -> list[dict]:
-    """A binds (0.40); P's dnn F-probe failed (β* 2.9, the pixels/dnn case), its linear cell is
-    sound (0.10); R fails everywhere (its O-probe is worse than the prior)."""
-    def with_bounds(row: dict, b_f_hi: float = 1.0, b_o_hi: float = 1.0) -> dict:
-        return {**row, "B_F_hi": b_f_hi, "B_O_hi": b_o_hi}
+    """A binds (0.40); P's dnn F-probe coded worse than its prior (a ‡ 60% cell), its linear cell
+    is sound (0.10); R fails everywhere (its O|F-probe ended worse than the prior it started from)."""
+    def with_bounds(row: dict, b_f_hi: float = 1.0, b_star_hi: float = 1.0) -> dict:
+        return {**row, "B_F_hi": b_f_hi, "B_star_hi": b_star_hi}
 
     return [
         with_bounds(result_row("A", "linear", 0.30)), with_bounds(result_row("A", "dnn", 0.40)),
-        with_bounds(result_row("P", "linear", 0.10)), with_bounds(result_row("P", "dnn", 2.90), b_f_hi=-0.7),
-        with_bounds(result_row("R", "linear", -0.5), b_o_hi=-0.4), with_bounds(result_row("R", "dnn", -0.6), b_o_hi=-0.2),
+        with_bounds(result_row("P", "linear", 0.10)), with_bounds(result_row("P", "dnn", 0.60), b_f_hi=-0.7),
+        with_bounds(result_row("R", "linear", -0.05), b_star_hi=-0.4),
+        with_bounds(result_row("R", "dnn", -0.06), b_star_hi=-0.2),
     ]
 
 
 def test_failed_probe_cells_are_marked_and_never_rank(tmp_path, capsys):
     board = build_leaderboard(failed_probe_rows())
     ranks = {r.backbone: r.rank for r in board.rows}
-    assert ranks == {"A": 1, "P": 2, "R": None}  # P by its sound linear cell, not its 290% dnn cell
+    assert ranks == {"A": 1, "P": 2, "R": None}  # P by its sound linear cell, not its ‡ 60% dnn cell
     p = next(r for r in board.rows if r.backbone == "P")
     assert p.score.value == pytest.approx(0.10)
-    assert p.cells[("dnn", "cls")].checks == ("L_F > H(F)", "L_O < L_F")
+    assert p.cells[("dnn", "cls")].checks == ("L_F > H(F)",)
+    assert board.fired_checks == ["L_F > H(F)", "L_O|F > H(O|F)"]
     write_run(failed_probe_rows(), tmp_path, "r1")
     code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "markdown"], capsys)
     assert code == 0
-    assert "| 2 | P | 10.0 ± 2.0 | 290.0 ± 2.0 ‡ |" in out and "‡ a probe failed" in out
+    assert "| 2 | P | 10.0 ± 2.0 | 60.0 ± 2.0 ‡ |" in out
+    # the ‡ note says what β* is now and names the checks that fired (and only those)
+    note = next(line for line in out.splitlines() if line.startswith("_‡"))
+    assert "β* = 1 − L_O|F / H(O|F)" in note and "exact prior" in note
+    assert "L_F > H(F) (the F-probe" in note and "L_O|F > H(O|F) (the O|F-probe" in note
+    assert "L_O < L_F" not in note and "not converged" not in note
     code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "csv"], capsys)
     flagged = {(r["backbone"], r["probe"]): r["checks"] for r in csv.DictReader(io.StringIO(out))}
-    assert flagged[("P", "dnn")] == "L_F > H(F); L_O < L_F" and flagged[("P", "linear")] == ""
-    assert flagged[("R", "linear")] == "L_O > H(O)"
-    # β*_cond needs no F-probe: the same failed row is a plain reading there
-    cond = [{**result_row("P", "dnn", 0.2, metric="beta_star_cond"), "B_F_hi": -0.7, "beta_star_lo": 2.8}]
-    assert build_leaderboard(cond, metric="beta_star_cond").rows[0].cells[("dnn", "cls")].checks == ()
+    assert flagged[("P", "dnn")] == "L_F > H(F)" and flagged[("P", "linear")] == ""
+    assert flagged[("R", "linear")] == "L_O|F > H(O|F)"
+
+
+def paper_rows() -> list[dict]:
+    """The paper's estimator beside the headline one, on the same runs: A's dnn β*_paper interval
+    lies above 1 (its direct O-probe beat its F-probe on test codes it never saw) while its
+    anchored β* is a sound 0.35; B is sound under both."""
+    rows = []
+    for backbone, probe, star, paper in [("A", "linear", 0.05, 0.02), ("A", "dnn", 0.35, 2.90),
+                                         ("B", "linear", 0.04, 0.03), ("B", "dnn", 0.20, 0.25)]:
+        row = result_row(backbone, probe, star)
+        row.update(beta_star_paper=paper, beta_star_paper_lo=paper - 0.05, beta_star_paper_hi=paper + 0.05,
+                   B_F_hi=1.0, B_star_hi=1.0, B_F_paper_hi=1.0, B_O_paper_hi=1.0,
+                   L_O_given_F=20.0 * (1 - star), L_O_given_F_lo=19.0 * (1 - star), L_O_given_F_hi=21.0 * (1 - star))
+        rows.append(row)
+    return rows
+
+
+def test_checks_follow_the_metric_shown():
+    star = build_leaderboard(paper_rows())
+    paper = build_leaderboard(paper_rows(), metric="beta_star_paper")
+    a_star = next(r for r in star.rows if r.backbone == "A")
+    a_paper = next(r for r in paper.rows if r.backbone == "A")
+    assert a_star.cells[("dnn", "cls")].checks == () and not star.has_failed_cells
+    assert a_paper.cells[("dnn", "cls")].checks == ("L_O < L_F",)
+    assert (a_star.score.value, a_paper.score.value) == (pytest.approx(0.35), pytest.approx(0.02))  # 290% never ranks
+    assert [r.backbone for r in star.rows] == ["A", "B"] and [r.backbone for r in paper.rows] == ["B", "A"]
+    md = render_leaderboard(paper, Format.markdown)
+    assert "**β*_paper (%) — cs — best layer per cell**" in md and "290.0 ± 5.0 ‡" in md
+    note = next(line for line in md.splitlines() if line.startswith("_‡"))
+    assert "paper's difference of two unanchored probes" in note and "L_O < L_F (the direct O-probe beat" in note
+    assert "‡" not in render_leaderboard(star, Format.markdown)
+
+
+def test_unconverged_probes_are_marked_under_every_metric():
+    rows = paper_rows()
+    rows[1]["converged"] = False  # A / dnn
+    for metric in ("beta_star", "beta_star_paper", "L_O_given_F"):
+        board = build_leaderboard(rows, metric=metric)
+        a = next(r for r in board.rows if r.backbone == "A")
+        assert "not converged" in a.cells[("dnn", "cls")].checks, metric
+    md = render_leaderboard(build_leaderboard(rows), Format.markdown)
+    assert "| 35.0 ± 2.0 ‡ |" in md and "not converged (a probe's best epoch lay in the last 10%" in md
+
+
+def test_unanchored_rows_are_labelled_and_ranked_apart(tmp_path, capsys):
+    rows = [result_row("A", "linear", 0.30), result_row("U", "linear", 0.90, prior="none", n_F_eff=None),
+            result_row("V", "linear", 0.50, prior="none", n_F_eff=None)]
+    board = build_leaderboard(rows)
+    # U's 90% is not comparable with A's 30%: the unanchored backbones rank among themselves, below
+    assert [(r.backbone, r.rank) for r in board.rows] == [("A", 1), ("U", 1), ("V", 2)]
+    md = render_leaderboard(board, Format.markdown)
+    assert "| 1 | A | 30.0 ± 2.0 |" in md and "| 1 | U | 90.0 ± 2.0 † |" in md
+    assert ("_† unanchored (prior: none): β* from probes that learned the prior themselves; "
+            "not comparable with anchored rows") in md
+    # the paper's estimator is unanchored for every row: nothing to set apart there
+    paper = [{**r, "beta_star_paper": r["beta_star"], "beta_star_paper_lo": r["beta_star_lo"],
+              "beta_star_paper_hi": r["beta_star_hi"]} for r in rows]
+    assert "†" not in render_leaderboard(build_leaderboard(paper, metric="β*_paper"), Format.markdown)
+    write_run(rows, tmp_path, "r1")
+    code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "json"], capsys)
+    assert code == 0 and {r["backbone"]: r["prior"] for r in json.loads(out)} == {"A": "exact", "U": "none", "V": "none"}
+
+
+def test_the_notes_give_the_effective_number_of_test_f_codes():
+    md = render_leaderboard(build_leaderboard(paper_like_rows()), Format.markdown)
+    assert "effective number of test F codes (n_F_eff = 1/ΣP(f)²): 4.1_" in md
+    two = paper_like_rows() + [result_row("A", "linear", 0.2, dataset="uni", fingerprint="fp-u", n_F_eff=2.345),
+                               result_row("A", "linear", 0.2, dataset="old", fingerprint="fp-o", n_F_eff=None)]
+    board = build_leaderboard(two, probes=["linear"])
+    assert board.n_F_eff == {"cs": (4.12,), "old": (), "uni": (2.345,)}
+    assert "(n_F_eff = 1/ΣP(f)²): cs 4.1, old unknown, uni 2.3" in render_leaderboard(board, Format.table)
+    assert {r["dataset"]: r["n_F_eff"] for r in tidy_records(board)} == {"cs": 4.12, "old": None, "uni": 2.345}
+    iso = [result_row("A", "quadratic", 0.9, metric="accuracy", task="issameobject")]
+    assert "n_F_eff" not in render_leaderboard(build_leaderboard(iso), Format.markdown)
+
+
+def test_several_boards_print_each_note_once():
+    boards = [build_leaderboard(paper_rows()), build_leaderboard(paper_rows(), metric="beta_star_paper")]
+    md = render_leaderboards(boards, Format.markdown)
+    assert md.index("**β* (%)") < md.index("**β*_paper (%)")
+    assert md.count("n_F_eff = 1/ΣP(f)²") == 1 and md.count("± is half the bootstrap") == 1
+    records = json.loads(render_leaderboards(boards, Format.json))
+    assert {r["metric"] for r in records} == {"beta_star", "beta_star_paper"} and len(records) == 8
 
 
 def test_best_layer_skips_a_layer_whose_probe_failed():
@@ -119,7 +211,9 @@ MARKDOWN_SNAPSHOT = """\
 |  | D | 20.0 ± 2.0 |  |
 
 _± is half the bootstrap 95% interval; backbones whose intervals overlap share a rank; \
-empty = not run or incomplete, unranked = some cell empty or failed_"""
+empty = not run or incomplete, unranked = some cell empty or failed_
+
+_intervals resample whole test F codes; effective number of test F codes (n_F_eff = 1/ΣP(f)²): 4.1_"""
 
 
 def test_markdown_snapshot(tmp_path, capsys):
@@ -241,11 +335,15 @@ def test_filters_metrics_and_tasks(tmp_path, capsys):
     assert code == 0 and "B* (bits)" in out and "| A | 10.00 ± 0.50 |" in out
     code, out, _ = run_cli(["leaderboard", tmp_path, "--task", "issameobject", "--format", "markdown"], capsys)
     assert code == 0 and "IsSameObject accuracy (%)" in out and "| 1 | A | 93.0 ± 2.0 <sub>L2</sub> |" in out
-    assert resolve_metric("β*_cond", "binding").name == "beta_star_cond"
+    for spelling in ("β*_paper", "beta_star_paper", "B*paper", "β* paper"):
+        assert resolve_metric(spelling, "binding").name == ("B_star_paper" if spelling[0] == "B" else "beta_star_paper")
+    assert resolve_metric("L_O|F", "binding").name == "L_O_given_F"
+    assert resolve_metric("β_O_paper", "binding").name == "beta_O_paper"
 
 
 @pytest.mark.parametrize("args, message", [
     (["--metric", "loss"], "metric: unknown 'loss'"),
+    (["--metric", "beta_star_cond"], "metric: unknown 'beta_star_cond'"),  # replaced by the anchored β*
     (["--metric", "accuracy"], "metric: 'accuracy' belongs to task 'issameobject'"),
     (["--task", "segmentation"], "task: unknown 'segmentation'"),
     (["--layer", "deep"], "layer: expected best, last or a layer index"),

@@ -98,14 +98,30 @@ def test_bars_of_failed_probes_are_drawn_faint_and_hatched(tmp_path, monkeypatch
     plots.probe_bars(build_leaderboard(failed_probe_rows()), tmp_path / "bars")
     ax = figures[0].axes[0]
     heights = {round(p.get_height(), 1): bool(p.get_hatch()) for p in ax.patches if np.isfinite(p.get_height())}
-    assert heights == {30.0: False, 40.0: False, 10.0: False, 290.0: True, -50.0: True, -60.0: True}
+    assert heights == {30.0: False, 40.0: False, 10.0: False, 60.0: True, -5.0: True, -6.0: True}
     assert "‡ a probe failed: not binding" in ax.get_legend_handles_labels()[1]
 
 
 def test_layers_whose_probe_failed_are_crossed_out(tmp_path):
-    rows = [{**result_row("M", "dnn", v, layer=layer, n_layers=2), "B_F_hi": b_f_hi}
-            for layer, v, b_f_hi in [(0, 0.1, 1.0), (1, 0.3, 1.0), (2, 1.8, -0.5)]]
+    """Layer 2's F-probe ended worse than its prior, layer 3's probes had not converged."""
+    rows = [{**result_row("M", "dnn", v, layer=layer, n_layers=3, converged=converged), "B_F_hi": b_f_hi}
+            for layer, v, b_f_hi, converged in [(0, 0.1, 1.0, True), (1, 0.3, 1.0, True), (2, 0.6, -0.5, True),
+                                                (3, 0.7, 1.0, False)]]
     _, series = layer_series(rows)
-    assert [p[4] for p in series[("cs", "M", ("dnn", "cls"))]] == [False, False, True]
+    assert [p[4] for p in series[("cs", "M", ("dnn", "cls"))]] == [False, False, True, True]
+    paper = [{**r, "beta_star_paper": 2.0, "beta_star_paper_lo": 1.5, "beta_star_paper_hi": 2.5} for r in rows]
+    _, series = layer_series(paper, metric="beta_star_paper")  # L_O < L_F everywhere: every point crossed
+    assert [p[4] for p in series[("cs", "M", ("dnn", "cls"))]] == [True] * 4
     (png, _) = plots.layer_curves(rows, tmp_path / "layers")
     _check_image(png)
+
+
+def test_unanchored_backbones_are_labelled_in_figures(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out: figures.append(fig) or [])
+    rows = [result_row("A", "linear", 0.3), result_row("U", "linear", 0.5, prior="none", n_F_eff=None)]
+    plots.probe_bars(build_leaderboard(rows), tmp_path / "bars")
+    assert [t.get_text() for t in figures[0].axes[0].get_xticklabels()] == ["A", "U † unanchored"]
+    plots.layer_curves(rows, tmp_path / "layers")
+    legend = [t.get_text() for t in figures[1].legends[0].get_texts()]
+    assert sorted(legend) == ["A", "U † unanchored"]
