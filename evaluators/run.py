@@ -2,8 +2,9 @@
 
 Two tasks share it. `binding` (the default): for each backbone, activations of the train/val/test splits (cached, DESIGN §7), then
 for every (layer, token view, seed) all requested probe families are trained together
-from one pass over the data: per family an O-probe, an F-probe and an O-probe given F
-(DESIGN §8). Each (backbone, layer, view, probe, seed) becomes one results row
+from one pass over the data: per family an F-probe and an O-probe given F, both anchored
+on the generator's exact priors (the headline chain-rule estimator), and the paper's
+unanchored direct O- and F-probes (DESIGN §8). Each (backbone, layer, view, probe, seed) becomes one results row
 (DESIGN §9). The run's file is rewritten atomically after every backbone, so an
 interrupted run keeps what it finished; bad input stops the run with a BenchError.
 `issameobject`: pairwise patch probes on every layer's spatial tokens
@@ -34,6 +35,7 @@ from evaluators.extract import extract_activations, parse_layers, parse_views
 from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
 from evaluators.issameobject import check_probes, evaluate_issameobject
 from evaluators.metrics import Priors, binding_metrics
+from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of
 from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
 
@@ -42,10 +44,45 @@ TASKS = ("binding", "issameobject")
 DEFAULT_LAYERS = {"binding": "last", "issameobject": "all"}
 DEFAULT_PROBES = {"binding": ("linear", "quadratic", "dnn"), "issameobject": ISO_PROBES}
 SPLITS = ("train", "val", "test")
-#: The three probes per family: target, and whether it is also given F.
-TARGETS = ("O", "F", "O|F")
+#: The probes per family: the anchored F- and O|F-probes (headline), the paper's unanchored
+#: direct O- and F-probes. Without exact priors F is unanchored already and serves both.
+TARGETS = ("F", "O|F", "O_paper", "F_paper")
+UNANCHORED_TARGETS = ("F", "O|F", "O_paper")
 
 Codes = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (F, O)
+
+
+@dataclass
+class BindingTask:
+    """What every binding probe on a dataset is trained and scored against.
+
+    `anchors` holds, per split, the exact prior logits of the F code and of O given F at
+    every scene's own true prefix (±inf where the prior fixes a bit); None when the run
+    is unanchored (`prior` "none"). `ref_F` / `ref_O_given_F` are the test scenes' own prior
+    code lengths, -log2 P(f) and H(O|F=f), the references B_F and B* are measured from.
+    """
+
+    space: FeatureSpace
+    codes: Codes
+    priors: Priors
+    anchors: dict[str, tuple[np.ndarray, np.ndarray]] | None
+    ref_F: np.ndarray | None
+    ref_O_given_F: np.ndarray
+    n_F_eff: float | None
+
+    @property
+    def prior(self) -> str:
+        return "none" if self.anchors is None else "exact"
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return UNANCHORED_TARGETS if self.anchors is None else TARGETS
+
+
+def prior_logits(p: np.ndarray) -> np.ndarray:
+    """log(p / (1 - p)) as float32, ±inf where the prior is certain (p = 1 or 0)."""
+    with np.errstate(divide="ignore"):
+        return (np.log(p) - np.log1p(-p)).astype(np.float32)
 
 
 def open_dataset(path: Path, need_codes: bool = True) -> Dataset:
@@ -65,26 +102,75 @@ def open_dataset(path: Path, need_codes: bool = True) -> Dataset:
     return ds
 
 
-def binding_jobs(family: str, in_dim: int, space: FeatureSpace, codes: Codes,
-                 targets: Sequence[str] = TARGETS, seed: int = 0) -> list[ProbeJob]:
-    """The O-, F- and O|F-probes of one family, named `<family>/<target>`, each
-    initialised from a seed derived from `seed` and its name."""
+def check_priors(ds: Dataset, unanchored: bool = False) -> float | None:
+    """The effective number of test F codes when the card supports exact priors, None for an
+    `unanchored` run; cheap, so bad input stops a run before any backbone is loaded.
+
+    A card without what the priors need stops the run (exit 2) unless `unanchored`, which
+    trains every probe from p = 1/2 and labels the rows `prior: none`. On a card that has
+    exact priors `unanchored` is refused: every row carries the unanchored paper estimator.
+    """
+    try:
+        generator_of(ds.card)
+    except PriorsUnavailable:
+        if unanchored:
+            return None
+        raise
+    if unanchored:
+        raise BenchError(f"unanchored: {ds.path} has exact priors, and every row already carries the unanchored "
+                         "paper estimator (*_paper columns); drop --unanchored")
+    return effective_f_codes(ds.card, "test")
+
+
+def binding_task(ds: Dataset, limit: int | None = None, unanchored: bool = False) -> BindingTask:
+    """The codes, exact priors (unless `unanchored`, see `check_priors`) and test references
+    of a dataset's binding evaluation, on the first `limit` rows of every split."""
+    n_eff = check_priors(ds, unanchored)
+    codes, anchors = {}, {}
+    ref_f = None
+    for split in SPLITS:
+        f, o, h = ds.codes(split)
+        codes[split] = (f[:limit], o[:limit])
+        if split == "test":
+            ref_o_given_f = h[:limit]
+        if unanchored:
+            continue
+        p_f, p_o = bit_priors(ds.card, split, *codes[split])
+        anchors[split] = (prior_logits(p_f), prior_logits(p_o))
+        if split == "test":
+            with np.errstate(divide="ignore"):
+                ref_f = -np.log2(np.where(codes[split][0].astype(bool), p_f, 1.0 - p_f)).sum(axis=1)
+    return BindingTask(ds.feature_space, codes, Priors.from_split_info(ds.split_info("test")),
+                       None if unanchored else anchors, ref_f, ref_o_given_f, n_eff)
+
+
+def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
+                 targets: Sequence[str] | None = None) -> list[ProbeJob]:
+    """The probes of one family, named `<family>/<target>`, each initialised from a seed
+    derived from `seed` and its name. "F" and "O|F" are anchored on the exact priors (when
+    the task has them); "O_paper" and "F_paper" never are."""
+    space = task.space
     factors = conjunction_factors(space.sizes)
-    f_codes = {s: c[0] for s, c in codes.items()}
-    o_codes = {s: c[1] for s, c in codes.items()}
+    f_codes = {s: c[0] for s, c in task.codes.items()}
+    o_codes = {s: c[1] for s, c in task.codes.items()}
+    anchored = task.anchors or {}
     jobs = []
-    for target in targets:
+    for target in task.targets if targets is None else targets:
         name = f"{family}/{target}"
         init = derive_seed("probe-init", seed, name)
-        if target == "O":
-            model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init)
-            jobs.append(ProbeJob(name, model, o_codes))
-        elif target == "F":
-            jobs.append(ProbeJob(name, build_probe(family, in_dim, space.n_features, seed=init), f_codes))
-        else:
+        if target in ("F", "F_paper"):
+            prior = {s: a[0] for s, a in anchored.items()} if target == "F" and anchored else None
+            jobs.append(ProbeJob(name, build_probe(family, in_dim, space.n_features, seed=init), f_codes, prior=prior))
+        elif target == "O|F":
+            prior = {s: a[1] for s, a in anchored.items()} if anchored else None
             model = build_probe(family, in_dim, space.n_conjunctions, cond_dim=space.n_features, factors=factors,
                                 seed=init)
-            jobs.append(ProbeJob(name, model, o_codes, cond=f_codes))
+            jobs.append(ProbeJob(name, model, o_codes, cond=f_codes, prior=prior))
+        elif target == "O_paper":
+            model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init)
+            jobs.append(ProbeJob(name, model, o_codes))
+        else:
+            raise ValueError(f"unknown probe target {target!r}; allowed: {', '.join(TARGETS)}")
     return jobs
 
 
@@ -101,27 +187,36 @@ class BindingResult:
 
 
 def evaluate_binding(
-    inputs: dict[str, RowReader], codes: Codes, priors: Priors, space: FeatureSpace, families: Sequence[str], *,
-    train: TrainConfig = TrainConfig(), targets: Sequence[str] = TARGETS, n_boot: int = 1000,
+    inputs: dict[str, RowReader], task: BindingTask, families: Sequence[str], *,
+    train: TrainConfig = TrainConfig(), targets: Sequence[str] | None = None, n_boot: int = 1000,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, BindingResult]:
-    """Train every family's probes on shared batches and compute the binding metrics on test."""
+    """Train every family's probes on shared batches and compute the binding metrics on test.
+
+    `targets` (default: all of the task's) lets a caller train a subset, e.g. only the
+    anchored headline probes."""
+    targets = tuple(task.targets if targets is None else targets)
     in_dim = inputs["train"].row_shape[-1]
-    jobs = [j for fam in families for j in binding_jobs(fam, in_dim, space, codes, targets, train.seed)]
+    jobs = [j for fam in families for j in binding_jobs(fam, in_dim, task, train.seed, targets)]
     fits = fit_probes(jobs, inputs, train, progress)
     out = {}
     for fam in families:
         mine = {t: fits[f"{fam}/{t}"] for t in targets}
         errors = [f"{t}-probe: {r.error}" for t, r in mine.items() if r.error]
-        bits = {t: (mine[t].scene_bits if t in mine else None) for t in TARGETS}
+        bits = {t: r.scene_bits for t, r in mine.items()}
+        if task.anchors is None and "F" in bits:
+            bits["F_paper"] = bits["F"]  # unanchored: the F-probe is the paper's F-probe
         if errors:
             out[fam] = BindingResult(fam, {}, bits, None, "; ".join(errors), mine)
             continue
-        o = mine.get("O")
-        metrics = binding_metrics(priors, bits["O"], bits["F"], bits["O|F"],
-                                  None if o is None else o.bits_correct, None if o is None else o.n_bits,
-                                  n_boot=n_boot, seed=train.seed, groups=codes["test"][0])
-        out[fam] = BindingResult(fam, metrics, bits, None if o is None else o.best_epoch, None, mine)
+        given_f = mine.get("O|F")
+        metrics = binding_metrics(task.priors, bits, ref_F=task.ref_F, ref_O_given_F=task.ref_O_given_F,
+                                  correct=None if given_f is None else given_f.bits_correct,
+                                  n_bits=None if given_f is None else given_f.n_bits,
+                                  n_boot=n_boot, seed=train.seed, groups=task.codes["test"][0])
+        metrics.update(prior=task.prior, n_F_eff=task.n_F_eff,
+                       converged=all(getattr(r, "converged", True) for r in mine.values()))
+        out[fam] = BindingResult(fam, metrics, bits, None if given_f is None else given_f.best_epoch, None, mine)
     return out
 
 
@@ -132,6 +227,7 @@ def run_evaluation(
     device: str = "auto", dtype: str = "fp32", epochs: int | None = None,
     results_dir: Path = Path("results"), overwrite: bool = False, limit: int | None = None,
     progress: bool = True, train: TrainConfig | None = None, exclude_background: bool = False,
+    unanchored: bool = False,
 ) -> Path | None:
     """Evaluate backbones on a dataset; returns the results file written (None if nothing to do).
 
@@ -141,7 +237,8 @@ def run_evaluation(
     fingerprint of the evaluated rows, so they never pass for a full evaluation).
     `train` overrides the binding training defaults (epochs and seed are still taken from
     `epochs` and `seeds`); `exclude_background` drops issameobject pairs that involve
-    background patches.
+    background patches; `unanchored` evaluates a dataset without exact priors (see
+    `binding_task`).
     """
     if task not in TASKS:
         raise BenchError(f"task: unknown {task!r}; allowed: {', '.join(TASKS)}")
@@ -178,8 +275,8 @@ def run_evaluation(
     base_train = replace(train or TrainConfig(), device=resolve_device(device))
     if epochs is not None:
         base_train = replace(base_train, epochs=epochs)
-    codes = {s: _codes(ds, s, limit) for s in SPLITS}
-    priors = Priors.from_split_info(ds.split_info("test"))
+    check_priors(ds, unanchored)
+    task_data: BindingTask | None = None  # built when the first row needs training
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device)
     rows: list[dict[str, Any]] = []
     path = None
@@ -196,8 +293,9 @@ def run_evaluation(
         todo = [t for t in todo if t[3]]
         if not todo:
             continue
+        task_data = task_data or binding_task(ds, limit, unanchored)
         common = {**_common_columns(prov, spec, info, ds.name, test_fp, task),
-                  "n_train": len(codes["train"][1]), "n_test": len(codes["test"][1])}
+                  "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
         try:
             acts = {s: extract_activations(backbone, ds, s, layers=layer_ids, views=views, device=device, dtype=dtype,
                                            progress=progress) for s in SPLITS}
@@ -215,7 +313,7 @@ def run_evaluation(
             t0 = time.perf_counter()
             label = f"train {','.join(fams)} · {spec} layer {layer} {view} seed {seed}"
             with _epoch_bar(progress, label, cfg.epochs) as advance:
-                results = evaluate_binding(inputs, codes, priors, ds.feature_space, fams, train=cfg, progress=advance)
+                results = evaluate_binding(inputs, task_data, fams, train=cfg, progress=advance)
             wall = (time.perf_counter() - t0) / len(fams)
             for fam in fams:
                 rows.append(_row(common, layer, view, fam, seed, _result_columns(results[fam], cfg, wall, dtype, limit)))
@@ -287,15 +385,10 @@ def _result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str,
                             "wall_time_s": wall, "best_epoch": r.best_epoch}
     if r.error:
         return {**cols, "status": "error", "error": r.error}
-    bits = {"scene_bits_O": r.scene_bits["O"], "scene_bits_F": r.scene_bits["F"],
-            "scene_bits_O_given_F": r.scene_bits["O|F"]}
+    bits = {"scene_bits_F": r.scene_bits.get("F"), "scene_bits_O_given_F": r.scene_bits.get("O|F"),
+            "scene_bits_O_paper": r.scene_bits.get("O_paper"), "scene_bits_F_paper": r.scene_bits.get("F_paper")}
     return {**cols, **r.metrics, "status": "ok", "error": None,
             **{k: (None if v is None else v.astype(np.float32).tolist()) for k, v in bits.items()}}
-
-
-def _codes(ds: Dataset, split: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
-    f, o, _ = ds.codes(split)
-    return (f, o) if limit is None else (f[:limit], o[:limit])
 
 
 def _test_fingerprint(ds: Dataset, limit: int | None) -> str:

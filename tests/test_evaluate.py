@@ -36,17 +36,25 @@ def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_pa
     table = read_results(results)
     assert table.num_rows == 4
     rows = table.to_pylist()
-    from evaluators.metrics import beta_star_checks  # the summary screens each row as the leaderboard does
+    from evaluators.metrics import metric_checks  # the summary screens each row as the leaderboard does
 
-    assert [r["checks"] for r in summary] == ["; ".join(beta_star_checks(r)) or None for r in rows]
+    assert [r["checks"] for r in summary] == [
+        "; ".join(metric_checks(r) + [f"β*_paper: {c}" for c in metric_checks(r, "beta_star_paper")
+                                      if c != "not converged"]) or None for r in rows]
     for r in rows:
         assert r["status"] == "ok", r["error"]
         assert r["task"] == "binding" and r["split"] == "test" and r["tokens"] == "cls" and r["seed"] == 0
         assert r["dataset"] == "tiny" and r["n_train"] == 48 and r["n_test"] == 16
-        assert len(r["scene_bits_O"]) == len(r["scene_bits_F"]) == len(r["scene_bits_O_given_F"]) == 16
-        assert r["L_O"] == pytest.approx(sum(r["scene_bits_O"]) / 16, rel=1e-5)
-        assert r["beta_star_lo"] <= r["beta_star"] <= r["beta_star_hi"]
-        assert r["B_star"] == pytest.approx(r["H_O_given_F"] - (r["L_O"] - r["L_F"]))
+        bits = {k: r[f"scene_bits_{k}"] for k in ("F", "O_given_F", "O_paper", "F_paper")}
+        assert {len(v) for v in bits.values()} == {16}
+        assert r["L_O_given_F"] == pytest.approx(sum(bits["O_given_F"]) / 16, rel=1e-5)
+        assert r["L_O_paper"] == pytest.approx(sum(bits["O_paper"]) / 16, rel=1e-5)
+        assert r["L_O"] == pytest.approx(r["L_F"] + r["L_O_given_F"])
+        assert r["beta_star_lo"] <= r["beta_star"] <= r["beta_star_hi"] <= 1
+        assert r["B_star"] == pytest.approx(r["H_O_given_F"] - r["L_O_given_F"])
+        assert r["B_O"] == pytest.approx(r["B_F"] + r["B_star"])
+        assert r["B_star_paper"] == pytest.approx(r["H_O_given_F"] - (r["L_O_paper"] - r["L_F_paper"]))
+        assert r["prior"] == "exact" and r["converged"] in (True, False) and r["n_F_eff"] > 1
         assert json.loads(r["config"])["probe"] == r["probe"] and r["config_hash"]
         assert r["wall_time_s"] > 0 and r["package_versions"] and r["run_id"]
     layers = {r["backbone"]: (r["layer"], r["n_layers"]) for r in rows}
@@ -71,7 +79,7 @@ def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
     path = run_evaluation(["oracle:features"], tiny, probes=["linear"], epochs=1, results_dir=tmp_path, limit=8,
                           progress=False)
     (row,) = pq.read_table(path).to_pylist()
-    assert row["n_train"] == 8 and row["n_test"] == 8 and len(row["scene_bits_O"]) == 8
+    assert row["n_train"] == 8 and row["n_test"] == 8 and len(row["scene_bits_O_given_F"]) == 8
     full = json.loads((tiny / "dataset.json").read_text())["splits"]["test"]["fingerprint"]
     assert row["dataset_fingerprint"] != full and json.loads(row["config"])["limit"] == 8
 
@@ -89,7 +97,7 @@ def test_a_failing_probe_becomes_an_error_row(tiny, tmp_path, monkeypatch):
     rows = {r["probe"]: r for r in pq.read_table(path).to_pylist()}
     assert rows["linear"]["status"] == "ok"
     assert rows["quadratic"]["status"] == "error" and "probe exploded" in rows["quadratic"]["error"]
-    assert rows["quadratic"]["L_O"] is None
+    assert rows["quadratic"]["L_O"] is None and rows["quadratic"]["beta_star"] is None
 
 
 @pytest.mark.parametrize(
@@ -121,3 +129,44 @@ def test_dataset_without_codes_exits_2(tiny, tmp_path, capsys):
     assert main(["evaluate", "--dataset", str(broken), "--model", "oracle:objects"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no F/O codes" in err and len(err.splitlines()) == 1
+
+
+def _card_copy(tiny: Path, where: Path, edit) -> Path:
+    """A dataset sharing `tiny`'s shards whose card was changed by `edit(card)`."""
+    card = json.loads((tiny / "dataset.json").read_text())
+    where.mkdir()
+    for f in tiny.glob("*.parquet"):
+        (where / f.name).symlink_to(f)
+    edit(card)
+    (where / "dataset.json").write_text(json.dumps(card))
+    return where
+
+
+def test_card_without_exact_priors_exits_2_unless_unanchored(tiny, tmp_path, capsys):
+    """An older or hand-made card has no generator config to rebuild the exact priors from."""
+    handmade = _card_copy(tiny, tmp_path / "handmade", lambda card: card.pop("config"))
+    results = tmp_path / "results"
+    args = ["evaluate", "--dataset", str(handmade), "--model", "oracle:objects", "--probes", "linear",
+            "--epochs", "2", "--results", str(results), "--format", "json"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--unanchored" in err and len(err.splitlines()) == 1, err
+    assert not results.exists() or not list(results.glob("*.parquet"))
+
+    assert main([*args, "--unanchored"]) == 0
+    capsys.readouterr()
+    (row,) = read_results(results).to_pylist()
+    assert row["status"] == "ok" and row["prior"] == "none" and row["n_F_eff"] is None
+    # without an anchor the F-probe is the paper's F-probe: one probe, both columns
+    assert row["L_F"] == row["L_F_paper"] and row["scene_bits_F"] == row["scene_bits_F_paper"]
+    # references: the rows' own H(O|F=f) (all equal on a balanced set), the card's H(F) (no exact P(f))
+    test = json.loads((tiny / "dataset.json").read_text())["splits"]["test"]
+    assert row["H_O_given_F"] == pytest.approx(test["H_O_given_F"], abs=1e-9)
+    assert row["H_F"] == pytest.approx(test["H_F"], abs=1e-9)
+
+
+def test_unanchored_is_refused_where_exact_priors_exist(tiny, tmp_path, capsys):
+    code = main(["evaluate", "--dataset", str(tiny), "--model", "oracle:objects", "--unanchored",
+                 "--results", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "drop --unanchored" in err and len(err.splitlines()) == 1

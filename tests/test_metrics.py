@@ -143,11 +143,16 @@ def test_headline_checks_flag_probes_worse_than_their_prior_and_unconverged_fits
     worse = binding_metrics(PRIORS, {"F": _noisy(5.0), "O|F": _noisy(7.0, seed=1)})
     assert metric_checks(worse) == ["L_F > H(F)", "L_O|F > H(O|F)"]
     assert metric_checks({**ok, "converged": False}) == ["not converged"]
+    # a probe that stayed at its prior, off by float32 round-off only: not a failure
+    h = np.full(100, 32.90786873)
+    at_prior = binding_metrics(PRIORS, {"F": np.zeros(100), "O|F": (h + 3e-6).astype(np.float32)}, ref_F=np.zeros(100),
+                               ref_O_given_F=h)
+    assert at_prior["B_star_hi"] < 0 and metric_checks(at_prior) == []
     assert metric_checks({**ok, "converged": False}, "beta_star_paper") == ["not converged"]
 
 
 def test_checks_read_results_rows_with_missing_columns():
     """Rows of a failed probe or of another task carry None/NaN: nothing to flag."""
     assert metric_checks({"B_F_hi": None, "B_star_hi": float("nan")}) == []
-    assert metric_checks({"beta_star_paper_lo": 1.2}, "beta_star_paper") == ["L_O < L_F"]
+    assert metric_checks({"B_star_paper_lo": 7.0, "H_O_given_F": 6.0}, "beta_star_paper") == ["L_O < L_F"]
     assert metric_checks({"converged": None}) == []

@@ -11,8 +11,8 @@ import typer
 from bench.commands.common import Format, echo, render_table, stderr
 
 SUMMARY_COLUMNS = {
-    "binding": ("backbone", "layer", "tokens", "probe", "seed", "status", "L_O", "L_F", "beta_O", "beta_star",
-                "beta_star_lo", "beta_star_hi", "beta_star_cond", "bit_accuracy", "exact_accuracy", "checks", "error"),
+    "binding": ("backbone", "layer", "tokens", "probe", "seed", "status", "L_F", "L_O_given_F", "beta_O", "beta_star",
+                "beta_star_lo", "beta_star_hi", "beta_star_paper", "exact_accuracy", "best_epoch", "checks", "error"),
     "issameobject": ("backbone", "layer", "probe", "seed", "status", "accuracy", "accuracy_lo", "accuracy_hi",
                      "balanced_accuracy", "auroc", "majority_accuracy", "error"),
 }
@@ -38,7 +38,8 @@ def evaluate(
     seeds: list[str] = typer.Option(["0"], help="Probe seeds (repeatable or comma-separated)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda (used for extraction and probe training)."),
     dtype: str = typer.Option("fp32", help="Backbone dtype for extraction: fp32, bf16, fp16."),
-    epochs: Optional[int] = typer.Option(None, help="Maximum probe epochs (default 40, early-stopped on val bits)."),
+    epochs: Optional[int] = typer.Option(None, help="Maximum probe epochs (early-stopped on the validation plateau)."),
+    unanchored: bool = typer.Option(False, help="For a dataset without exact priors (an older or hand-made card): train every probe from p = 1/2 and label the rows `prior: none`."),
     results: Path = typer.Option(Path("results"), "--results", help="Results directory (one Parquet file per run)."),
     limit: Optional[int] = typer.Option(None, help="[test-only] use only the first N scenes of every split."),
     overwrite: bool = typer.Option(False, help="Re-run rows already present in the results directory."),
@@ -57,6 +58,7 @@ def evaluate(
         _split(model), dataset, task=task, layers=layers, tokens=_split(tokens) or None,
         probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
         results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
+        unanchored=unanchored,
     )
     if path is None:
         stderr.print(f"every requested row is already in {results}; nothing to do (use --overwrite to re-run)", soft_wrap=True)
@@ -64,9 +66,10 @@ def evaluate(
     columns = SUMMARY_COLUMNS[task]
     rows = pq.read_table(path).to_pylist()
     if task == "binding":
-        from evaluators.metrics import beta_star_checks
+        from evaluators.metrics import metric_checks
 
         for row in rows:
-            row["checks"] = "; ".join(beta_star_checks(row)) or None
+            paper = [f"β*_paper: {c}" for c in metric_checks(row, "beta_star_paper") if c != "not converged"]
+            row["checks"] = "; ".join(metric_checks(row) + paper) or None
     echo(render_table(rows, columns, fmt, title=f"{task} results · {dataset.name}"))
     stderr.print(f"wrote {len(rows)} rows to {path}", soft_wrap=True)
