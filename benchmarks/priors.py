@@ -59,7 +59,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     card, codes = card_and_codes(args.preset, args.scale)
-    print(f"drew {sum(len(o) for _f, o in codes.values())} object codes in {time.perf_counter() - t0:.1f} s (not timed)")
+    n_codes = sum(len(o) for _f, o in codes.values())
+    print(f"drew {n_codes} object codes in {time.perf_counter() - t0:.1f} s (not timed)")
     total_t = 0.0
     total_n = 0
     for split, (F, O) in codes.items():

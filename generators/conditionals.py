@@ -190,14 +190,15 @@ def _f_priors(gen, split: str, F: np.ndarray) -> np.ndarray:
     space = gen.feature_space
     tree = _prefix_weights(gen, split)
     n_f = space.n_features
-    out = np.empty(F.shape, dtype=np.float64)
-    uniq, inverse = np.unique(F, axis=0, return_inverse=True) if len(F) else (F, np.zeros(0, int))
+    if len(F) == 0:
+        return np.zeros(F.shape, dtype=np.float64)
+    uniq, inverse = np.unique(F, axis=0, return_inverse=True)
     inverse = np.asarray(inverse).reshape(-1)
     rows = np.empty((len(uniq), n_f), dtype=np.float64)
     for i, code in enumerate(uniq):
         bits = code.tolist()
         key = 0
-        w = tree[0].get(0)
+        w = tree[0][0]
         if bits_key(bits) not in tree[n_f]:
             row = int(np.flatnonzero(inverse == i)[0])
             raise BenchError(f"split {split!r} row {row}: F code {space.f_key(code)} is not in the split's support")
@@ -206,8 +207,7 @@ def _f_priors(gen, split: str, F: np.ndarray) -> np.ndarray:
             rows[i, k] = w1 / w
             key = 2 * key + b
             w = w1 if b else w - w1
-    out[:] = rows[inverse]
-    return out
+    return rows[inverse]
 
 
 def bits_key(bits: Sequence[int]) -> int:
@@ -262,7 +262,6 @@ def _o_priors(gen, split: str, F: np.ndarray, O: np.ndarray, progress) -> np.nda
     inverse = np.asarray(inverse).reshape(-1)
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
-    done = 0
     for i, f in enumerate(uniq):
         rows = order[bounds[i]:bounds[i + 1]]
         for start in range(0, len(rows), _CHUNK):
@@ -270,7 +269,6 @@ def _o_priors(gen, split: str, F: np.ndarray, O: np.ndarray, progress) -> np.nda
             row_fn(f, O, chunk, out, split)
             if progress is not None:
                 progress(len(chunk))
-            done += len(chunk)
     return out
 
 

@@ -98,7 +98,7 @@ def info(
     card = ds.card
     space = " x ".join(f"{len(g['values'])} {g['name']}" for g in card["feature_space"]["groups"])
     rows = [{"split": s, **card["splits"][s]} for s in ds.splits]
-    cols = ["split", "n", "n_F_codes", "H_O", "H_F", "H_O_given_F", "max_F_mass"]
+    cols = ["split", "n", "n_F_codes", "n_F_eff", "H_O", "H_F", "H_O_given_F", "max_F_mass"]
     # the generator's own per-split statistics (e.g. 3D scenes' occlusion), after the priors
     cols += sorted({k for r in rows for k, v in r.items() if k not in cols and isinstance(v, (int, float))})
     cols.append("fingerprint")
