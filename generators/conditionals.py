@@ -96,7 +96,8 @@ def generator_of(card: Mapping[str, Any]):
     try:
         gen = cls(_config(cls.config_cls, config))
     except (BenchError, TypeError, ValueError) as e:
-        raise PriorsUnavailable(f"dataset card: its {name} config no longer builds ({_one_line(e)}); {regen}") from None
+        raise PriorsUnavailable(f"dataset card: its {name} config no longer builds here ({_one_line(e)}); "
+                                f"{regen}") from None
     if "feature_space" in card and gen.feature_space != FeatureSpace.from_dict(card["feature_space"]):
         raise PriorsUnavailable(f"dataset card: its {name} config rebuilds a different feature space; {regen}")
     for split, info in card.get("splits", {}).items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import random
 from fractions import Fraction
@@ -26,6 +27,7 @@ from generators.conditionals import (
     generator_of,
 )
 from generators.engine import generate
+from generators.priors import omega_size
 from tests.conftest import make_dataset
 
 
@@ -49,14 +51,14 @@ def f_probability(gen, split: str, f_row: np.ndarray) -> float:
 
 
 def card_of(gen) -> dict:
-    """The card `bench generate` would write, without any scenes."""
-    return {
+    """The card `bench generate` would write, without any scenes (through JSON: tuples become lists)."""
+    return json.loads(json.dumps({
         "schema_version": 1,
         "generator": {"name": gen.name, "version": gen.version},
         "config": config_to_dict(gen.config),
         "feature_space": gen.feature_space.to_dict(),
         "splits": {s: {"n": p.n, **p.priors.to_dict()} for s, p in gen.plans.items()},
-    }
+    }))
 
 
 def check_dataset(path: Path) -> None:
@@ -122,6 +124,27 @@ def test_clevr_three_groups_rows_match_their_priors(tmp_path):
 def test_toys_with_distractors_rows_match_their_priors(tmp_path):
     make_dataset(tmp_path / "toys", "toys", "identical-cars-distractors", n_train=3, n_val=2, n_test=3, image_size=48)
     check_dataset(tmp_path / "toys")
+
+
+def test_occlusion_sweep_cards_rebuild():
+    """Each height of a sweep is its own card with the expanded config; its codes get exact priors."""
+    cls = get_generator("clevr")
+    for _sub, cfg in cls.expand(build_config(cls, "occlusion-sweep", dict(n_train=5, n_val=3, n_test=3))):
+        gen = cls(cfg)
+        card = card_of(gen)
+        assert generator_of(card).config == cfg
+        space = gen.feature_space
+        O = np.zeros((3, space.n_conjunctions), dtype=np.uint8)
+        for i in range(3):
+            conjs, _f = gen.sample_conjunctions(random.Random(i), "test")
+            O[i, conjs] = 1
+        F = space.o_to_f(O)
+        pF, pO = bit_priors(card, "test", F, O)
+        want_f = [-math.log2(f_probability(gen, "test", f)) for f in F]
+        np.testing.assert_allclose(observed_bits(pF, F), want_f, rtol=0, atol=1e-9)
+        c = gen.config
+        want_o = [math.log2(omega_size(space.active_counts(f), c.min_objects, c.max_objects)) for f in F]
+        np.testing.assert_allclose(observed_bits(pO, O), want_o, rtol=0, atol=1e-9)
 
 
 def test_toys_without_distractors_are_certain(tmp_path):
