@@ -6,10 +6,15 @@ few batches whatever the dataset size (pages touched through a map count as RSS)
 Every batch read is shared by all probes of a (backbone, layer, view): the O-, F- and
 O|F-probes of every family step on it in turn.
 
-Defaults (`TrainConfig`, the settings the calibration suite validates): AdamW, lr 1e-2
-with cosine decay over the epoch budget, weight decay 1e-4, batch 128, at most 40
-epochs, early stopping after 5 epochs without a 1e-3-bit improvement of the mean
-validation bits; the test split is scored once, with the weights of the best
+Defaults (`TrainConfig`, the settings the calibration suite validates): AdamW with the
+probe family's learning rate (`DEFAULTS[family]["lr"]`, scaled down for inputs wider than
+64 by `probe_lr`), weight decay 1e-4, batch 128. Training runs until the mean validation
+bits plateau, not for a fixed number of epochs: a fixed cosine schedule over 40 epochs
+left linear probes still improving at the end (best epoch 35-39 of 40) while a 1024-d dnn
+had peaked at epoch 1. `ReduceLROnPlateau` cuts the rate by 0.3 after 3 epochs without a
+1e-3-bit improvement, and a probe stops after 10 such epochs; 200 epochs is only a backstop,
+and `FitResult.converged` says whether the plateau was reached with the best epoch outside
+the budget's last 10 %. The test split is scored once, with the weights of the best
 validation epoch. Mixed precision (bf16 autocast) on CUDA only; CPU runs in fp32.
 """
 
@@ -36,11 +41,19 @@ def resolve_device(device: str) -> str:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 40
+    """Optimiser and stopping settings shared by every probe of one `fit_probes` call.
+
+    `lr` None means each probe's own learning rate (`Probe.lr`, set per family from
+    `DEFAULTS` by `build_probe`); a number overrides it for every probe.
+    """
+
+    epochs: int = 200
     batch_size: int = 128
-    lr: float = 1e-2
+    lr: float | None = None
     weight_decay: float = 1e-4
-    patience: int = 5
+    patience: int = 10
+    lr_patience: int = 3
+    lr_factor: float = 0.3
     min_delta: float = 1e-3
     seed: int = 0
     device: str = "cpu"
@@ -124,7 +137,12 @@ class ProbeJob:
 
 @dataclass
 class FitResult:
-    """A trained probe's test scores at its best validation epoch (0 = untrained: the prior)."""
+    """A trained probe's test scores at its best validation epoch (0 = untrained: the prior).
+
+    `converged` is False when the fit may have stopped short of its optimum: validation was
+    still improving when the epoch budget ran out (no `patience` epochs without improvement),
+    or the best epoch lies in the last 10 % of the budget.
+    """
 
     name: str
     best_epoch: int = -1
@@ -132,7 +150,8 @@ class FitResult:
     scene_bits: np.ndarray | None = None  # test bits per scene
     bits_correct: np.ndarray | None = None  # teacher-forced correct bits per test scene
     n_bits: int = 0
-    history: list[tuple[float, float]] = field(default_factory=list)  # (train, val) mean bits
+    history: list[tuple[float, float]] = field(default_factory=list)  # (train, val) mean bits per epoch
+    converged: bool = False
     error: str | None = None
 
 
@@ -142,11 +161,16 @@ def fit_probes(
     config: TrainConfig = TrainConfig(),
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, FitResult]:
-    """Train every job on shared batches, early-stop each on its val bits, score test.
+    """Train every job on shared batches until its val bits plateau, score test at its best epoch.
 
+    Each job has its own AdamW optimiser and `ReduceLROnPlateau` schedule, both driven by
+    its mean val bits: the learning rate drops by `lr_factor` after `lr_patience` epochs
+    without a `min_delta` improvement, and the job stops after `patience` such epochs
+    (patience > lr_patience, so a plateau is only declared after the lower rate had its chance).
     `inputs` maps "train", "val", "test" to row readers aligned with the jobs' targets.
     A job that raises is dropped and reported through `FitResult.error`; the others go on.
-    `progress(1)` is called once per epoch.
+    `progress(1)` is called once per epoch; the loop ends before `config.epochs` once every
+    job has stopped.
     """
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
@@ -156,12 +180,14 @@ def fit_probes(
     states: dict[str, dict] = {}
     optims, schedules = {}, {}
     n_train = len(inputs["train"])
-    total_steps = config.epochs * math.ceil(n_train / config.batch_size)
     for j in jobs:
         j.model.set_standardization(mean, std)
         j.model.to(device)
-        optims[j.name] = torch.optim.AdamW(j.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        schedules[j.name] = torch.optim.lr_scheduler.CosineAnnealingLR(optims[j.name], total_steps)
+        lr = config.lr if config.lr is not None else getattr(j.model, "lr", Probe.lr)
+        optims[j.name] = torch.optim.AdamW(j.model.parameters(), lr=lr, weight_decay=config.weight_decay)
+        schedules[j.name] = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optims[j.name], mode="min", factor=config.lr_factor, patience=config.lr_patience,
+            threshold=config.min_delta, threshold_mode="abs")
     active = {j.name: j for j in jobs}
     stale = {j.name: 0 for j in jobs}
     # Epoch 0 is the untrained probe: an anchored probe there codes exactly its prior, so a
@@ -173,6 +199,7 @@ def fit_probes(
             continue
         r.val_bits, r.best_epoch = float(scored[0].mean()), 0
         r.history.append((math.nan, r.val_bits))
+        schedules[name].step(r.val_bits)
         states[name] = copy.deepcopy(active[name].model.state_dict())
     for epoch in range(1, config.epochs + 1):
         if not active:
@@ -190,7 +217,6 @@ def fit_probes(
                     optims[name].zero_grad(set_to_none=True)
                     loss.backward()
                     optims[name].step()
-                    schedules[name].step()
                     train_sum[name] += loss.item() * len(idx)
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
                     _fail(results[name], e, active, name)
@@ -204,7 +230,9 @@ def fit_probes(
             r.history.append((train_sum[name] / n_train, v))
             if not math.isfinite(v):
                 _fail(r, FloatingPointError(f"validation loss is {v} at epoch {epoch}"), active, name)
-            elif v < r.val_bits - config.min_delta:
+                continue
+            schedules[name].step(v)
+            if v < r.val_bits - config.min_delta:
                 r.val_bits, r.best_epoch, stale[name] = v, epoch, 0
                 states[name] = copy.deepcopy(active[name].model.state_dict())
             else:
@@ -215,6 +243,8 @@ def fit_probes(
             progress(1)
     finished = [j for j in jobs if results[j.name].error is None]
     for j in finished:
+        r = results[j.name]
+        r.converged = stale[j.name] >= config.patience and r.best_epoch <= 0.9 * config.epochs
         j.model.load_state_dict(states[j.name])
     for name, scored in _score(finished, inputs["test"], "test", device, config.batch_size).items():
         if isinstance(scored, Exception):
@@ -226,6 +256,7 @@ def fit_probes(
 
 def _fail(result: FitResult, error: Exception, active: dict, name: str) -> None:
     result.error = f"{type(error).__name__}: {error}".splitlines()[0]
+    result.converged = False
     active.pop(name, None)
 
 

@@ -1,0 +1,174 @@
+"""Benchmark: how close each probe family trains to a planted teacher's exact H(O|Z).
+
+A fixed random teacher draws K target bits autoregressively from z ~ N(0, I_d):
+logit_k = c_k + g_k(z) + u_k·o_<k, o_k ~ Bernoulli(σ(logit_k)). Along each sampled path
+Σ_k h(σ(logit_k)) is exactly the teacher's conditional entropy of that path's bits, so its
+test-set mean is H(O|Z) (up to the same sampling noise as the probes' test bits). The
+excess L − H(O|Z) of a probe that can represent the teacher is then pure estimation and
+optimisation error: 2,000 training scenes bound it from below, under-training adds to it.
+
+Teachers (g_k is scaled so that it has standard deviation `--scale` over z):
+- `linear`:    g_k = a_k·z — representable by every pooled family.
+- `quadratic`: g_k = a_k·z + Σ_r s_kr (p_kr·z)², rank 2 — by quadratic and quadratic-shared.
+- `mlp`:       g_k = v_k·gelu(W z + b), 32 hidden units — by the dnn (its trunk and head).
+- `attention`: z is read as T tokens of d/T dims; g_k = w_k·Σ_t softmax_t(q_k·z_t) z_t — by
+  the attention probe (a query per bit, softmax pooling, linear readout).
+
+Probes are anchored on the teacher's marginal per-bit prior (estimated on 20,000 extra
+draws), so "prior" (epoch 0, the untrained probe) is the reference a fit has to beat.
+Reports, per (d, teacher, family): best epoch / epochs run, test bits L, H(O|Z), the gap
+in bits and per bit, whether the fit converged, and wall time, with the evaluator's
+default training settings (`TrainConfig()`, per-family learning rates from `DEFAULTS`).
+
+    .venv/bin/python benchmarks/planted_teacher.py [--dims 64,1024] [--bits 32] [--n-train 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from evaluators.probes import build_probe  # noqa: E402
+from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402
+
+#: Which families can represent each teacher (the ones trained on it).
+TEACHERS = {
+    "linear": ("linear", "quadratic", "quadratic-shared", "dnn"),
+    "quadratic": ("quadratic", "quadratic-shared", "dnn"),
+    "mlp": ("dnn",),
+    "attention": ("attention",),
+}
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+class Teacher:
+    """A fixed random autoregressive teacher of K bits given z (see the module docstring)."""
+
+    def __init__(self, kind: str, d: int, k: int, tokens: int, scale: float, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.kind, self.d, self.k, self.tokens = kind, d, k, tokens
+        self.c = rng.normal(0.0, 1.0, k)
+        self.u = rng.normal(0.0, 1.0 / math.sqrt(k), (k, k)) * np.tril(np.ones((k, k)), -1)
+        if kind in ("linear", "quadratic"):
+            self.a = rng.normal(size=(k, d)) / math.sqrt(d)
+        if kind == "quadratic":
+            self.p = rng.normal(size=(k, 2, d)) / math.sqrt(d)
+            self.s = rng.choice([-1.0, 1.0], (k, 2))
+        if kind == "mlp":
+            self.w, self.b = rng.normal(size=(32, d)) * 2 / math.sqrt(d), rng.normal(size=32)
+            self.v = rng.normal(size=(k, 32)) / math.sqrt(32)
+        if kind == "attention":
+            dt = d // tokens
+            self.q = rng.normal(size=(k, dt)) * 2 / math.sqrt(dt)
+            self.wt = rng.normal(size=(k, dt)) / math.sqrt(dt)
+        self.g_std = float(self.g(rng.normal(size=(5000, d))).std(0).mean()) / scale
+
+    def g(self, z: np.ndarray) -> np.ndarray:
+        """The z-dependent part of every bit's logit, N x K (before scaling)."""
+        if self.kind == "linear":
+            return z @ self.a.T
+        if self.kind == "quadratic":
+            return z @ self.a.T + np.einsum("kr,nkr->nk", self.s, np.einsum("krd,nd->nkr", self.p, z) ** 2 - 1.0)
+        if self.kind == "mlp":
+            return gelu(z @ self.w.T + self.b) @ self.v.T
+        tok = z.reshape(len(z), self.tokens, -1)
+        logits = np.einsum("ntd,kd->nkt", tok, self.q)
+        attn = np.exp(logits - logits.max(-1, keepdims=True))
+        attn /= attn.sum(-1, keepdims=True)
+        return np.einsum("nkt,ntd,kd->nk", attn, tok, self.wt)
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(z N x d, o N x K, exact conditional entropy in bits of each scene's path)."""
+        z = rng.normal(size=(n, self.d))
+        base = self.c + self.g(z) / self.g_std
+        o = np.zeros((n, self.k))
+        h = np.zeros(n)
+        for j in range(self.k):
+            p = 1.0 / (1.0 + np.exp(-(base[:, j] + o @ self.u[j])))
+            o[:, j] = rng.random(n) < p
+            pc = np.clip(p, 1e-12, 1 - 1e-12)
+            h -= pc * np.log2(pc) + (1 - pc) * np.log2(1 - pc)
+        return z.astype(np.float32), o.astype(np.uint8), h
+
+
+def run(teacher: Teacher, families: tuple[str, ...], sizes: dict[str, int], config: TrainConfig, seed: int) -> None:
+    rng = np.random.default_rng(seed + 1)
+    data = {s: teacher.sample(n, rng) for s, n in sizes.items()}
+    marginal = teacher.sample(20_000, rng)[1].mean(0).clip(1e-4, 1 - 1e-4)
+    prior_logit = np.log(marginal / (1 - marginal)).astype(np.float32)
+    spatial = {s: z.reshape(len(z), teacher.tokens, -1) for s, (z, _, _) in data.items()}
+    targets = {s: o for s, (_, o, _) in data.items()}
+    prior = {s: np.broadcast_to(prior_logit, o.shape).copy() for s, o in targets.items()}
+    h_test = float(data["test"][2].mean())
+    k = teacher.k
+    for fam in families:
+        arrays = spatial if fam == "attention" else {s: z for s, (z, _, _) in data.items()}
+        inputs = {s: RowReader(a) for s, a in arrays.items()}
+        model = build_probe(fam, arrays["train"].shape[-1], k, seed=seed)
+        t0 = time.perf_counter()
+        r = fit_probes([ProbeJob(fam, model, targets, prior=prior)], inputs, config)[fam]
+        wall = time.perf_counter() - t0
+        assert r.error is None, r.error
+        L = float(r.scene_bits.mean())
+        print(f"  {fam:17s} {r.best_epoch:4d}/{len(r.history) - 1:<4d} {L:8.2f} {h_test:8.2f} {L - h_test:+8.2f} "
+              f"{(L - h_test) / k:+8.3f} {str(r.converged):>5s} {wall:7.1f}s", flush=True)
+    prior_bits = float(np.mean([_bits(prior["test"], targets["test"])]))
+    print(f"  {'prior (untrained)':17s} {'0':>4s}/{'0':<4s} {prior_bits:8.2f} {h_test:8.2f} {prior_bits - h_test:+8.2f} "
+          f"{(prior_bits - h_test) / k:+8.3f}")
+
+
+def _bits(logits: np.ndarray, o: np.ndarray) -> float:
+    """Mean code length in bits per scene of independent-bit logits."""
+    lp = -np.logaddexp(0.0, np.where(o > 0, -logits, logits))
+    return float(-lp.sum(1).mean() / math.log(2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dims", default="64,1024")
+    ap.add_argument("--bits", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=16, help="tokens the attention teacher splits z into")
+    ap.add_argument("--teachers", default=",".join(TEACHERS))
+    ap.add_argument("--families", default=None, help="restrict to these families")
+    ap.add_argument("--n-train", type=int, default=2000)
+    ap.add_argument("--n-val", type=int, default=500)
+    ap.add_argument("--n-test", type=int, default=2000)
+    ap.add_argument("--scale", type=float, default=2.0, help="std of the z-dependent logit term")
+    ap.add_argument("--epochs", type=int, default=None, help="override the epoch budget")
+    ap.add_argument("--lr", type=float, default=None, help="override every family's learning rate")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    config = TrainConfig(lr=args.lr)
+    if args.epochs is not None:
+        config = replace(config, epochs=args.epochs)
+    sizes = {"train": args.n_train, "val": args.n_val, "test": args.n_test}
+    only = set(args.families.split(",")) if args.families else None
+    print(f"planted teacher: K={args.bits} bits, {args.n_train}/{args.n_val}/{args.n_test} scenes, logit scale "
+          f"{args.scale}, budget {config.epochs} epochs, torch threads {torch.get_num_threads()}")
+    for d in (int(x) for x in args.dims.split(",")):
+        for kind in args.teachers.split(","):
+            fams = tuple(f for f in TEACHERS[kind] if only is None or f in only)
+            if not fams:
+                continue
+            teacher = Teacher(kind, d, args.bits, args.tokens, args.scale, args.seed)
+            print(f"\nd={d} teacher={kind}" + (f" ({args.tokens} tokens x {d // args.tokens})" if kind == "attention"
+                                               else ""))
+            print(f"  {'family':17s} {'best/run':>9s} {'L bits':>8s} {'H(O|Z)':>8s} {'gap':>8s} {'gap/bit':>8s} "
+                  f"{'conv':>5s} {'wall':>8s}")
+            run(teacher, fams, sizes, config, args.seed)
+
+
+if __name__ == "__main__":
+    main()
