@@ -74,8 +74,10 @@ RESULT_SCHEMA = pa.schema(
         ("best_epoch", pa.int32()),
         # binding: "exact" (probes anchored on the generator's exact priors) or "none" (--unanchored)
         ("prior", pa.string()),
-        # binding: False when some probe's best epoch lay in the last 10% of its epoch budget
+        # binding: False when some headline (F, O|F) probe did not reach its validation plateau,
+        # or its best epoch lay in the last 10% of the epoch budget; `converged_paper`: the paper's probes
         ("converged", pa.bool_()),
+        ("converged_paper", pa.bool_()),
         # binding: effective number of test F codes, 1/Σ P(f)², the bootstrap's real sample size
         ("n_F_eff", _F),
         *[(m, _F) for m in _METRICS],

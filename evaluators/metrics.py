@@ -154,8 +154,9 @@ def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:
       "L_O < L_F" (β*_paper > 1): on test F codes it never saw, an unanchored probe can be
       confidently wrong for tens of bits per scene, which sends the difference anywhere.
       β* < 0 alone is not checked: it is the raw reading "no binding found".
-    - Every metric: "not converged" when a probe's best epoch lay in the last 10% of its
-      epoch budget (`converged` False), so more training might still have changed it.
+    - Every metric: "not converged" when one of its probes stopped before its validation
+      plateau or had its best epoch in the last 10% of the epoch budget (`converged`, or
+      `converged_paper` for the paper's probes, False): more training might change it.
     """
     def below_zero(key: str) -> bool:
         value = m.get(key)
@@ -175,7 +176,7 @@ def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:
             checks.append("L_F > H(F)")
         if below_zero("B_star_hi"):
             checks.append("L_O|F > H(O|F)")
-    if m.get("converged") is False:
+    if m.get("converged_paper" if metric.endswith("_paper") else "converged") is False:
         checks.append("not converged")
     return checks
 

@@ -56,7 +56,7 @@ SPATIAL_VIEWS = ("all",)
 DEFAULTS: dict[str, dict[str, Any]] = {
     "linear": {"lr": 3e-2},
     "quadratic": {"rank": 8, "lr": 1e-2},
-    "quadratic-shared": {"rank": 8, "lr": 1e-2},
+    "quadratic-shared": {"rank": 8, "lr": 2e-2},
     "dnn": {"hidden": 256, "depth": 1, "lr": 1e-3},
     "attention": {"heads": 2, "key_dim": 32, "rank": 8, "lr": 1e-2},
 }
@@ -292,9 +292,17 @@ _CLASSES: dict[str, type[Probe]] = {
 
 
 def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
-                factors: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0, **hparams: Any) -> Probe:
+                factors: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0, anchored: bool = False,
+                **hparams: Any) -> Probe:
     """A probe of `family` over inputs of width `in_dim` (per token for `attention`)
     predicting `n_bits` bits, optionally also given a `cond_dim`-bit condition (F).
+
+    `anchored`: the probe will be added to an exact prior logit, so it has no linear
+    context of earlier bits: the exact prior already says all that they say, and the term
+    could only refit it from finite data — on calibration oracles it leaked 1.9 bits per
+    scene of noise into scenes whose input carries nothing (linear probe, oracle:mix-0.5,
+    2,000 scenes). The bias stays: with it a residual can set the threshold at which it
+    reads an input feature (F-bits are ORs of O-bits: 2.3 bits of L_F without it).
 
     Its initial weights depend on `seed` alone (not on what the global RNG did before),
     so a result row is reproducible whichever other probes were built beside it.
@@ -309,6 +317,10 @@ def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
         torch.manual_seed(seed)
         probe = _CLASSES[family](in_dim, n_bits, cond_dim, **params)
     probe.lr = lr
+    if anchored:
+        frozen = probe.context.detach()
+        del probe.context
+        probe.register_buffer("context", frozen)
     return probe
 
 

@@ -148,7 +148,8 @@ def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
                  targets: Sequence[str] | None = None) -> list[ProbeJob]:
     """The probes of one family, named `<family>/<target>`, each initialised from a seed
     derived from `seed` and its name. "F" and "O|F" are anchored on the exact priors (when
-    the task has them); "O_paper" and "F_paper" never are."""
+    the task has them: the O|F residual then reads Z alone, F being in its prior);
+    "O_paper" and "F_paper" never are."""
     space = task.space
     factors = conjunction_factors(space.sizes)
     f_codes = {s: c[0] for s, c in task.codes.items()}
@@ -158,14 +159,19 @@ def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
     for target in task.targets if targets is None else targets:
         name = f"{family}/{target}"
         init = derive_seed("probe-init", seed, name)
-        if target in ("F", "F_paper"):
-            prior = {s: a[0] for s, a in anchored.items()} if target == "F" and anchored else None
-            jobs.append(ProbeJob(name, build_probe(family, in_dim, space.n_features, seed=init), f_codes, prior=prior))
+        if target == "F" and anchored:
+            model = build_probe(family, in_dim, space.n_features, seed=init, anchored=True)
+            jobs.append(ProbeJob(name, model, f_codes, prior={s: a[0] for s, a in anchored.items()}))
+        elif target in ("F", "F_paper"):
+            jobs.append(ProbeJob(name, build_probe(family, in_dim, space.n_features, seed=init), f_codes))
+        elif target == "O|F" and anchored:
+            # F enters through the exact prior p(o_k | o_<k, f): the residual reads only Z
+            model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init, anchored=True)
+            jobs.append(ProbeJob(name, model, o_codes, prior={s: a[1] for s, a in anchored.items()}))
         elif target == "O|F":
-            prior = {s: a[1] for s, a in anchored.items()} if anchored else None
             model = build_probe(family, in_dim, space.n_conjunctions, cond_dim=space.n_features, factors=factors,
                                 seed=init)
-            jobs.append(ProbeJob(name, model, o_codes, cond=f_codes, prior=prior))
+            jobs.append(ProbeJob(name, model, o_codes, cond=f_codes))
         elif target == "O_paper":
             model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init)
             jobs.append(ProbeJob(name, model, o_codes))
@@ -215,7 +221,9 @@ def evaluate_binding(
                                   n_bits=None if given_f is None else given_f.n_bits,
                                   n_boot=n_boot, seed=train.seed, groups=task.codes["test"][0])
         metrics.update(prior=task.prior, n_F_eff=task.n_F_eff,
-                       converged=all(getattr(r, "converged", True) for r in mine.values()))
+                       converged=all(r.converged for t, r in mine.items() if not t.endswith("_paper")),
+                       converged_paper=all(r.converged for t, r in mine.items() if t in ("O_paper", "F_paper", "F")
+                                           and (t != "F" or task.anchors is None)))
         out[fam] = BindingResult(fam, metrics, bits, None if given_f is None else given_f.best_epoch, None, mine)
     return out
 

@@ -20,7 +20,6 @@ from bench.errors import BenchError
 #: baseline and an untrained network; none needs a download.
 DEMO_MODELS = ("oracle:objects", "oracle:features", "pixels", "random:dinov2-small")
 DEMO_PROBES = ("linear", "quadratic", "dnn")
-DEMO_BATCH = 32
 
 
 def register(app: typer.Typer) -> None:
@@ -123,7 +122,7 @@ def demo(
     n_val: int = typer.Option(100, help="Validation scenes."),
     n_test: int = typer.Option(100, help="Test scenes."),
     image_size: int = typer.Option(128, help="Image side in pixels."),
-    epochs: int = typer.Option(30, help="Probe training epochs (at most; early stopping on val)."),
+    epochs: Optional[int] = typer.Option(None, help="Maximum probe epochs (default: the evaluator's; probes stop on the validation plateau)."),
     fmt: Format = typer.Option(Format.table, "--format"),
 ) -> None:
     """Run the whole pipeline offline in a few minutes: generate, evaluate four built-in backbones, rank."""
@@ -174,15 +173,12 @@ def _demo_dataset(target: Path, n_train: int, n_val: int, n_test: int, image_siz
         generate(gen, config, target, progress=bar.advance, on_start=bar.set_total)
 
 
-def _demo_evaluate(data: Path, results: Path, epochs: int) -> None:
-    """Evaluate the demo backbones. Small batches: the evaluator's defaults are sized for
-    tens of thousands of scenes, and a few hundred give too few optimiser steps per epoch.
-    Activations are cached beside the results (unless $BINDINGBENCH_CACHE is set), so a demo
+def _demo_evaluate(data: Path, results: Path, epochs: int | None) -> None:
+    """Evaluate the demo backbones with the evaluator's defaults. Activations are cached beside the results (unless $BINDINGBENCH_CACHE is set), so a demo
     leaves nothing behind in the user's cache."""
     import torch
 
     from evaluators.run import run_evaluation
-    from evaluators.training import TrainConfig
 
     before, threads = os.environ.get("BINDINGBENCH_CACHE"), torch.get_num_threads()
     os.environ["BINDINGBENCH_CACHE"] = before or str(results.parent / "cache")
@@ -190,7 +186,7 @@ def _demo_evaluate(data: Path, results: Path, epochs: int) -> None:
     torch.set_num_threads(1)
     try:
         run_evaluation(list(DEMO_MODELS), data, task="binding", layers="last", tokens=("cls",), probes=DEMO_PROBES,
-                       results_dir=results, epochs=epochs, progress=True, train=TrainConfig(batch_size=DEMO_BATCH))
+                       results_dir=results, epochs=epochs, progress=True)
     finally:
         torch.set_num_threads(threads)
         if before is None:

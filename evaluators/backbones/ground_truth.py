@@ -106,12 +106,12 @@ class OracleBackbone(GroundTruthBackbone):
         elif self.kind == "features":
             z = np.asarray(rows["F"], dtype=np.float32)
         else:
-            m = np.array([[self._mixed(sid)] for sid in rows["scene_id"]], dtype=np.float32)
+            m = np.array([[self.mixed(sid)] for sid in rows["scene_id"]], dtype=np.float32)
             o, f = np.asarray(rows["O"], dtype=np.float32), np.asarray(rows["F"], dtype=np.float32)
             z = np.concatenate([o * m, f, m], axis=1)
         return torch.from_numpy(z[:, None, :])
 
-    def _mixed(self, scene_id: str) -> float:
+    def mixed(self, scene_id: str) -> float:
         """1 for a q fraction of scenes, chosen by a seeded hash of the scene id."""
         u = derive_seed("oracle:mix", self.seed, scene_id) / 2.0**63
         return float(u < self.q)

@@ -1,0 +1,86 @@
+"""Calibration table: β* (anchored chain rule) beside β*_paper (the paper's two unanchored
+probes) for backbones whose binding information is known, at two training-set sizes.
+
+The truth is known for the oracles (oracle:features 0, oracle:objects 1, oracle:mix-q q)
+and the controls carry none worth reading (pixels, random:dinov2-small): the table shows
+how far each estimator sits from it, per probe family, with 95% intervals over test F
+codes. The zero of β* must not move with the training-set size; β*_paper's does.
+
+    .venv/bin/python benchmarks/calibration.py [--sizes 500,2000] [--families linear,quadratic,quadratic-shared,dnn]
+        [--models oracle:features,oracle:objects,oracle:mix-0.5,pixels,random:dinov2-small] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.dataset import Dataset  # noqa: E402
+from evaluators.extract import extract_activations  # noqa: E402
+from evaluators.metrics import metric_checks  # noqa: E402
+from evaluators.run import SPLITS, binding_task, evaluate_binding  # noqa: E402
+from evaluators.training import RowReader, TrainConfig  # noqa: E402
+from generators.base import build_config, get_generator  # noqa: E402
+from generators.engine import generate  # noqa: E402
+
+TRUTH = {"oracle:features": 0.0, "oracle:objects": 1.0}
+
+
+def _interval(m: dict, key: str) -> str:
+    if m.get(key) is None:
+        return "—"
+    flag = " ‡" if metric_checks(m, key) else ""
+    return f"{100 * m[key]:+.1f} [{100 * m[f'{key}_lo']:+.1f}, {100 * m[f'{key}_hi']:+.1f}]{flag}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="500,2000")
+    ap.add_argument("--families", default="linear,quadratic,quadratic-shared,dnn")
+    ap.add_argument("--models", default="oracle:features,oracle:objects,oracle:mix-0.5,pixels,random:dinov2-small")
+    ap.add_argument("--out", type=Path, default=None, help="keep the dataset here (default: a temp dir)")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    families = args.families.split(",")
+    torch.set_num_threads(1)
+    root = args.out or Path(tempfile.mkdtemp(prefix="bindingbench-calibration-"))
+    data = root / "balanced"
+    if not (data / "dataset.json").exists():
+        gen = get_generator("colorshape")
+        generate(gen, build_config(gen, "balanced", dict(n_train=max(sizes), n_val=500, n_test=500, image_size=128)),
+                 data)
+    ds = Dataset(data)
+    full = binding_task(ds)
+    print(f"balanced preset at 128 px, test {len(full.codes['test'][0])} scenes, "
+          f"n_F_eff {full.n_F_eff:.0f}, H(O|F) {full.ref_O_given_F.mean():.2f} bits\n")
+    print("| backbone | truth | n_train | probe | β* % [95% CI] | β*_paper % [95% CI] | best epochs (F, O|F) | s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for spec in args.models.split(","):
+        acts = {s: extract_activations(spec, ds, s, layers="last", views=("cls",), progress=False) for s in SPLITS}
+        for n in sizes:
+            task = dataclasses.replace(
+                full, codes={**full.codes, "train": tuple(c[:n] for c in full.codes["train"])},
+                anchors={**full.anchors, "train": tuple(a[:n] for a in full.anchors["train"])})
+            inputs = {s: RowReader(a.get(a.layers[0], "cls"), n if s == "train" else None) for s, a in acts.items()}
+            t0 = time.perf_counter()
+            results = evaluate_binding(inputs, task, families, train=TrainConfig(), n_boot=1000)
+            wall = time.perf_counter() - t0
+            truth = TRUTH.get(spec, float(spec.split("-")[-1]) if spec.startswith("oracle:mix-") else None)
+            for fam, r in results.items():
+                m = r.metrics
+                epochs = f"{r.fits['F'].best_epoch}, {r.fits['O|F'].best_epoch}"
+                print(f"| {spec} | {'—' if truth is None else f'{100 * truth:.0f}'} | {n} | {fam} | "
+                      f"{_interval(m, 'beta_star')} | {_interval(m, 'beta_star_paper')} | {epochs} | "
+                      f"{wall / len(families):.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
