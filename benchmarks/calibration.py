@@ -1,7 +1,8 @@
 """Calibration table: β* (anchored chain rule) beside β*_paper (the paper's two unanchored
 probes) for backbones whose binding information is known, at two training-set sizes.
 
-The truth is known for the oracles (oracle:features 0, oracle:objects 1, oracle:mix-q q)
+The truth is known for the oracles (oracle:features 0, oracle:objects 1, oracle:mix-q the
+test split's mixed share of H(O|F), q in expectation)
 and the controls carry none worth reading (pixels, random:dinov2-small): the table shows
 how far each estimator sits from it, per probe family, with 95% intervals over test F
 codes. The zero of β* must not move with the training-set size; β*_paper's does.
@@ -24,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.dataset import Dataset  # noqa: E402
+from evaluators.backbones.ground_truth import mixed_share  # noqa: E402
 from evaluators.extract import extract_activations  # noqa: E402
 from evaluators.metrics import metric_checks  # noqa: E402
 from evaluators.run import SPLITS, binding_task, evaluate_binding  # noqa: E402
@@ -61,7 +63,7 @@ def main() -> None:
     full = binding_task(ds)
     print(f"balanced preset at 128 px, test {len(full.codes['test'][0])} scenes, "
           f"n_F_eff {full.n_F_eff:.0f}, H(O|F) {full.ref_O_given_F.mean():.2f} bits\n")
-    print("| backbone | truth | n_train | probe | β* % [95% CI] | β*_paper % [95% CI] | best epochs (F, O|F) | s |")
+    print("| backbone | truth % | n_train | probe | β* % [95% CI] | β*_paper % [95% CI] | best epochs (F, O|F) | s |")
     print("|---|---|---|---|---|---|---|---|")
     for spec in args.models.split(","):
         acts = {s: extract_activations(spec, ds, s, layers="last", views=("cls",), progress=False) for s in SPLITS}
@@ -73,11 +75,11 @@ def main() -> None:
             t0 = time.perf_counter()
             results = evaluate_binding(inputs, task, families, train=TrainConfig(), n_boot=1000)
             wall = time.perf_counter() - t0
-            truth = TRUTH.get(spec, float(spec.split("-")[-1]) if spec.startswith("oracle:mix-") else None)
+            truth = TRUTH.get(spec, mixed_share(ds, spec) if spec.startswith("oracle:mix-") else None)
             for fam, r in results.items():
                 m = r.metrics
                 epochs = f"{r.fits['F'].best_epoch}, {r.fits['O|F'].best_epoch}"
-                print(f"| {spec} | {'—' if truth is None else f'{100 * truth:.0f}'} | {n} | {fam} | "
+                print(f"| {spec} | {'—' if truth is None else f'{100 * truth:.1f}'} | {n} | {fam} | "
                       f"{_interval(m, 'beta_star')} | {_interval(m, 'beta_star_paper')} | {epochs} | "
                       f"{wall / len(families):.0f} |", flush=True)
 

@@ -8,7 +8,7 @@ paper probes of every family step on it in turn.
 
 Defaults (`TrainConfig`, the settings the calibration suite validates): AdamW with the
 probe family's learning rate (`DEFAULTS[family]["lr"]`, scaled down for inputs wider than
-64 by `probe_lr`), weight decay 1e-4, batches of `auto_batch_size` (about 64 steps an
+64 by `probe_lr`) and weight decay (1e-4; 0.1 for quadratic-shared), batches of `auto_batch_size` (about 64 steps an
 epoch, 16 to 128 rows). Training runs until the mean validation
 bits plateau, not for a fixed number of epochs: a fixed cosine schedule over 40 epochs
 left linear probes still improving at the end (best epoch 35-39 of 40) while a 1024-d dnn
@@ -44,15 +44,15 @@ def resolve_device(device: str) -> str:
 class TrainConfig:
     """Optimiser and stopping settings shared by every probe of one `fit_probes` call.
 
-    `lr` None means each probe's own learning rate (`Probe.lr`, set per family from
-    `DEFAULTS` by `build_probe`); a number overrides it for every probe.
+    `lr` / `weight_decay` None mean each probe's own (`Probe.lr`, `Probe.weight_decay`, set
+    per family from `DEFAULTS` by `build_probe`); a number overrides it for every probe.
     """
 
     epochs: int = 200
     #: None: `auto_batch_size(n_train)`, about 64 optimiser steps per epoch, 16 to 128 rows.
     batch_size: int | None = None
     lr: float | None = None
-    weight_decay: float = 1e-4
+    weight_decay: float | None = None
     patience: int = 10
     lr_patience: int = 3
     lr_factor: float = 0.3
@@ -197,7 +197,9 @@ def fit_probes(
         j.model.set_standardization(mean, std)
         j.model.to(device)
         lr = config.lr if config.lr is not None else getattr(j.model, "lr", Probe.lr)
-        optims[j.name] = torch.optim.AdamW(j.model.parameters(), lr=lr, weight_decay=config.weight_decay)
+        decay = config.weight_decay if config.weight_decay is not None else getattr(j.model, "weight_decay",
+                                                                                     Probe.weight_decay)
+        optims[j.name] = torch.optim.AdamW(j.model.parameters(), lr=lr, weight_decay=decay)
         schedules[j.name] = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optims[j.name], mode="min", factor=config.lr_factor, patience=config.lr_patience,
             threshold=config.min_delta, threshold_mode="abs")

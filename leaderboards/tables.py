@@ -425,7 +425,7 @@ CHECK_MEANINGS = {
     "L_O|F > H(O|F)": "the O|F-probe coded the test objects in more bits than the exact prior it started from",
     "L_O > H(O)": "the direct O-probe coded the test objects in more bits than their prior",
     "L_O < L_F": "the direct O-probe beat the F-probe, so β*_paper > 1, impossible since F is a function of O",
-    "not converged": "a probe's best epoch lay in the last 10% of its epoch budget, so more training could still move it",
+    "not converged": "a probe's best epoch lay in the last 10% of its epoch budget, or it stopped before its validation plateau, so more training could still move it",
 }
 HEADLINE_MEANING = ("β* = 1 − L_O|F / H(O|F) comes from probes that start at the generator's exact prior: "
                     "0 = nothing beyond the prior, ≤ 1 always, below 0 only by test noise")

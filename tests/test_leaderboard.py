@@ -143,13 +143,17 @@ def test_checks_follow_the_metric_shown():
 
 def test_unconverged_probes_are_marked_under_every_metric():
     rows = paper_rows()
-    rows[1]["converged"] = False  # A / dnn
+    rows[1].update(converged=False, converged_paper=False)  # A / dnn
     for metric in ("beta_star", "beta_star_paper", "L_O_given_F"):
         board = build_leaderboard(rows, metric=metric)
         a = next(r for r in board.rows if r.backbone == "A")
         assert "not converged" in a.cells[("dnn", "cls")].checks, metric
     md = render_leaderboard(build_leaderboard(rows), Format.markdown)
     assert "| 35.0 ± 2.0 ‡ |" in md and "not converged (a probe's best epoch lay in the last 10%" in md
+    # each estimator answers for its own probes: the paper's unconverged probes leave β* alone
+    rows[1].update(converged=True)
+    a = next(r for r in build_leaderboard(rows).rows if r.backbone == "A")
+    assert "not converged" not in a.cells[("dnn", "cls")].checks
 
 
 def test_unanchored_rows_are_labelled_and_ranked_apart(tmp_path, capsys):

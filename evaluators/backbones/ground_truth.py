@@ -144,6 +144,19 @@ class OracleBackbone(GroundTruthBackbone):
         return np.concatenate([onehots[owner], background[:, None].astype(np.float32)], axis=1)
 
 
+def mixed_share(dataset: Any, spec: str, split: str = "test") -> float:
+    """The binding `oracle:mix-q` carries on a split: its mixed scenes' share of Σ H(O|F=f).
+
+    q is that share only in expectation; calibration compares β* with the split's own draw.
+    """
+    oracle = parse_oracle(spec)
+    if oracle.kind != "mix":
+        raise BenchError(f"model: {spec!r} is not an oracle:mix-<q>")
+    mixed = np.array([oracle.mixed(s) for s in dataset.table(split, ["scene_id"])["scene_id"].to_pylist()])
+    h = dataset.codes(split)[2]
+    return float((mixed * h).sum() / h.sum())
+
+
 def parse_pixels(spec: str) -> PixelsBackbone:
     m = re.fullmatch(r"pixels(?::(\d+))?", spec)
     if not m or (m.group(1) is not None and int(m.group(1)) <= 0):
