@@ -151,10 +151,11 @@ def test_3d_oracles_read_their_binding(clevr, spec, low, high):
         assert low <= m["beta_star"] <= high, fam
 
 
-def test_3d_partial_binding_reads_its_share(clevr):
+@pytest.mark.parametrize("q", [0.25, 0.5, 0.75])
+def test_3d_partial_binding_reads_its_share(clevr, q):
     """CLEVR scenes differ in H(O|F=f) (3 to 10 objects), so the share is weighted by it."""
-    truth = ground_truth.mixed_share(Dataset(clevr), "oracle:mix-0.5")
-    for fam, m in measure(clevr, "oracle:mix-0.5", "cls", POOLED).items():
+    truth = ground_truth.mixed_share(Dataset(clevr), f"oracle:mix-{q}")
+    for fam, m in measure(clevr, f"oracle:mix-{q}", "cls", POOLED).items():
         assert m["beta_star"] == pytest.approx(truth, abs=0.05), fam
 
 
