@@ -35,9 +35,9 @@ from evaluators.extract import extract_activations, parse_layers, parse_views
 from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
 from evaluators.issameobject import check_probes, evaluate_issameobject
 from evaluators.metrics import Priors, binding_metrics
-from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of
 from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
+from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of
 
 TASKS = ("binding", "issameobject")
 #: Per task: the layers and probe families evaluated when none are named.
@@ -77,6 +77,11 @@ class BindingTask:
     @property
     def targets(self) -> tuple[str, ...]:
         return UNANCHORED_TARGETS if self.anchors is None else TARGETS
+
+    @property
+    def paper_targets(self) -> tuple[str, ...]:
+        """The probes behind the `*_paper` columns (unanchored, F serves as the paper's F-probe)."""
+        return ("O_paper", "F") if self.anchors is None else ("O_paper", "F_paper")
 
 
 def prior_logits(p: np.ndarray) -> np.ndarray:
@@ -221,9 +226,8 @@ def evaluate_binding(
                                   n_bits=None if given_f is None else given_f.n_bits,
                                   n_boot=n_boot, seed=train.seed, groups=task.codes["test"][0])
         metrics.update(prior=task.prior, n_F_eff=task.n_F_eff,
-                       converged=all(r.converged for t, r in mine.items() if not t.endswith("_paper")),
-                       converged_paper=all(r.converged for t, r in mine.items() if t in ("O_paper", "F_paper", "F")
-                                           and (t != "F" or task.anchors is None)))
+                       converged=all(r.converged for t, r in mine.items() if t in ("F", "O|F")),
+                       converged_paper=all(r.converged for t, r in mine.items() if t in task.paper_targets))
         out[fam] = BindingResult(fam, metrics, bits, None if given_f is None else given_f.best_epoch, None, mine)
     return out
 

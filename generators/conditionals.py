@@ -355,23 +355,25 @@ def _row_dp_probs(a: tuple[int, int], bits: list[int], k_min: int, k_max: int):
                 free_new -= 1
                 n1 = row_prefix_count(rows_after, cols, covered + 1, used + 1, True, free_new, free_old, k_min, k_max)
             probs[j] = n1 / n
+            n = _decide(n, n1, bits[j])
+            if n == 0:
+                return probs, j
             if bits[j]:
-                if n1 == 0:
-                    return probs, j
-                n = n1
                 used += 1
                 has = True
                 if not col_cov[c]:
                     covered += 1
                     row_new.append(c)
-            else:
-                n -= n1
-                if n == 0:
-                    return probs, j
             j += 1
         for c in row_new:
             col_cov[c] = True
     return probs, None
+
+
+def _decide(n: int, n1: int, bit: int) -> int:
+    """Completions left once a cell is decided: `n1` of the `n` choose it, the rest leave it.
+    0 means the observed bit had prior probability 0 (the walk stops there)."""
+    return n1 if bit else n - n1
 
 
 # 1 or ≥ 3 groups: inclusion–exclusion with a fixed prefix ------------------------------------
@@ -434,17 +436,13 @@ def _ie_probs(a: tuple[int, ...], bits: list[int], k_min: int, k_max: int):
         # the prefix with cell j chosen: the suffix starts after q, and q's values are hit
         n1 = _count_after(a, j + 1, x + 1, hit, q, k_min, k_max)
         probs[j] = n1 / n
+        n = _decide(n, n1, bits[j])
+        if n == 0:
+            return probs, j
         if bits[j]:
-            if n1 == 0:
-                return probs, j
-            n = n1
             x += 1
             for g in range(G):
                 hit[g][q[g]] = True
-        else:
-            n -= n1
-            if n == 0:
-                return probs, j
     return probs, None
 
 
