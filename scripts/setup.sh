@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up BindingBench in ./.venv on a fresh machine: the OpenGL library pyrender renders
-# with, a CPU build of torch (unless one is already there), the package with its dev
-# extra, and a PyOpenGL that works under OSMesa (pyrender pins 3.1.0, which does not).
+# with, torch with a matching torchvision, the package with its test extra (timm, OpenCLIP,
+# Ray, datasets), and a PyOpenGL that works under OSMesa (pyrender pins 3.1.0, which does not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,13 +15,22 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 PIP=".venv/bin/pip"
-$PIP install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  # On this project's machines a CPU wheel of torch 2.13.0 lies on disk; elsewhere pip
-  # fetches the platform's default build.
-  $PIP install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
+pipq() { $PIP install -q --disable-pip-version-check "$@" 2>&1 | grep -vE '^WARNING: Location|dependency resolver|pyrender .* requires PyOpenGL' || true; }
+# Re-running on a ready environment costs a second, not a reinstall.
+if .venv/bin/python -c "import torch, torchvision, transformers, pyrender, timm, open_clip, ray, datasets, bench" 2>/dev/null \
+   && [ .venv/.setup-stamp -nt pyproject.toml ]; then
+  echo "setup: ready (.venv, already installed)"; exit 0
 fi
-$PIP install -q --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v '^WARNING: Location' || true
-$PIP install -q --disable-pip-version-check "PyOpenGL==3.1.10" 2>&1 | grep -vE '^WARNING: Location|dependency resolver|pyrender .* requires PyOpenGL' || true
-.venv/bin/python -c "import torch, transformers, pyrender, bench" >/dev/null
+pipq --upgrade pip
+# timm and OpenCLIP need torchvision, and PyPI's torchvision only imports beside the torch
+# build it was made for (the CUDA one; it runs on the CPU too). On this project's machines
+# both files lie on disk, so this pair installs offline; the CPU-only torch 2.13.0 file there
+# has no matching torchvision.
+if ! .venv/bin/python -c "import torch, torchvision" 2>/dev/null; then
+  pipq "torch==2.14.1" "torchvision==0.29.1"
+fi
+pipq -e ".[test]"
+pipq "PyOpenGL==3.1.10"
+.venv/bin/python -c "import torch, torchvision, transformers, pyrender, timm, open_clip, bench" >/dev/null
+touch .venv/.setup-stamp
 echo "setup: ready (.venv)"
