@@ -11,7 +11,7 @@ from typing import Sequence
 
 import typer
 
-from bench.commands import data, evaluate, imports, leaderboard, models, report, zoo
+from bench.commands import data, demo, evaluate, imports, leaderboard, models, report, zoo
 from bench.errors import BenchError
 
 app = typer.Typer(
@@ -21,7 +21,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _module in (data, models, zoo, imports, evaluate, leaderboard, report):
+for _module in (data, models, zoo, imports, evaluate, leaderboard, report, demo):
     _module.register(app)
 
 

@@ -9,7 +9,7 @@ import types
 from pathlib import Path
 
 from bench.cli import main
-from bench.commands.leaderboard import DEMO_MODELS, DEMO_PROBES
+from bench.commands.demo import DEMO_MODELS, DEMO_PROBES
 from bench.dataset import Dataset
 from bench.results import write_run
 from test_leaderboard import result_row
