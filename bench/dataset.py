@@ -30,6 +30,10 @@ SPLITS = ("train", "val", "test")
 
 #: Hugging Face `datasets` Image convention: PNG bytes, path null.
 IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+#: The schema metadata `datasets` reads its features from (`Features.from_arrow_schema`), so
+#: `load_dataset("parquet", ...)` decodes `image` and `mask` as PIL images with no cast.
+HF_FEATURES = {b"huggingface": json.dumps({"info": {"features": {"image": {"_type": "Image"},
+                                                                "mask": {"_type": "Image"}}}}).encode()}
 
 CORE_OBJECT_FIELDS: dict[str, pa.DataType] = {
     "id": pa.int32(),
@@ -76,7 +80,7 @@ def row_schema(object_fields: dict[str, pa.DataType], scene_fields: dict[str, pa
         *scene_fields.items(),
         ("content_hash", pa.string()),
     ]
-    return pa.schema(cols, metadata={b"bindingbench_schema_version": str(SCHEMA_VERSION).encode()})
+    return pa.schema(cols, metadata={b"bindingbench_schema_version": str(SCHEMA_VERSION).encode(), **HF_FEATURES})
 
 
 def encode_png(array: np.ndarray, palette: np.ndarray | None = None, compress_level: int = 1) -> bytes:
