@@ -20,6 +20,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain help: rich markup would eat the `[default: ...]`-style brackets of help texts and
+    # print a `<bool>` metavar beside every flag
+    rich_markup_mode=None,
 )
 for _module in (data, models, zoo, imports, evaluate, leaderboard, report, demo):
     _module.register(app)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,10 +27,12 @@ from bench.versions import package_versions
 
 #: 2: the chain-rule estimator on prior-anchored probes (β* = 1 - L_O|F / H(O|F)) is the
 #: headline; the paper's two-probe estimator moved to `*_paper` columns; β*_cond is gone.
-RESULTS_SCHEMA_VERSION = 2
+#: 3: `limit` (the `--limit` a run used, null for whole splits) is a column and part of the key.
+RESULTS_SCHEMA_VERSION = 3
 
 #: The key: a row is identified by these (re-runs skip keys already present).
-KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "split", "layer", "tokens", "task", "probe", "seed")
+KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "limit", "split", "layer", "tokens", "task", "probe",
+               "seed")
 
 _F = pa.float64()
 _METRICS = [
@@ -56,7 +59,8 @@ RESULT_SCHEMA = pa.schema(
         ("backbone_family", pa.string()),
         ("backbone_revision", pa.string()),  # weights revision or content hash
         ("dataset", pa.string()),  # dataset name (directory name)
-        ("dataset_fingerprint", pa.string()),  # fingerprint of the evaluated split
+        ("dataset_fingerprint", pa.string()),  # fingerprint of the evaluated split (its first `limit` rows)
+        ("limit", pa.int64()),  # `--limit`: the first N scenes of every split were used; null = whole splits
         ("split", pa.string()),
         ("layer", pa.int32()),  # 0 = embeddings, L = last block
         ("n_layers", pa.int32()),
@@ -124,6 +128,17 @@ def make_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
     if unknown:
         raise ValueError(f"unknown result columns: {sorted(unknown)}")
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+def check_writable(directory: str | os.PathLike, what: str = "results") -> None:
+    """Refuse, before any work, an output directory this process cannot create or write into."""
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise BenchError(f"{what}: cannot write to {d} ({e.strerror or e}); choose another directory") from None
 
 
 def write_run(rows: Iterable[dict[str, Any]], results_dir: str | os.PathLike, run_id: str) -> Path:

@@ -10,6 +10,7 @@ dataset size.
 from __future__ import annotations
 
 import queue
+import shutil
 import threading
 import time
 from contextlib import ExitStack
@@ -22,6 +23,7 @@ import torch
 
 from bench.dataset import Dataset, decode_png
 from bench.errors import BenchError
+from bench.hashing import fingerprint
 from evaluators import cache
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
 
@@ -121,6 +123,74 @@ def dataset_side(dataset: Dataset, split: str) -> int:
     raise BenchError(f"split: {split!r} of {dataset.path} has no rows")
 
 
+def split_fingerprint(dataset: Dataset, split: str, limit: int | None = None) -> str:
+    """Fingerprint of a split, or of its first `limit` rows (a `--limit` run's data)."""
+    if limit is None or limit >= dataset.num_rows(split):
+        return dataset.fingerprint(split)
+    return fingerprint(dataset.table(split, ["content_hash"])["content_hash"].to_pylist()[:limit])
+
+
+def check_views(backbone: Backbone, dataset: Dataset, split: str, views: Sequence[str],
+                resolution: str = "native", image_size: int | None = None) -> tuple[int, tuple[int, int] | None]:
+    """The input side and token grid, after refusing views the backbone cannot give; cheap,
+    so a run checks every backbone before it extracts anything."""
+    info = backbone.info
+    side = backbone.input_side(dataset_side(dataset, split), resolution, image_size)
+    grid = backbone.grid(side)
+    if "all" in views and grid is None:
+        raise BenchError(f"tokens: {info.spec} has no spatial tokens; use cls or mean")
+    if info.cls_index is None and {"cls", "cls+mean"} & set(views):
+        raise BenchError(f"tokens: {info.spec} has no class token; use mean or all")
+    return side, grid
+
+
+def _entry_key(backbone: Backbone, dataset: Dataset, split: str, side: int, dtype: str,
+               limit: int | None) -> tuple[str, dict[str, Any]]:
+    """The cache base key of a split's activations, and the material it hashes."""
+    info = backbone.info
+    material = {
+        "spec": info.spec, "revision": info.revision, "backbone": backbone.identity(), "side": side,
+        "dataset": dataset.name, "fingerprint": split_fingerprint(dataset, split, limit), "split": split,
+        "dtype": dtype,
+    }
+    # the spec string labels the entry but is not part of its identity: the weights are
+    return cache.base_key({k: v for k, v in material.items() if k not in ("spec", "dataset")}), material
+
+
+def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: Sequence[int], views: Sequence[str],
+                  dtype: str = "fp32", limit: int | None = None, cache_dir: Path | None = None) -> int:
+    """Bytes the cache entry of this request will take on disk, 0 when the cache already holds it:
+    rows x layers x (tokens x width per view) x 2 bytes (fp16)."""
+    side, grid = check_views(backbone, dataset, split, views)
+    for lim in dict.fromkeys((None, limit)):  # a whole split's entry serves a limited request too
+        key, _ = _entry_key(backbone, dataset, split, side, dtype, lim)
+        if cache.find_complete(cache_dir, key, layers, views) is not None:
+            return 0
+    n = min(dataset.num_rows(split), limit or dataset.num_rows(split))
+    per_row = sum(int(np.prod(s)) for s in _row_shapes(views, backbone.info.width, grid).values())
+    return n * len(layers) * per_row * np.dtype(cache.DTYPE).itemsize
+
+
+def check_cache_space(needed: int, cache_dir: Path | None = None, say: Callable[[str], None] | None = None) -> None:
+    """Say how much the cache will grow and refuse, before any work, when the disk cannot hold it."""
+    if needed <= 0:
+        return
+    root = cache.cache_root(cache_dir)
+    probe = next(p for p in (root, *root.parents) if p.exists())
+    free = shutil.disk_usage(probe).free
+    where = f"activations cache {root}"
+    if needed > free:
+        raise BenchError(f"cache: this run needs ~{gib(needed)} in the {where} but only {gib(free)} is free; "
+                         "free space, set $BINDINGBENCH_CACHE to a larger disk, or ask for fewer layers or tokens")
+    if say is not None:
+        say(f"{where}: this run adds ~{gib(needed)} ({gib(free)} free)")
+
+
+def gib(n: int) -> str:
+    """A byte count for a message: MB below 1 GB, else GB (decimal units, like `df -H`)."""
+    return f"{n / 1e6:.0f} MB" if n < 1e9 else f"{n / 1e9:.1f} GB"
+
+
 def extract_activations(
     spec: str | Backbone,
     dataset: Dataset,
@@ -135,35 +205,37 @@ def extract_activations(
     image_size: int | None = None,
     cache_dir: Path | None = None,
     progress: bool = True,
+    limit: int | None = None,
 ) -> Activations:
     """Activations of a split, from the cache when an entry covers the request, else extracted now.
 
     `spec` may also be an already resolved Backbone (the benchmark reuses one model).
+    `limit` extracts only the first N rows (an entry of its own, keyed by their fingerprint);
+    a cached entry of the whole split serves it too, so its arrays may hold more rows than
+    `limit`: readers take the first N.
     """
     if dtype not in DTYPES:
         raise BenchError(f"dtype: unknown {dtype!r}; allowed: {', '.join(DTYPES)}")
     if batch_size < 1:
         raise BenchError(f"batch_size: must be ≥ 1, got {batch_size}")
+    if limit is not None and limit < 1:
+        raise BenchError(f"limit: must be ≥ 1, got {limit}")
     view_list = parse_views(views)
     n = dataset.num_rows(split)
+    limit = None if limit is None or limit >= n else limit
     backbone = (resolve_backbone(spec) if isinstance(spec, str) else spec).bind(dataset)
     info = backbone.info
-    side = backbone.input_side(dataset_side(dataset, split), resolution, image_size)
-    grid = backbone.grid(side)
-    if "all" in view_list and grid is None:
-        raise BenchError(f"tokens: {info.spec} has no spatial tokens; use cls or mean")
-    if info.cls_index is None and {"cls", "cls+mean"} & set(view_list):
-        raise BenchError(f"tokens: {info.spec} has no class token; use mean or all")
+    side, grid = check_views(backbone, dataset, split, view_list, resolution, image_size)
     layer_ids = parse_layers(layers, info.n_layers)
     dev = resolve_device(device)
-    material = {
-        "spec": info.spec, "revision": info.revision, "backbone": backbone.identity(), "side": side,
-        "dataset": dataset.name, "fingerprint": dataset.fingerprint(split), "split": split, "dtype": dtype,
-    }
-    # the spec string labels the entry but is not part of its identity: the weights are
-    key = cache.base_key({k: v for k, v in material.items() if k not in ("spec", "dataset")})
-    found = cache.find_complete(cache_dir, key, layer_ids, view_list)
+    found = None
+    if limit is not None:  # the whole split's entry, when cached, already holds the first rows
+        found = cache.find_complete(cache_dir, _entry_key(backbone, dataset, split, side, dtype, None)[0],
+                                    layer_ids, view_list)
+    key, material = _entry_key(backbone, dataset, split, side, dtype, limit)
+    found = found or cache.find_complete(cache_dir, key, layer_ids, view_list)
     if found is None:
+        n = n if limit is None else limit
         found = cache.activations_dir(cache_dir) / key / cache.selection_key(layer_ids, view_list)
         row_shapes = _row_shapes(view_list, info.width, grid)
         writer = cache.EntryWriter(found, material, layer_ids, view_list, n, row_shapes).open()
@@ -177,7 +249,7 @@ def extract_activations(
         finally:
             writer.close()
     meta = cache.read_meta(found)
-    return Activations(info=info, layers=layer_ids, n=n, grid=grid, views=list(meta["views"]), path=found)
+    return Activations(info=info, layers=layer_ids, n=int(meta["n"]), grid=grid, views=list(meta["views"]), path=found)
 
 
 def _row_shapes(views: Sequence[str], width: int, grid: tuple[int, int] | None) -> dict[str, tuple[int, ...]]:
@@ -212,7 +284,7 @@ def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: li
 
     def load() -> None:
         try:
-            for offset, rows in _batches(dataset, split, backbone.columns, batch_size, skip=start):
+            for offset, rows in _batches(dataset, split, backbone.columns, batch_size, skip=start, stop=writer.n):
                 if stop.is_set():
                     return
                 inputs.put((offset, backbone.prepare(rows, side)))
@@ -278,13 +350,15 @@ def _progress(stack: ExitStack, enabled: bool, description: str, total: int, don
 
 
 def _batches(dataset: Dataset, split: str, columns: Sequence[str], batch_size: int,
-             skip: int = 0) -> Iterator[tuple[int, dict[str, list]]]:
-    """(first row index, column -> values) batches in dataset order, starting at row `skip`."""
+             skip: int = 0, stop: int | None = None) -> Iterator[tuple[int, dict[str, list]]]:
+    """(first row index, column -> values) batches in dataset order, rows `skip` to `stop`."""
     offset = 0
     for batch in dataset.iter_batches(split, batch_size=batch_size, columns=list(columns)):
+        if stop is not None and offset >= stop:
+            return
         size = batch.num_rows
         if offset + size > skip:
             lo = max(skip - offset, 0)
-            part = batch.slice(lo)
+            part = batch.slice(lo, None if stop is None else stop - offset - lo)
             yield offset + lo, {c: part.column(c).to_pylist() for c in columns}
         offset += size

@@ -684,7 +684,8 @@ def evaluate_issameobject(
     if epochs is not None:
         tc = replace(tc, epochs=epochs)
     acts = {
-        s: extract_activations(spec, ds, s, layers=layers, views=("all",), device=device, dtype=dtype, progress=progress)
+        s: extract_activations(spec, ds, s, layers=layers, views=("all",), device=device, dtype=dtype, progress=progress,
+                               limit=limit)
         for s in ("train", "val", "test")
     }
     return evaluate_activations(

@@ -27,13 +27,15 @@ import pyarrow.parquet as pq
 from bench.codes import FeatureSpace
 from bench.dataset import Dataset
 from bench.errors import BenchError
-from bench.hashing import config_hash, derive_seed, fingerprint
-from bench.results import existing_keys, new_run_id, provenance, write_run
+from bench.hashing import config_hash, derive_seed
+from bench.results import check_writable, existing_keys, new_run_id, provenance, write_run
 from evaluators.backbones import resolve_backbone
 from evaluators.backbones.base import BackboneInfo
-from evaluators.extract import extract_activations, parse_layers, parse_views
+from evaluators.backbones.ground_truth import GroundTruthBackbone
+from evaluators.extract import (check_cache_space, check_views, extract_activations, gib, parse_layers, parse_views,
+                                pending_bytes, split_fingerprint)
 from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
-from evaluators.issameobject import check_probes, evaluate_issameobject
+from evaluators.issameobject import check_attention_qk, check_probes, evaluate_issameobject
 from evaluators.metrics import Priors, binding_metrics
 from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
@@ -239,14 +241,17 @@ def run_evaluation(
     device: str = "auto", dtype: str = "fp32", epochs: int | None = None,
     results_dir: Path = Path("results"), overwrite: bool = False, limit: int | None = None,
     progress: bool = True, train: TrainConfig | None = None, exclude_background: bool = False,
-    unanchored: bool = False,
+    unanchored: bool = False, on_skipped: Callable[[int], None] | None = None,
 ) -> Path | None:
     """Evaluate backbones on a dataset; returns the results file written (None if nothing to do).
 
     `layers` and `probes` default per task (`DEFAULT_LAYERS`, `DEFAULT_PROBES`); tokens
     default to `cls` for binding and must be `all` (the patch tokens) for issameobject.
-    `limit` keeps only the first rows of every split (for tests; the rows then carry the
-    fingerprint of the evaluated rows, so they never pass for a full evaluation).
+    `limit` keeps only the first rows of every split, in extraction and training (the rows
+    then carry it and the fingerprint of the evaluated rows, so they never pass for a full
+    evaluation). Every backbone is resolved and checked, and the activation cache's growth
+    estimated against free disk, before any extraction; `on_skipped(n)` hears how many
+    requested rows already exist (and are skipped).
     `train` overrides the binding training defaults (epochs and seed are still taken from
     `epochs` and `seeds`); `exclude_background` drops issameobject pairs that involve
     background patches; `unanchored` evaluates a dataset without exact priors (see
@@ -277,49 +282,45 @@ def run_evaluation(
         raise BenchError(f"epochs: must be ≥ 1, got {epochs}")
     if limit is not None and limit < 1:
         raise BenchError(f"limit: must be ≥ 1, got {limit}")
+    check_writable(results_dir)
     if task == "issameobject":
         return _run_issameobject(
             models, open_dataset(Path(dataset), need_codes=False), layers=layers, probes=probes, seeds=seeds,
             device=device, dtype=dtype, epochs=epochs, results_dir=results_dir, overwrite=overwrite, limit=limit,
-            progress=progress, exclude_background=exclude_background,
+            progress=progress, exclude_background=exclude_background, on_skipped=on_skipped,
         )
     ds = open_dataset(Path(dataset))
+    limit = _effective_limit(ds, limit)
     base_train = replace(train or TrainConfig(), device=resolve_device(device))
     if epochs is not None:
         base_train = replace(base_train, epochs=epochs)
     check_priors(ds, unanchored)
     task_data: BindingTask | None = None  # built when the first row needs training
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device)
+    plans = _plan(models, ds, task=task, layers=layers, views=views, probes=probes, seeds=seeds, done=done,
+                  test_fp=test_fp, limit=limit, progress=progress)
+    _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     rows: list[dict[str, Any]] = []
     path = None
-    for spec in models:
-        backbone = resolve_backbone(spec).bind(ds)
-        info = backbone.info
-        layer_ids = parse_layers(layers, info.n_layers)
-
-        def key(layer: int, view: str, fam: str, seed: int) -> tuple:
-            return (spec, ds.name, test_fp, "test", layer, view, task, fam, seed)
-
-        todo = [(layer, view, seed, [f for f in probes if key(layer, view, f, seed) not in done])
-                for layer in layer_ids for view in views for seed in seeds]
-        todo = [t for t in todo if t[3]]
-        if not todo:
+    for plan in plans:
+        if not plan.todo:
             continue
+        spec, backbone, info = plan.spec, plan.backbone, plan.backbone.info
         task_data = task_data or binding_task(ds, limit, unanchored)
-        common = {**_common_columns(prov, spec, info, ds.name, test_fp, task),
+        common = {**_common_columns(prov, spec, info, ds.name, test_fp, task, limit),
                   "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
         try:
-            acts = {s: extract_activations(backbone, ds, s, layers=layer_ids, views=views, device=device, dtype=dtype,
-                                           progress=progress) for s in SPLITS}
+            acts = {s: extract_activations(backbone, ds, s, layers=plan.layers, views=plan.views, device=device,
+                                           dtype=dtype, progress=progress, limit=limit) for s in SPLITS}
         except BenchError:
             raise
         except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
             message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
-            rows += [_row(common, layer, view, fam, seed, {"status": "error", "error": message})
-                     for layer, view, seed, fams in todo for fam in fams]
+            rows += [_row(common, layer, v, fam, seed, {"status": "error", "error": message})
+                     for layer, view, seed, fams in plan.todo for v in plan.shown(view) for fam in fams]
             path = write_run(rows, results_dir, run_id)
             continue
-        for layer, view, seed, fams in todo:
+        for layer, view, seed, fams in plan.todo:
             cfg = replace(base_train, seed=seed)
             inputs = {s: RowReader(acts[s].get(layer, view), limit) for s in SPLITS}
             t0 = time.perf_counter()
@@ -328,42 +329,141 @@ def run_evaluation(
                 results = evaluate_binding(inputs, task_data, fams, train=cfg, progress=advance)
             wall = (time.perf_counter() - t0) / len(fams)
             for fam in fams:
-                rows.append(_row(common, layer, view, fam, seed, _result_columns(results[fam], cfg, wall, dtype, limit)))
+                columns = _result_columns(results[fam], cfg, wall, dtype, limit)
+                rows += [_row(common, layer, v, fam, seed, columns) for v in plan.shown(view)]
         path = write_run(rows, results_dir, run_id)
     return path
+
+
+def _effective_limit(ds: Dataset, limit: int | None) -> int | None:
+    """`limit`, or None when it cuts no split (a run on whole splits, whatever was asked)."""
+    if limit is None or all(limit >= ds.num_rows(s) for s in SPLITS):
+        return None
+    return limit
+
+
+@dataclass
+class _Plan:
+    """One backbone of a run: resolved and checked before any backbone extracts anything, with
+    the rows it still owes (`todo`). `aliases` maps a view to views that are the same vector
+    on this backbone (on built-in backbones the class token is the mean patch token): their
+    rows are copies of the view's, trained once."""
+
+    spec: str
+    backbone: Any
+    layers: list[int]
+    views: list[str]
+    todo: list[tuple]
+    skipped: int
+    aliases: dict[str, list[str]]
+
+    def shown(self, view: str) -> list[str]:
+        return [view, *self.aliases.get(view, [])]
+
+
+def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequence[int], views: Sequence[str],
+          probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str, limit: int | None,
+          progress: bool) -> list[_Plan]:
+    """Resolve every backbone and check it against the task, views and probes, so that a bad
+    combination fails in seconds instead of after another backbone's extraction and training."""
+    plans = []
+    for spec in models:
+        backbone = resolve_backbone(spec).bind(ds)
+        check_views(backbone, ds, "test", views)
+        if task == "issameobject":
+            check_attention_qk(backbone, probes)
+        layer_ids = parse_layers(layers, backbone.info.n_layers)
+        aliases: dict[str, list[str]] = {}
+        if isinstance(backbone, GroundTruthBackbone) and {"cls", "mean"} <= set(views):
+            aliases["cls"] = ["mean"]
+            _say(progress, f"{spec}: its class token is the mean patch token, so cls and mean are the same vector; "
+                           "probes are trained once and the rows written under both")
+        trained = [v for v in views if not any(v in a for a in aliases.values())]
+
+        def key(layer: int, view: str, fam: str, seed: int) -> tuple:
+            return (spec, ds.name, test_fp, limit, "test", layer, view, task, fam, seed)
+
+        todo, skipped = [], 0
+        for layer in layer_ids:
+            for view in trained:
+                for seed in seeds:
+                    fams = [f for f in probes if any(key(layer, v, f, seed) not in done for v in [view, *aliases.get(view, [])])]
+                    skipped += len(probes) - len(fams)
+                    if fams:
+                        todo.append((layer, view, seed, fams))
+        plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases))
+    return plans
+
+
+def _check_cache(plans: Sequence[_Plan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
+                 on_skipped: Callable[[int], None] | None) -> None:
+    """Before any work: report rows already done, estimate how much the activation cache will
+    grow and refuse a run the disk cannot hold (warning when all tokens of all layers are kept)."""
+    skipped = sum(p.skipped for p in plans)
+    if skipped and on_skipped is not None:
+        on_skipped(skipped)
+    needed = 0
+    for p in plans:
+        if not p.todo:
+            continue
+        size = sum(pending_bytes(p.backbone, ds, s, layers=p.layers, views=p.views, dtype=dtype, limit=limit)
+                   for s in SPLITS)
+        if "all" in p.views and len(p.layers) > 1 and size:
+            _say(progress, f"warning: --tokens all over {len(p.layers)} layers of {p.spec} stores every patch token "
+                           f"of every layer: ~{gib(size)} of activations cache")
+        needed += size
+    check_cache_space(needed, say=lambda text: _say(progress, text))
+
+
+def _say(enabled: bool, text: str) -> None:
+    """One line on stderr beside the progress bars (nothing when progress is off)."""
+    if enabled:
+        from bench.commands.common import stderr
+
+        stderr.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
 def _run_issameobject(
     models: Sequence[str], ds: Dataset, *, layers: str | Sequence[int], probes: Sequence[str], seeds: Sequence[int],
     device: str, dtype: str, epochs: int | None, results_dir: Path, overwrite: bool, limit: int | None,
-    progress: bool, exclude_background: bool,
+    progress: bool, exclude_background: bool, on_skipped: Callable[[int], None] | None = None,
 ) -> Path | None:
     """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding rows."""
     task = "issameobject"
+    limit = _effective_limit(ds, limit)
+    if ds.card.get("generator", {}).get("name") == "colorshape":
+        _say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
+                       "96% against a 57% majority); compare backbones with pixels, not with the majority")
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device))
+    plans = _plan(models, ds, task=task, layers=layers, views=["all"], probes=probes, seeds=seeds, done=done,
+                  test_fp=test_fp, limit=limit, progress=progress)
+    _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     rows: list[dict[str, Any]] = []
     path = None
-    for spec in models:
-        backbone = resolve_backbone(spec).bind(ds)
-        info = backbone.info
-        layer_ids = parse_layers(layers, info.n_layers)
-        todo = {(spec, ds.name, test_fp, "test", layer, "all", task, fam, seed)
-                for layer in layer_ids for fam in probes for seed in seeds} - done
+    for plan in plans:
+        spec = plan.spec
+        todo = {(spec, ds.name, test_fp, limit, "test", layer, "all", task, fam, seed)
+                for layer, _, seed, fams in plan.todo for fam in fams}
         if not todo:
             continue
-        common = {**_common_columns(prov, spec, info, ds.name, test_fp, task), "tokens": "all"}
+        common = {**_common_columns(prov, spec, plan.backbone.info, ds.name, test_fp, task, limit), "tokens": "all"}
         try:
-            new = evaluate_issameobject(backbone, ds, layers=sorted({k[4] for k in todo}),
-                                        probes=[p for p in probes if any(k[7] == p for k in todo)], seeds=seeds,
+            new = evaluate_issameobject(plan.backbone, ds, layers=sorted({k[5] for k in todo}),
+                                        probes=[p for p in probes if any(k[8] == p for k in todo)], seeds=seeds,
                                         device=device, dtype=dtype, epochs=epochs,
                                         exclude_background=exclude_background, limit=limit, progress=progress)
         except BenchError:
             raise
         except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
             message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
-            new = [{"layer": k[4], "probe": k[7], "seed": k[8], "status": "error", "error": message} for k in sorted(todo)]
-        rows += [{**r, **common, "backbone": spec} for r in new
-                 if (spec, ds.name, test_fp, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
+            new = [{"layer": k[5], "probe": k[8], "seed": k[9], "status": "error", "error": message} for k in sorted(todo)]
+        mine = [{**r, **common, "backbone": spec} for r in new
+                if (spec, ds.name, test_fp, limit, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
+        if any(r["status"] == "ok" and r.get("auroc") is None for r in mine):
+            _say(progress, f"warning: {spec}: some test pair sets hold one class only (all 'same' or all 'different'"
+                           f"{'; --exclude-background drops every background pair' if exclude_background else ''}), "
+                           "so their balanced accuracy and AUROC are blank")
+        rows += mine
         path = write_run(rows, results_dir, run_id)
     return path
 
@@ -374,14 +474,15 @@ def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: boo
     finished (none when overwriting), a new run id and its provenance columns."""
     done = set() if overwrite else existing_keys(results_dir)
     run_id = new_run_id()
-    return _test_fingerprint(ds, limit), done, run_id, provenance(run_id, device)
+    return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device)
 
 
-def _common_columns(prov: dict[str, Any], spec: str, info: BackboneInfo, dataset: str, test_fp: str, task: str) -> dict[str, Any]:
-    """The columns every row of one backbone shares: provenance, backbone, dataset, task."""
+def _common_columns(prov: dict[str, Any], spec: str, info: BackboneInfo, dataset: str, test_fp: str, task: str,
+                   limit: int | None) -> dict[str, Any]:
+    """The columns every row of one backbone shares: provenance, backbone, dataset, task, limit."""
     return {**prov, "backbone": spec, "backbone_family": info.family, "backbone_revision": info.revision,
-            "dataset": dataset, "dataset_fingerprint": test_fp, "split": "test", "n_layers": info.n_layers,
-            "task": task}
+            "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit, "split": "test",
+            "n_layers": info.n_layers, "task": task}
 
 
 def _row(common: dict[str, Any], layer: int, view: str, fam: str, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
@@ -401,13 +502,6 @@ def _result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str,
             "scene_bits_O_paper": r.scene_bits.get("O_paper"), "scene_bits_F_paper": r.scene_bits.get("F_paper")}
     return {**cols, **r.metrics, "status": "ok", "error": None,
             **{k: (None if v is None else v.astype(np.float32).tolist()) for k, v in bits.items()}}
-
-
-def _test_fingerprint(ds: Dataset, limit: int | None) -> str:
-    """Fingerprint of what a run evaluates: the test split, or its first `limit` rows."""
-    if limit is None:
-        return ds.fingerprint("test")
-    return fingerprint(ds.table("test", ["content_hash"])["content_hash"].to_pylist()[:limit])
 
 
 @contextmanager

@@ -1,15 +1,19 @@
-"""`bench report`: one self-contained static HTML page of the IsSameObject results.
+"""`bench report`: one self-contained static HTML page of every task in the results.
 
 Everything the page shows is inside the file (figures as base64 PNG, data as inline
 JSON, a few lines of plain JavaScript): it opens from disk, with no server and no
 network, and can be mailed or archived as one file. Sections:
 
-1. per-layer accuracy curves, one panel per probe, one line per backbone (the same
-   figures `bench plot` draws, so page and paper agree: trained probes and baselines
-   apart), and the best layer per backbone and probe;
-2. for each toy analysis (`bench toys-analysis`): its figure and table;
-3. an interactive heatmap per analysis: click a patch of a scene to colour every other
-   patch by the probe's P(same object) with it; a slider picks the layer.
+1. binding: the β* leaderboard (best layer per cell, with its notes), β* by depth and by
+   probe family (the figures `bench leaderboard` / `bench plot` give);
+2. IsSameObject: per-layer accuracy curves, one panel per probe, one line per backbone
+   (trained probes and baselines apart), and the best layer per backbone and probe;
+3. for each toy analysis (`bench toys-analysis`): its figure and table, and an
+   interactive heatmap: click a patch of a scene to colour every other patch by the
+   probe's P(same object) with it; a slider picks the layer.
+
+Rows are chosen as the leaderboard chooses them (`leaderboards.store.select_rows`); the
+page says what was set aside, and which sections are empty and why.
 
 The PNG figures are also written next to the page. For tests and screenshots the page
 accepts `?autoclick=X,Y` (fractions of the scene image) and `&layer=K` (slider index),
@@ -24,7 +28,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import matplotlib
 
@@ -32,8 +36,9 @@ matplotlib.use("Agg")
 from matplotlib import colormaps  # noqa: E402
 
 from bench.errors import BenchError  # noqa: E402
-from leaderboards.plots import layer_curves  # noqa: E402
-from leaderboards.store import latest, load_results  # noqa: E402
+from leaderboards.plots import layer_curves, probe_bars  # noqa: E402
+from leaderboards.store import load_selected  # noqa: E402
+from leaderboards.tables import Leaderboard, board_notes, build_leaderboard, column_name, format_cell, title  # noqa: E402
 
 ANALYSIS_JSON = "toy_analysis.json"
 ANALYSIS_PNG = "toy_analysis.png"
@@ -52,16 +57,42 @@ def build_report(
     out: str | os.PathLike = "report.html",
     *,
     metric: str = "accuracy",
+    fingerprint: str | None = None,
+    include_limited: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> list[Path]:
-    """Write the HTML page and its PNG figures; returns [page, *figures]."""
+    """Write the HTML page and its PNG figures; returns [page, *figures]. `metric` is the
+    IsSameObject metric drawn; `say` hears, one line each, what was set aside and which
+    sections are empty and why (the page says the same)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = _issameobject_rows(results_dir) if results_dir is not None else []
+    selected = (load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
+                if results_dir is not None else None)
+    all_rows = selected.rows if selected else []
+    binding = [r for r in all_rows if r["task"] == "binding"]
+    rows = [r for r in all_rows if r["task"] == "issameobject"]
     loaded = [_read_analysis(Path(a)) for a in analyses]
-    if not rows and not loaded:
-        raise BenchError("report: nothing to show (no issameobject results and no --analysis directory)")
+    if not all_rows and not loaded:
+        raise BenchError("report: nothing to show (no results and no --analysis directory)")
+    where = f"in {results_dir}" if results_dir is not None else "(no results directory given)"
+    empty = {
+        "Binding": None if binding else f"no binding rows {where}: run `bench evaluate --task binding`",
+        "IsSameObject": None if rows else f"no issameobject rows {where}: run `bench evaluate --task issameobject`",
+        "Identical objects (toys)": None if loaded else
+        "no --analysis directory given: run `bench toys-analysis --out DIR`, then `bench report -a DIR`",
+    }
+    notes = [n for n in [selected.note if selected else None] if n]
+    notes += [f"{name}: empty — {why}" for name, why in empty.items() if why]
+    for n in notes:
+        if say is not None:
+            say(n)
     figures: list[Path] = []
-    sections = []
+    sections = ["<section><h2>About this page</h2>" + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
+                + "</section>"] if notes else []
+    if binding:
+        pngs = _binding_figures(binding, out)
+        figures += pngs
+        sections.append(_binding_section(build_leaderboard(binding, task="binding"), pngs))
     if rows:
         pngs = []
         for group, probes in PROBE_GROUPS.items():
@@ -77,7 +108,7 @@ def build_report(
         figures.append(copy)
         sections.append(_analysis_section(analysis, copy, k))
     page = _PAGE.format(
-        title="BindingBench — IsSameObject report",
+        title="BindingBench report",
         style=_STYLE,
         body="\n".join(sections),
         data=_script_json({"analyses": [_heatmap_data(a) for a, _ in loaded], "colormap": _colormap()}),
@@ -89,8 +120,35 @@ def build_report(
     return [out, *figures]
 
 
-def _issameobject_rows(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    return [r for r in latest(load_results(results_dir)) if r["task"] == "issameobject"]
+def _binding_figures(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """β* by depth (when some backbone has layers to compare) and by probe family."""
+    pngs = []
+    if any(r["n_layers"] for r in rows):
+        pngs.append(layer_curves(rows, out.with_name(f"{out.stem}_binding_layers"), task="binding")[0])
+    pngs.append(probe_bars(build_leaderboard(rows, task="binding"), out.with_name(f"{out.stem}_binding_bars"))[0])
+    return pngs
+
+
+def _binding_section(board: Leaderboard, pngs: list[Path]) -> str:
+    """The β* leaderboard as `bench leaderboard` prints it (cells, ranks, notes), then the figures."""
+    multi = len(board.datasets) > 1
+    head = ["rank", *(["dataset"] if multi else []), "backbone", *map(column_name, board.columns)]
+    body = []
+    for row in board.rows:
+        cells = [format_cell(row.cells[c], board.metric, markdown=True) for c in board.columns]
+        # the layer note is the one piece of markup a cell carries: keep it, escape the rest
+        cells = [html.escape(c).replace("&lt;sub&gt;", "<sub>").replace("&lt;/sub&gt;", "</sub>") for c in cells]
+        lead = ["" if row.rank is None else str(row.rank), *([row.dataset] if multi else []), row.backbone]
+        body.append("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in lead)
+                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    thead = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    notes = "".join(f"<p class='footnote'>{html.escape(n)}</p>" for n in board_notes(board))
+    return (
+        "<section><h2>Binding: β* by backbone</h2>"
+        f"<h3>{html.escape(title(board))}</h3>"
+        f"<table><thead><tr>{thead}</tr></thead><tbody>{''.join(body)}</tbody></table>{notes}"
+        + "".join(_img(p, "binding figure") for p in pngs) + "</section>"
+    )
 
 
 def _read_analysis(path: Path) -> tuple[dict[str, Any], Path]:
@@ -188,6 +246,7 @@ table { border-collapse: collapse; font-size: .85em; margin: .5em 0 1.5em; }
 th, td { border: 1px solid #ddd; padding: .2em .6em; text-align: right; }
 th { background: #f4f4f4; }
 .note { color: #a00; }
+.footnote { color: #555; font-size: .85em; }
 .heatmap { display: flex; gap: 1.5em; align-items: flex-start; flex-wrap: wrap; }
 .heatmap canvas { border: 1px solid #999; cursor: crosshair; image-rendering: pixelated; }
 .controls { font-size: .9em; min-width: 260px; }

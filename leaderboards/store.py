@@ -1,8 +1,10 @@
 """The results store: every run file of a results directory as one validated set of rows.
 
-Leaderboards and plots compare numbers across runs, so the store refuses what would
-make a comparison silently wrong: files from another schema version, and rows that
-carry one dataset name but were measured on different data (different fingerprints).
+Leaderboards and plots compare numbers across runs, so the store refuses files from
+another schema version, and `select_rows` never lets rows measured on different data
+meet in one comparison: a results folder may hold any mix of runs (a dataset regenerated
+in place, `--limit` trials beside full runs), and each (task, dataset name) shows one
+measurement, the newest on whole splits, while the rest is set aside and named.
 Failed runs stay in as error rows, so a table can say "error" instead of hiding a gap.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -39,19 +42,88 @@ def load_results(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def check_rows(rows: Iterable[dict[str, Any]]) -> None:
-    """Refuse unknown statuses and one dataset name measured on different data."""
-    prints: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+    """Refuse unknown statuses."""
     for r in rows:
         if r["status"] not in STATUSES:
             raise BenchError(f"results: run {r['run_id']} has status {r['status']!r}; allowed: {', '.join(STATUSES)}")
-        prints[(r["dataset"], r["split"])].setdefault(r["dataset_fingerprint"], r["run_id"])
-    for (dataset, split), runs in sorted(prints.items()):
-        if len(runs) > 1:
-            shown = ", ".join(f"{fp[:12]} (run {run})" for fp, run in sorted(runs.items()))
-            raise BenchError(
-                f"results: dataset {dataset!r} ({split}) was measured on {len(runs)} different datasets "
-                f"(fingerprints {shown}); keep each dataset's results in its own directory or rename one"
-            )
+
+
+#: How a fingerprint is shown and matched: long enough to be unique in any results folder.
+FINGERPRINT_CHARS = 12
+
+
+@dataclass
+class Selection:
+    """The rows one comparison may use, and what was set aside (one phrase per measurement)."""
+
+    rows: list[dict[str, Any]]
+    set_aside: list[str] = field(default_factory=list)
+
+    @property
+    def note(self) -> str | None:
+        """One line naming what was left out and how to see it (None when nothing was)."""
+        if not self.set_aside:
+            return None
+        return "set aside: " + "; ".join(self.set_aside)
+
+
+def select_rows(rows: Iterable[dict[str, Any]], *, fingerprint: str | None = None,
+                include_limited: bool = False) -> Selection:
+    """Per (task, dataset name), the rows of one measurement: the newest on whole splits,
+    else (when there is none) the newest `--limit` one. A measurement is a (fingerprint,
+    limit) pair, and "newest" goes by its newest row.
+
+    `fingerprint` (a prefix) picks the measurements with that fingerprint instead;
+    `include_limited` adds every other `--limit` measurement as a dataset of its own,
+    named `NAME (limit N)`, so limited rows are shown but never mixed with full ones."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["task"], r["dataset"], r["dataset_fingerprint"], r["limit"])].append(r)
+    if fingerprint is not None:
+        wanted = fingerprint.lower()
+        if not any(fp.startswith(wanted) for _, _, fp, _ in groups):
+            shown = ", ".join(sorted({fp[:FINGERPRINT_CHARS] for _, _, fp, _ in groups})) or "none"
+            raise BenchError(f"fingerprint: no results measured on {fingerprint!r}; present: {shown}")
+    newest = {g: max(r["created_at"] or "" for r in rs) for g, rs in groups.items()}
+    by_name: dict[tuple[str, str], list[tuple]] = defaultdict(list)
+    for g in groups:
+        by_name[g[:2]].append(g)
+    chosen: dict[tuple, str] = {}  # group -> the dataset name its rows are shown under
+    for (task, name), gs in by_name.items():
+        if fingerprint is not None:
+            candidates = [g for g in gs if g[2].startswith(fingerprint.lower())]
+        else:
+            candidates = [g for g in gs if g[3] is None] or gs
+        if not candidates:
+            continue
+        best = max(candidates, key=lambda g: (newest[g], g[3] is None))
+        chosen[best] = name
+        if include_limited:
+            for g in sorted(gs, key=lambda g: newest[g], reverse=True):
+                if g[3] is not None and g[3] != best[3] and all(c[3] != g[3] for c in chosen if c[:2] == g[:2]):
+                    chosen[g] = f"{name} (limit {g[3]})"
+    out = [{**r, "dataset": chosen[g]} for g, rs in groups.items() if g in chosen for r in rs]
+    return Selection(out, _set_aside_phrases(groups, chosen, newest))
+
+
+def _set_aside_phrases(groups: dict[tuple, list], chosen: dict[tuple, str], newest: dict[tuple, str]) -> list[str]:
+    """`N rows of TASK on NAME (why; the option that shows them)` per measurement not chosen."""
+    phrases = []
+    for g in sorted(set(groups) - set(chosen), key=lambda g: (g[0], g[1], newest[g])):
+        task, name, fp, limit = g
+        if limit is not None:
+            why = f"--limit {limit}; --include-limited shows it"
+        else:
+            short = fp[:FINGERPRINT_CHARS]
+            why = f"other data, fingerprint {short}; --fingerprint {short} shows it"
+        phrases.append(f"{len(groups[g])} {task} rows on {name} ({why})")
+    return phrases
+
+
+def load_selected(results_dir: str | os.PathLike, *, fingerprint: str | None = None,
+                  include_limited: bool = False) -> Selection:
+    """`select_rows` of a directory's newest row per key (`latest`)."""
+    return select_rows(latest(load_results(results_dir)), fingerprint=fingerprint, include_limited=include_limited)
 
 
 def latest(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -5,8 +5,10 @@ A cell is the metric at one layer, averaged over seeds, with the bootstrap 95% i
 rules keep the table honest:
 - ranks tie when intervals overlap: a backbone's rank is 1 + the number of backbones
   whose whole interval lies beyond its own, so a lead within the noise earns nothing;
-- a cell is empty unless every seed run for that column finished (no partial means),
-  and only backbones with every cell filled are ranked;
+- a cell is empty unless every seed run for that column finished (no partial means);
+- a backbone is ranked by its best unflagged cell among the columns shown: empty, error
+  and ‡ cells neither rank it nor unrank it (an oracle that cannot run one probe still
+  ranks on the others), and a backbone with no such cell is unranked;
 - backbones without layers (oracles, pixels) show their one layer whatever layer is asked;
 - a binding cell whose own rows break a check (`evaluators.metrics.metric_checks` for that
   metric: a probe coded its target worse than the prior, the paper's two probes contradict
@@ -154,10 +156,6 @@ class BoardRow:
     cells: dict[tuple[str, str], Cell | None]
     rank: int | None = None
     score: Cell | None = None  # the cell the rank is based on
-
-    @property
-    def complete(self) -> bool:
-        return all(c is not None and c.status == "ok" for c in self.cells.values())
 
 
 @dataclass
@@ -315,7 +313,8 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
 
 
 def _rank(board: Leaderboard) -> None:
-    """Rank complete backbones per dataset by their best unflagged cell; overlapping intervals tie.
+    """Rank backbones per dataset by their best unflagged cell among the columns shown;
+    overlapping intervals tie; a backbone without such a cell is unranked.
 
     Backbones with unanchored (†) cells are ranked among themselves, below the anchored ones:
     their headline numbers are not comparable with anchored rows."""
@@ -324,15 +323,20 @@ def _rank(board: Leaderboard) -> None:
     for ds in board.datasets:
         for unanchored in (False, True):
             rows = [r for r in board.rows if r.dataset == ds and apart[id(r)] == unanchored]
-            complete = [r for r in rows if r.complete and any(not c.checks for c in r.cells.values())]
-            for r in complete:
-                r.score = max((c for c in r.cells.values() if not c.checks), key=lambda c: sign * c.value)
-            ranks = rank_with_ties([(r.score.value, r.score.lo, r.score.hi) for r in complete],
+            ranked = [r for r in rows if _rankable(r)]
+            for r in ranked:
+                r.score = max(_rankable(r), key=lambda c: sign * c.value)
+            ranks = rank_with_ties([(r.score.value, r.score.lo, r.score.hi) for r in ranked],
                                    board.metric.higher_is_better)
-            for r, k in zip(complete, ranks):
+            for r, k in zip(ranked, ranks):
                 r.rank = k
     board.rows.sort(key=lambda r: (r.dataset, apart[id(r)], r.rank is None, r.rank or 0,
                                    -sign * r.score.value if r.score else 0.0, r.backbone))
+
+
+def _rankable(row: BoardRow) -> list[Cell]:
+    """The cells a backbone may be ranked by: finished, and marked by no check."""
+    return [c for c in row.cells.values() if c is not None and c.status == "ok" and not c.checks]
 
 
 def _unanchored_row(row: BoardRow, m: Metric) -> bool:
@@ -417,8 +421,10 @@ def _render_board(board: Leaderboard, markdown: bool, fmt: Format) -> str:
     return render_table(lines, header, fmt, title=title(board))
 
 
-FOOTNOTE = ("± is half the bootstrap 95% interval; backbones whose intervals overlap share a rank; "
-            "empty = not run or incomplete, unranked = some cell empty or failed")
+FOOTNOTE = ("rank: each backbone by its best sound cell among the columns shown (empty, error and failed-check "
+            "cells neither rank nor unrank it), backbones whose intervals overlap sharing a rank; ± is half the "
+            "bootstrap 95% interval; L12 after a value: the layer it comes from (hidden state 12, 0 = embeddings); "
+            "empty = not run or incomplete")
 #: What each `metric_checks` reason means, in the order the ‡ note lists them.
 CHECK_MEANINGS = {
     "L_F > H(F)": "the F-probe coded the test F codes in more bits than their prior",
@@ -464,8 +470,7 @@ def checked_note(board: Leaderboard) -> str:
     fired = "; ".join(f"{k} ({CHECK_MEANINGS[k]})" if k in CHECK_MEANINGS else k for k in board.fired_checks)
     meaning = PAPER_MEANING if board.metric.paper else HEADLINE_MEANING
     return (f"‡ not read as binding. {meaning}. A ‡ cell's row broke a check: {fired}. A ‡ cell never ranks "
-            "a backbone or wins a best layer (a backbone with only ‡ cells is unranked); --format csv names "
-            "each cell's checks")
+            "a backbone or wins a best layer; --format csv names each cell's checks")
 
 
 def title(board: Leaderboard) -> str:

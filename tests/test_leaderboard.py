@@ -15,7 +15,7 @@ from bench.cli import main
 from bench.commands.common import Format
 from bench.errors import BenchError
 from bench.results import provenance, write_run
-from leaderboards.store import latest, load_results
+from leaderboards.store import latest, load_results, select_rows
 from leaderboards.tables import (build_leaderboard, rank_with_ties, render_leaderboard, render_leaderboards,
                                  resolve_metric, tidy_records)
 
@@ -24,12 +24,13 @@ def result_row(backbone: str, probe: str, value: float | None, *, half: float = 
                dataset: str = "cs", fingerprint: str = "fp-cs", tokens: str = "cls", layer: int = 0,
                n_layers: int = 0, seed: int = 0, task: str = "binding", status: str = "ok",
                run_id: str = "r1", created_at: str = "2026-01-01T00:00:00+00:00", error: str | None = None,
-               prior: str = "exact", converged: bool = True, n_F_eff: float | None = 4.12) -> dict:
+               prior: str = "exact", converged: bool = True, n_F_eff: float | None = 4.12,
+               limit: int | None = None) -> dict:
     """One results row in the real schema; the metric gets value ± half as its interval.
     Binding rows are anchored and converged unless told otherwise."""
     row = {
         **provenance(run_id, "cpu"), "created_at": created_at, "backbone": backbone, "dataset": dataset,
-        "dataset_fingerprint": fingerprint, "split": "test", "layer": layer, "n_layers": n_layers,
+        "dataset_fingerprint": fingerprint, "limit": limit, "split": "test", "layer": layer, "n_layers": n_layers,
         "tokens": tokens, "task": task, "probe": probe, "seed": seed, "status": status, "error": error,
     }
     if task == "binding":
@@ -64,12 +65,13 @@ def test_rank_with_ties_overlapping_intervals_share_a_rank():
     assert rank_with_ties([(0.5, None, None), (0.4, None, None)]) == [1, 2]
 
 
-def test_leaderboard_ranks_ties_and_leaves_incomplete_backbones_unranked_with_empty_cells():
+def test_leaderboard_ranks_ties_and_ranks_a_backbone_on_the_cells_it_has():
     board = build_leaderboard(paper_like_rows())
     assert board.columns == [("linear", "cls"), ("dnn", "cls")]
-    assert [(r.backbone, r.rank) for r in board.rows] == [("A", 1), ("B", 1), ("C", 3), ("D", None)]
+    # D never ran dnn: it ranks on its linear 20%, below the three whose best cells clear it
+    assert [(r.backbone, r.rank) for r in board.rows] == [("A", 1), ("B", 1), ("C", 3), ("D", 4)]
     d = board.rows[-1]
-    assert d.cells[("dnn", "cls")] is None and d.cells[("linear", "cls")].value == pytest.approx(0.20)
+    assert d.cells[("dnn", "cls")] is None and d.score.value == pytest.approx(0.20)
     assert board.rows[0].score.value == pytest.approx(0.90)  # ranked by the best cell
 
 
@@ -212,10 +214,11 @@ MARKDOWN_SNAPSHOT = """\
 | 1 | A | 10.0 ± 2.0 | 90.0 ± 2.0 |
 | 1 | B | 12.0 ± 2.0 | 88.0 ± 2.0 |
 | 3 | C | 5.0 ± 2.0 | 50.0 ± 2.0 |
-|  | D | 20.0 ± 2.0 |  |
+| 4 | D | 20.0 ± 2.0 |  |
 
-_± is half the bootstrap 95% interval; backbones whose intervals overlap share a rank; \
-empty = not run or incomplete, unranked = some cell empty or failed_
+_rank: each backbone by its best sound cell among the columns shown (empty, error and failed-check cells \
+neither rank nor unrank it), backbones whose intervals overlap sharing a rank; ± is half the bootstrap 95% \
+interval; L12 after a value: the layer it comes from (hidden state 12, 0 = embeddings); empty = not run or incomplete_
 
 _intervals resample whole test F codes; effective number of test F codes (n_F_eff = 1/ΣP(f)²): 4.1_"""
 
@@ -262,14 +265,37 @@ def test_out_file_gets_the_same_text(tmp_path, capsys):
     assert (tmp_path / "lb.md").read_text().rstrip("\n") == MARKDOWN_SNAPSHOT
 
 
-def test_fingerprint_mismatch_under_one_dataset_name_is_refused(tmp_path, capsys):
-    write_run([result_row("A", "linear", 0.1, fingerprint="aaaaaaaaaaaaaaaa", run_id="run1")], tmp_path, "run1")
-    write_run([result_row("B", "linear", 0.1, fingerprint="bbbbbbbbbbbbbbbb", run_id="run2")], tmp_path, "run2")
-    with pytest.raises(BenchError, match="'cs'.*2 different datasets"):
-        load_results(tmp_path)
-    code, out, err = run_cli(["leaderboard", tmp_path], capsys)
-    assert code == 2 and out == ""
-    assert err.count("\n") == 1 and "aaaaaaaaaaaa (run run1)" in err and "bbbbbbbbbbbb (run run2)" in err
+def test_a_dataset_regenerated_in_place_shows_its_newest_data_and_names_the_rest(tmp_path, capsys):
+    old, new = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
+    write_run([result_row("A", "linear", 0.1, fingerprint=old, run_id="run1")], tmp_path, "run1")
+    write_run([result_row("B", "linear", 0.3, fingerprint=new, run_id="run2",
+                          created_at="2026-01-02T00:00:00+00:00")], tmp_path, "run2")
+    code, out, err = run_cli(["leaderboard", tmp_path, "--format", "markdown"], capsys)
+    assert code == 0 and "| 1 | B | 30.0 ± 2.0 |" in out and "| A |" not in out
+    assert err == ("set aside: 1 binding rows on cs (other data, fingerprint aaaaaaaaaaaa; "
+                   "--fingerprint aaaaaaaaaaaa shows it)\n")
+    code, out, err = run_cli(["leaderboard", tmp_path, "--format", "markdown", "--fingerprint", "aaaa"], capsys)
+    assert code == 0 and "| 1 | A | 10.0 ± 2.0 |" in out and "| B |" not in out and "bbbbbbbbbbbb" in err
+    code, out, err = run_cli(["leaderboard", tmp_path, "--fingerprint", "cccc"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "present: aaaaaaaaaaaa, bbbbbbbbbbbb" in err
+
+
+def test_limited_rows_never_mix_with_full_ones():
+    full = [result_row("A", "linear", 0.5, fingerprint="full"), result_row("B", "linear", 0.4, fingerprint="full")]
+    trial = [result_row("A", "linear", 0.9, fingerprint="first100", limit=100, created_at="2026-02-01T00:00:00+00:00"),
+             result_row("A", "linear", 0.8, fingerprint="first50", limit=50, created_at="2026-02-02T00:00:00+00:00")]
+    chosen = select_rows(full + trial)  # full rows win although the trials are newer
+    assert sorted((r["backbone"], r["beta_star"]) for r in chosen.rows) == [("A", 0.5), ("B", 0.4)]
+    assert chosen.note == ("set aside: 1 binding rows on cs (--limit 100; --include-limited shows it); "
+                           "1 binding rows on cs (--limit 50; --include-limited shows it)")
+    shown = select_rows(full + trial, include_limited=True)
+    assert shown.note is None
+    assert sorted({r["dataset"] for r in shown.rows}) == ["cs", "cs (limit 100)", "cs (limit 50)"]
+    board = build_leaderboard(shown.rows)
+    assert [(r.dataset, r.backbone, r.rank) for r in board.rows][:2] == [("cs", "A", 1), ("cs", "B", 2)]
+    # with nothing but trials, the newest trial is shown (alone), the older one set aside
+    only = select_rows(trial)
+    assert [(r["dataset"], r["limit"]) for r in only.rows] == [("cs", 50)] and "--limit 100" in only.note
 
 
 def test_other_datasets_may_have_other_fingerprints_and_rank_separately(tmp_path):
@@ -289,7 +315,8 @@ def test_error_rows_are_kept_shown_and_superseded_by_a_later_success(tmp_path):
     assert [r["status"] for r in rows] == ["ok", "error"]
     board = build_leaderboard(latest(rows))
     cell = board.rows[0].cells[("dnn", "cls")]
-    assert cell.status == "error" and cell.error == "probe diverged" and board.rows[0].rank is None
+    assert cell.status == "error" and cell.error == "probe diverged"
+    assert board.rows[0].rank == 1 and board.rows[0].score.value == pytest.approx(0.1)  # on its linear cell
     assert "error" in render_leaderboard(board, Format.markdown)
     write_run([result_row("A", "dnn", 0.7, run_id="r2", created_at="2026-01-02T00:00:00+00:00")], tmp_path, "r2")
     board = build_leaderboard(latest(load_results(tmp_path)))

@@ -6,13 +6,16 @@ import csv
 import io
 import json
 import sys
+import time
 from contextlib import contextmanager
 from enum import Enum
 from typing import Any, Iterator, Sequence
 
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 stderr = Console(stderr=True)
 
@@ -40,8 +43,10 @@ def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: Fo
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
         return "\n".join(([f"**{title}**", ""] if title else []) + lines)
     table = Table(title=title)
-    for c in columns:
-        table.add_column(c)
+    for k, c in enumerate(columns):
+        # a name is never cut (`oracle:obje…`): each column is at least as wide as its longest word
+        words = [len(w) for row in cells for w in _plain(row[k]).split()]
+        table.add_column(c, min_width=min(max(words, default=0), 60), overflow="fold")
     for row in cells:
         table.add_row(*row)
     # A terminal gets its own width; a pipe or file gets room for a wide table rather than
@@ -50,6 +55,14 @@ def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: Fo
     console = Console(file=io.StringIO(), force_terminal=sys.stdout.isatty(), width=width)
     console.print(table)
     return console.file.getvalue().rstrip("\n")
+
+
+def _plain(markup: str) -> str:
+    """A cell's text as printed (its rich markup removed)."""
+    try:
+        return Text.from_markup(markup).plain
+    except MarkupError:
+        return markup
 
 
 def _cell(v: Any) -> str:
@@ -67,7 +80,16 @@ def echo(text: str) -> None:
 
 @contextmanager
 def progress_bar(description: str, total: int | None = None) -> Iterator[Any]:
-    """A rich progress bar on stderr; yields `advance(n)` callable and a `set_total(n)`."""
+    """A rich progress bar on stderr; yields a handle with `advance(n)` and `set_total(n)`.
+
+    Written to a file or a pipe (no terminal to redraw in), progress is whole lines instead:
+    one per tenth of the total or per `LOG_EVERY_S` seconds, and one at the end, so a log
+    never stops mid-line and `tail -f` shows it moving."""
+    if not stderr.is_terminal:
+        handle = _LineProgress(description, total)
+        yield handle
+        handle.finish()
+        return
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=stderr, transient=False) as p:
         task = p.add_task(description, total=total)
@@ -80,3 +102,36 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[Any]:
                 p.update(task, total=n)
 
         yield _Handle()
+
+
+#: Seconds between two progress lines written to a non-terminal.
+LOG_EVERY_S = 30.0
+
+
+class _LineProgress:
+    """`progress_bar`'s handle for a non-terminal stderr: whole lines, never a redrawn one."""
+
+    def __init__(self, description: str, total: int | None) -> None:
+        self.description, self.total, self.done = description, total, 0
+        self.t0 = self.last = time.monotonic()
+        self.step = 0  # tenths of the total already reported
+
+    def set_total(self, n: int) -> None:
+        self.total = n
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        step = int(10 * self.done / self.total) if self.total else 0
+        if step > self.step or now - self.last >= LOG_EVERY_S:
+            self.step = max(step, self.step)
+            if self.total is None or self.done < self.total:
+                self._line(now)
+
+    def finish(self) -> None:
+        self._line(time.monotonic())
+
+    def _line(self, now: float) -> None:
+        self.last = now
+        of = f"/{self.total}" if self.total else ""
+        print(f"{self.description}: {self.done}{of} ({now - self.t0:.0f} s)", file=sys.stderr, flush=True)

@@ -41,7 +41,7 @@ def evaluate(
     epochs: Optional[int] = typer.Option(None, help="Maximum probe epochs (early-stopped on the validation plateau)."),
     unanchored: bool = typer.Option(False, help="For a dataset without exact priors (an older or hand-made card): train every probe from p = 1/2 and label the rows `prior: none`."),
     results: Path = typer.Option(Path("results"), "--results", help="Results directory (one Parquet file per run)."),
-    limit: Optional[int] = typer.Option(None, help="[test-only] use only the first N scenes of every split."),
+    limit: Optional[int] = typer.Option(None, help="Use only the first N scenes of every split, to extract and to train (a trial run: its rows are kept apart from full runs)."),
     overwrite: bool = typer.Option(False, help="Re-run rows already present in the results directory."),
     exclude_background: bool = typer.Option(False, help="issameobject: drop patch pairs that involve background."),
     fmt: Format = typer.Option(Format.table, "--format", help="Summary table format."),
@@ -54,13 +54,18 @@ def evaluate(
         seed_values = [int(s) for s in _split(seeds)]
     except ValueError:
         raise BenchError(f"seeds: expected integers, got {', '.join(seeds)}") from None
+    skipped: list[int] = []
     path = run_evaluation(
         _split(model), dataset, task=task, layers=layers, tokens=_split(tokens) or None,
         probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
         results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
-        unanchored=unanchored,
+        unanchored=unanchored, on_skipped=skipped.append,
     )
+    if skipped:
+        stderr.print(f"skipped {sum(skipped)} row(s) already in {results} (--overwrite re-runs them)", soft_wrap=True)
     if path is None:
+        if fmt in (Format.json, Format.csv):  # machine-readable output stays parseable: no rows
+            echo(render_table([], SUMMARY_COLUMNS[task], fmt))
         stderr.print(f"every requested row is already in {results}; nothing to do (use --overwrite to re-run)", soft_wrap=True)
         return
     columns = SUMMARY_COLUMNS[task]

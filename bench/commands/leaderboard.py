@@ -29,18 +29,26 @@ _METRIC = typer.Option(
 _PROBE = typer.Option([], "--probe", help="Only these probe families (repeatable).")
 _TOKENS = typer.Option([], "--tokens", help="Only these token views (repeatable): cls, mean, cls+mean, all.")
 _LAYER = typer.Option("best", "--layer", help="best (per cell), last, or a layer index (0 = embeddings).")
+_FINGERPRINT = typer.Option(
+    None, "--fingerprint",
+    help="Show the measurement on this dataset fingerprint (a prefix) instead of the newest on whole splits.")
+_INCLUDE_LIMITED = typer.Option(
+    False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`.")
 
 
-def _board(results_dir: Path, **selection: Any) -> tuple[list[dict[str, Any]], Any]:
-    """The results' deduplicated rows and their leaderboard (BenchError when there are none)."""
-    from leaderboards.store import latest, load_results
+def _board(results_dir: Path, *, fingerprint: str | None = None, include_limited: bool = False,
+           **selection: Any) -> tuple[list[dict[str, Any]], Any]:
+    """The selected, deduplicated rows (`leaderboards.store.load_selected`) and their leaderboard
+    (BenchError when there are none); what the selection set aside goes to stderr in one line."""
+    from leaderboards.store import load_selected
     from leaderboards.tables import build_leaderboard
 
-    rows = load_results(results_dir)
-    if not rows:
+    selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
+    if not selected.rows:
         raise BenchError(f"results: no runs in {results_dir} (run `bench evaluate` or `bench demo` first)")
-    rows = latest(rows)
-    return rows, build_leaderboard(rows, **selection)
+    if selected.note:
+        stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
+    return selected.rows, build_leaderboard(selected.rows, **selection)
 
 
 def leaderboard(
@@ -51,13 +59,16 @@ def leaderboard(
     probe: list[str] = _PROBE,
     tokens: list[str] = _TOKENS,
     layer: str = _LAYER,
+    fingerprint: Optional[str] = _FINGERPRINT,
+    include_limited: bool = _INCLUDE_LIMITED,
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json (tidy records)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout."),
 ) -> None:
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
     from leaderboards.tables import render_leaderboard
 
-    _, board = _board(results_dir, dataset=dataset, task=task, metric=metric, probes=probe, tokens=tokens, layer=layer)
+    _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, dataset=dataset,
+                      task=task, metric=metric, probes=probe, tokens=tokens, layer=layer)
     text = render_leaderboard(board, fmt)
     if out is None:
         echo(text)
@@ -85,22 +96,25 @@ def plot(
     layer: str = typer.Option("best", "--layer", help="For bars and sweep: best, last or a layer index."),
     x: str = typer.Option("objects", "--x", help="Sweep axis: objects, camera-height or visibility."),
     datasets: Optional[Path] = typer.Option(None, "--datasets", help="Sweep: directory holding the sweep's datasets (their cards give x)."),
+    fingerprint: Optional[str] = _FINGERPRINT,
+    include_limited: bool = _INCLUDE_LIMITED,
 ) -> None:
     """Draw results as PNG + SVG: layer-wise curves, probe-family bars, or a sweep curve."""
     from leaderboards import plots
 
     out = out or Path("plots") / kind.value
     selection = dict(dataset=dataset, task=task, metric=metric, probes=probe, tokens=tokens)
+    chosen = dict(fingerprint=fingerprint, include_limited=include_limited)
     if kind == PlotKind.layers:
-        rows, _ = _board(results_dir, **selection)
+        rows, _ = _board(results_dir, **chosen, **selection)
         paths = plots.layer_curves(rows, out, **selection)
     elif kind == PlotKind.bars:
-        _, board = _board(results_dir, layer=layer, **selection)
+        _, board = _board(results_dir, layer=layer, **chosen, **selection)
         paths = plots.probe_bars(board, out)
     else:
         if datasets is None:
             raise BenchError("datasets: a sweep plot needs --datasets DIR (the sweep's dataset cards hold each x value)")
-        rows, board = _board(results_dir, layer=layer, **selection)
+        rows, board = _board(results_dir, layer=layer, **chosen, **selection)
         x_values = plots.sweep_values(board.datasets, datasets, x)
         paths = plots.sweep_curve(rows, x_values, x, out, layer=layer, **selection)
     stderr.print("wrote " + ", ".join(map(str, paths)))

@@ -1,5 +1,5 @@
 """Report commands: `bench toys-analysis` (the identical-objects experiment) and `bench report`
-(one self-contained HTML page of the IsSameObject results, plus PNG figures)."""
+(one self-contained HTML page of every task's results, plus PNG figures)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from bench.commands.common import Format, echo, render_table, stderr
+from bench.errors import BenchError
 
 
 def register(app: typer.Typer) -> None:
@@ -35,10 +36,13 @@ def toys_analysis(
     fmt: Format = typer.Option(Format.table, "--format", help="table, markdown, csv or json."),
 ) -> None:
     """Score patch pairs of identical-object toy scenes by pair category, per layer."""
+    from bench.results import check_writable
     from evaluators.issameobject import check_probes
     from evaluators.toy_analysis import TABLE_COLUMNS, run_toy_analysis, table_rows, write_analysis
 
-    check_probes([probe])
+    check_probes([probe])  # every check that can fail runs before the extraction
+    _check_toys(dataset)
+    check_writable(out, "out")
     analysis = run_toy_analysis(
         model, dataset, train_dataset=train_dataset, probe=probe, layers=_layers(layers), split=split,
         device=device, dtype=dtype, epochs=epochs, limit=limit, heatmap_scenes=heatmap_scenes,
@@ -49,18 +53,37 @@ def toys_analysis(
 
 
 def report(
-    results_dir: Optional[Path] = typer.Argument(None, help="Results directory (issameobject rows are drawn)."),
+    results_dir: Optional[Path] = typer.Argument(
+        None, help="Results directory (binding and issameobject rows are drawn; default: results, when it exists)."),
     analysis: list[Path] = typer.Option([], "--analysis", "-a", help="A `bench toys-analysis` output directory (repeatable)."),
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file; PNG figures go beside it."),
-    metric: str = typer.Option("accuracy", "--metric", help="accuracy, balanced_accuracy or auroc."),
+    metric: str = typer.Option("accuracy", "--metric", help="IsSameObject metric: accuracy, balanced_accuracy or auroc."),
+    fingerprint: Optional[str] = typer.Option(
+        None, "--fingerprint", help="Show the measurement on this dataset fingerprint (a prefix) instead of the newest."),
+    include_limited: bool = typer.Option(
+        False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`."),
 ) -> None:
     """Write a self-contained HTML report (opens from disk, no server, no network)."""
     from leaderboards.report import build_report
 
-    paths = build_report(results_dir, analysis, out, metric=metric)
+    if results_dir is None and Path("results").is_dir():
+        results_dir = Path("results")
+    paths = build_report(results_dir, analysis, out, metric=metric, fingerprint=fingerprint,
+                         include_limited=include_limited,
+                         say=lambda line: stderr.print(line, soft_wrap=True, markup=False, highlight=False))
     echo(str(paths[0]))
     for p in paths[1:]:
         stderr.print(f"figure: {p}")
+
+
+def _check_toys(path: Path) -> None:
+    """Refuse, before any extraction, a dataset that is not a `bench generate toys` set."""
+    from bench.dataset import Dataset
+
+    generator = Dataset(path).card.get("generator", {}).get("name")
+    if generator != "toys":
+        raise BenchError(f"dataset: {path} was made by the {generator!r} generator; toys-analysis needs "
+                         "identical-object scenes from `bench generate toys`")
 
 
 def _layers(spec: str):
