@@ -1,0 +1,1 @@
+"""Importers of real-image datasets from local copies (`bench import`)."""

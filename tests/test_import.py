@@ -1,0 +1,338 @@
+"""`bench import ade20k|vg|clevr`: tiny copies of each source in its exact on-disk layout,
+written here, imported, shown, evaluated and ranked offline; malformed copies stop with one
+line and leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bench.cli import main
+from bench.dataset import Dataset, decode_png
+
+CLEVR_COLORS = {"gray": (87, 87, 87), "red": (173, 35, 35), "blue": (42, 75, 215), "green": (29, 105, 20),
+                "brown": (129, 74, 25), "purple": (129, 38, 192), "cyan": (41, 208, 208), "yellow": (255, 238, 51)}
+CLEVR_W, CLEVR_H = 48, 32
+
+
+# -- source fixtures, in each release's layout --------------------------------------------------------
+
+
+def write_clevr(root: Path, n_train: int = 48, n_val: int = 16, seed: int = 0) -> Path:
+    """CLEVR_v1.0/scenes/CLEVR_<split>_scenes.json + images/<split>/CLEVR_<split>_NNNNNN.png,
+    each object drawn as a disc of its colour at its pixel_coords."""
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("val", n_val)):
+        (root / "images" / split).mkdir(parents=True)
+        scenes = []
+        for i in range(n):
+            name = f"CLEVR_{split}_{i:06d}.png"
+            image = np.full((CLEVR_H, CLEVR_W, 3), 128, np.uint8)
+            objects = []
+            for _ in range(int(rng.integers(2, 4))):
+                obj = {"color": str(rng.choice(list(CLEVR_COLORS))), "size": str(rng.choice(["large", "small"])),
+                       "material": str(rng.choice(["rubber", "metal"])),
+                       "shape": str(rng.choice(["cube", "sphere", "cylinder"])),
+                       "3d_coords": [0.0, 0.0, 0.35], "rotation": 0.0,
+                       "pixel_coords": [int(rng.integers(6, CLEVR_W - 6)), int(rng.integers(6, CLEVR_H - 6)),
+                                        float(rng.uniform(8, 12))]}
+                yy, xx = np.mgrid[0:CLEVR_H, 0:CLEVR_W]
+                x, y, _ = obj["pixel_coords"]
+                image[(xx - x) ** 2 + (yy - y) ** 2 <= 9] = CLEVR_COLORS[obj["color"]]
+                objects.append(obj)
+            Image.fromarray(image).save(root / "images" / split / name)
+            scenes.append({"split": split, "image_index": i, "image_filename": name, "objects": objects,
+                           "relationships": {}, "directions": {}})
+        info = {"split": split, "license": "Creative Commons Attribution (CC BY 4.0)", "version": "1.0",
+                "date": "2/14/2017"}
+        (root / "scenes").mkdir(exist_ok=True)
+        (root / "scenes" / f"CLEVR_{split}_scenes.json").write_text(json.dumps({"info": info, "scenes": scenes}))
+    return root
+
+
+VG_NAMES = ("car", "cat", "dog", "tree", "ball")
+VG_COLORS = ("red", "blue", "green", "white")
+
+
+def write_vg(root: Path, n: int = 60, seed: int = 1) -> Path:
+    """VG/image_data.json, objects.json, attributes.json, VG_100K/<id>.jpg and VG_100K_2/<id>.jpg."""
+    rng = np.random.default_rng(seed)
+    for d in ("VG_100K", "VG_100K_2"):
+        (root / d).mkdir(parents=True)
+    image_data, objects, attributes = [], [], []
+    oid = 1000
+    for iid in range(1, n + 1):
+        folder = "VG_100K" if iid % 2 else "VG_100K_2"
+        w, h = 40, 30
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(root / folder / f"{iid}.jpg")
+        image_data.append({"image_id": iid, "url": f"https://cs.stanford.edu/people/rak248/{folder}/{iid}.jpg",
+                           "width": w, "height": h, "coco_id": None, "flickr_id": None})
+        objs, attrs = [], []
+        for _ in range(int(rng.integers(2, 5))):
+            oid += 1
+            x, y = int(rng.integers(0, 30)), int(rng.integers(0, 20))
+            box = {"object_id": oid, "x": x, "y": y, "w": int(rng.integers(4, 12)), "h": int(rng.integers(4, 12)),
+                   "names": [str(rng.choice(VG_NAMES))], "synsets": []}
+            objs.append(box)
+            kind = rng.integers(0, 3)
+            record = dict(box)
+            if kind == 1:
+                record["attributes"] = [str(rng.choice(VG_COLORS)), "wooden"]
+            elif kind == 2:
+                record["attributes"] = ["big"]
+            attrs.append(record)  # kind 0: no 'attributes' field, as in the release
+        objects.append({"image_id": iid, "objects": objs})
+        attributes.append({"image_id": iid, "attributes": attrs})
+    for name, data in (("image_data", image_data), ("objects", objects), ("attributes", attributes)):
+        (root / f"{name}.json").write_text(json.dumps(data))
+    return root
+
+
+ADE_CLASSES = ("wall", "floor, flooring", "car, auto, automobile, machine, motorcar", "tree", "sky")
+
+
+def write_ade20k(root: Path, n_train: int = 16, n_val: int = 8, seed: int = 2) -> Path:
+    """ADE20K_2021_17_01/images/ADE/<split>/<scene>/ADE_*.jpg with its .json and
+    ADE_*/instance_NNN_ADE_*.png (0/255) per object; part objects (part_level 1) beside them."""
+    rng = np.random.default_rng(seed)
+    root = root / "ADE20K_2021_17_01"
+    for split, prefix, n in (("training", "train", n_train), ("validation", "val", n_val)):
+        folder = root / "images" / "ADE" / split / "urban" / "street"
+        folder.mkdir(parents=True)
+        for i in range(n):
+            stem = f"ADE_{prefix}_{i + 1:08d}"
+            (folder / stem).mkdir()
+            w, h = 96, 64
+            image = rng.integers(0, 60, (h, w, 3), dtype=np.uint8)
+            objects = []
+            n_obj = int(rng.integers(2, 4))
+            for k in range(n_obj):
+                m = np.zeros((h, w), np.uint8)
+                x0, y0 = int(rng.integers(0, w - 40)), int(rng.integers(0, h - 24))
+                m[y0:y0 + 24, x0:x0 + 40] = 255
+                image[m > 0] = rng.integers(60, 255, 3, dtype=np.uint8)
+                mask_name = f"{stem}/instance_{k:03d}_{stem}.png"
+                Image.fromarray(m).save(folder / mask_name)
+                objects.append({"id": k, "name": str(rng.choice(ADE_CLASSES)), "name_ndx": 0, "hypernym": [],
+                                "raw_name": "x", "attributes": [], "depth_ordering_rank": k + 1, "occluded": "no",
+                                "crop": "0", "parts": {"hasparts": [], "ispartof": [], "part_level": 0},
+                                "instance_mask": mask_name, "polygon": {"x": [], "y": []}})
+            objects[0]["parts"]["hasparts"] = [n_obj]
+            objects.append({"id": n_obj, "name": "window", "name_ndx": 1, "hypernym": [], "raw_name": "window",
+                            "attributes": [], "depth_ordering_rank": n_obj + 1, "occluded": "no", "crop": "0",
+                            "parts": {"hasparts": [], "ispartof": 0, "part_level": 1},
+                            "instance_mask": f"{stem}/instance_{n_obj:03d}_{stem}.png", "polygon": {"x": [], "y": []}})
+            Image.fromarray(np.zeros((h, w), np.uint8)).save(folder / objects[-1]["instance_mask"])
+            Image.fromarray(image).save(folder / f"{stem}.jpg", quality=95)
+            ann = {"filename": f"{stem}.jpg", "folder": f"ADE20K_2021_17_01/images/ADE/{split}/urban/street",
+                   "imsize": [h, w, 3], "source": {}, "scene": ["outdoor", "urban", "street"], "object": objects}
+            (folder / f"{stem}.json").write_text(json.dumps({"annotation": ann}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sources")
+    return {"clevr": write_clevr(base / "CLEVR_v1.0"), "vg": write_vg(base / "VG"), "ade20k": write_ade20k(base)}
+
+
+def _ok(args: list[str], capsys) -> str:
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def _fails(args: list[str], capsys) -> str:
+    """Exit 2 and one error line (after any progress lines the import had drawn), no traceback."""
+    assert main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in lines if line.startswith("bench: error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0] and not any("Traceback" in line for line in lines), lines
+    return errors[0]
+
+
+# -- end to end -------------------------------------------------------------------------------------
+
+
+def test_clevr_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
+    """CLEVR: F-disjoint splits recording the source splits, the exact generator-rule prior in the
+    card, and binding measured against the blind reference probe: oracle:objects (carries O)
+    reads B* > 0 where oracle:features (F only) reads ~0, every row `prior: empirical`."""
+    out = tmp_path / "clevr"
+    _ok(["import", "clevr", "--src", str(sources["clevr"]), "--out", str(out), "--split-seed", "3"], capsys)
+    ds = Dataset(out)
+    card = ds.card
+    assert card["priors"] == "empirical" and card["generator"]["name"] == "import:clevr"
+    assert card["provenance"]["source"] == "CLEVR" and "scenes/CLEVR_val_scenes.json" in card["provenance"]["files_read"]
+    assert sum(card["splits"][s]["n"] for s in ds.splits) == 64
+    assert sum(sum(card["splits"][s]["source_splits"].values()) for s in ds.splits) == 64
+    keys = {s: {ds.feature_space.f_key(f) for f in ds.codes(s)[0]} for s in ds.splits}
+    assert not (keys["train"] & keys["test"]) and not (keys["train"] & keys["val"]) and not (keys["val"] & keys["test"])
+    rules = card["clevr_rules"]
+    assert rules["H_O"] == pytest.approx(rules["H_F"] + rules["H_O_given_F"]) and 20 < rules["H_O_given_F"] < 30
+    for s in ds.splits:  # plug-in priors of the split's own codes
+        f = ds.codes(s)[0]
+        _, counts = np.unique(f, axis=0, return_counts=True)
+        p = counts / counts.sum()
+        assert card["splits"][s]["H_F"] == pytest.approx(float(-(p * np.log2(p)).sum()))
+    row = next(ds.iter_scenes("test"))
+    assert row["mask"].shape == row["image"].shape[:2] == (CLEVR_H, CLEVR_W)
+    assert set(np.unique(row["mask"])) - {0} <= {o["id"] for o in row["objects"]}
+    info = _ok(["info", str(out), "--format", "json"], capsys)
+    assert json.loads(info)["provenance"]["mask"].startswith("approximate")
+
+    results = tmp_path / "results"
+    _ok(["evaluate", "--dataset", str(out), "--model", "oracle:objects", "--model", "oracle:features",
+         "--probes", "linear", "--epochs", "30", "--device", "cpu", "--results", str(results)], capsys)
+    from bench.results import read_results
+
+    rows = {r["backbone"]: r for r in read_results(results).to_pylist()}
+    assert all(r["prior"] == "empirical" and r["status"] == "ok" for r in rows.values())
+    obj, feat = rows["oracle:objects"], rows["oracle:features"]
+    assert obj["B_star"] > 1.0 and obj["B_star_lo"] > feat["B_star_hi"]
+    assert abs(feat["B_star"]) < 0.5 * obj["B_star"]
+    assert obj["H_F"] == pytest.approx(card["splits"]["test"]["H_F"])
+
+    board = _ok(["leaderboard", str(results), "--format", "markdown"], capsys)
+    assert "†" in board and "empirical" in board
+
+
+def test_vg_color_and_topattr_codings(sources, tmp_path, capsys):
+    """VG: colour x name (or top attribute x name) over the top-N, boxes as masks, images from
+    both VG_100K folders; objects outside the vocabulary are left out."""
+    out = tmp_path / "vg"
+    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(out), "--top-n", "3"], capsys)
+    ds = Dataset(out)
+    groups = dict((g["name"], g["values"]) for g in ds.card["feature_space"]["groups"])
+    assert set(groups) == {"color", "name"} and len(groups["color"]) == 3 and set(groups["color"]) <= set(VG_COLORS)
+    assert ds.card["provenance"]["mask"].startswith("boxes")
+    rows = [r for s in ds.splits for r in ds.iter_scenes(s)]
+    assert all(r["objects"] for r in rows) and {r["source_split"] for r in rows} == {"all"}
+    for r in rows:
+        for o in r["objects"]:
+            assert o["attributes"][0] in groups["color"] and o["attributes"][1] in groups["name"]
+            x0, y0, x1, y1 = o["bbox"]
+            assert o["full_px"] == (x1 - x0) * (y1 - y0) >= o["visible_px"]
+    assert {r["image"].shape for r in rows} == {(30, 40, 3)}
+
+    top = tmp_path / "vg-top"
+    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(top), "--coding", "vg-topattr", "--top-n", "2"],
+        capsys)
+    values = Dataset(top).card["feature_space"]["groups"][0]
+    assert values["name"] == "attribute" and set(values["values"]) <= {"wooden", "big", *VG_COLORS}
+    assert "wooden" in values["values"]  # every coloured object is also wooden: the most frequent attribute
+
+
+def test_ade20k_issameobject_and_no_binding(sources, tmp_path, capsys):
+    """ADE20K: instance masks from the per-instance PNGs, parts listed by name; IsSameObject runs
+    at once on the masks, and binding is refused (one group: O = F)."""
+    out = tmp_path / "ade"
+    _ok(["import", "ade20k", "--src", str(sources["ade20k"]), "--out", str(out), "--top-n", "3"], capsys)
+    ds = Dataset(out)
+    assert ds.card["provenance"]["version"] == "2021_17_01"
+    values = ds.card["feature_space"]["groups"][0]["values"]
+    assert len(values) == 4 and values[-1] == "other"
+    rows = [r for s in ds.splits for r in ds.iter_scenes(s)]
+    assert {r["source_split"] for r in rows} == {"training", "validation"}
+    for r in rows:
+        assert r["mask"].shape == (64, 96) and len(r["objects"]) in (2, 3)  # the part is not an instance
+        assert r["objects"][0]["parts"] == ["window"]
+        ids = set(np.unique(r["mask"])) - {0}
+        assert ids <= {o["id"] for o in r["objects"]} and 1 in ids  # rank 1 (nearest) painted last
+        assert r["objects"][0]["visible_px"] == r["objects"][0]["full_px"] == 24 * 40
+
+    results = tmp_path / "results"
+    _ok(["evaluate", "--task", "issameobject", "--dataset", str(out), "--model", "pixels:8",
+         "--probes", "diag-quadratic,majority", "--epochs", "3", "--device", "cpu", "--results", str(results)],
+        capsys)
+    from bench.results import read_results
+
+    rows = read_results(results).to_pylist()
+    assert {r["probe"] for r in rows} == {"diag-quadratic", "majority"}
+    assert all(r["status"] == "ok" and r["n_test"] > 0 for r in rows)
+    _ok(["leaderboard", str(results), "--task", "issameobject"], capsys)
+    err = _fails(["evaluate", "--dataset", str(out), "--model", "oracle:objects", "--results", str(results)], capsys)
+    assert "O = F" in err and "issameobject" in err
+
+
+# -- malformed sources ----------------------------------------------------------------------------
+
+
+def _corrupt_clevr_json(root: Path) -> None:
+    (root / "scenes" / "CLEVR_train_scenes.json").write_text(json.dumps({"info": {}, "scenes": {"a": 1}}))
+
+
+def _missing_clevr_image(root: Path) -> None:
+    (root / "images" / "val" / "CLEVR_val_000003.png").unlink()
+
+
+def _broken_vg_image(root: Path) -> None:
+    for path in (root / "VG_100K_2").glob("*.jpg"):
+        path.write_bytes(b"not a jpeg")
+
+
+def _missing_vg_file(root: Path) -> None:
+    (root / "attributes.json").unlink()
+
+
+def _ade_mask_size(root: Path) -> None:
+    path = next((root / "images" / "ADE" / "validation").rglob("instance_001_*.png"))
+    Image.fromarray(np.zeros((10, 10), np.uint8)).save(path)
+
+
+def _ade_bad_json(root: Path) -> None:
+    path = next((root / "images" / "ADE" / "training").rglob("ADE_train_00000002.json"))
+    path.write_text(json.dumps({"annotation": {"filename": "x.jpg"}}))
+
+
+@pytest.mark.parametrize("source, breaker, expect", [
+    ("clevr", _corrupt_clevr_json, "no 'scenes' list"),
+    ("clevr", _missing_clevr_image, "missing"),
+    ("vg", _broken_vg_image, "not a readable image"),
+    ("vg", _missing_vg_file, "missing"),
+    ("ade20k", _ade_mask_size, "mask is 10x10 but its image is 96x64"),
+    ("ade20k", _ade_bad_json, "annotation lacks 'object'"),
+])
+def test_malformed_source_exits_2_with_one_line_and_writes_nothing(source, breaker, expect, tmp_path, capsys):
+    base = tmp_path / "src"
+    root = {"clevr": lambda: write_clevr(base / "CLEVR_v1.0", 12, 4), "vg": lambda: write_vg(base / "VG", 40),
+            "ade20k": lambda: write_ade20k(base, 4, 4)}[source]()
+    breaker(root)
+    out = tmp_path / "out" / "ds"
+    (tmp_path / "out").mkdir()
+    err = _fails(["import", source, "--src", str(root), "--out", str(out), "--val-fraction", "0.2",
+                  "--test-fraction", "0.2"], capsys)
+    assert expect in err and "expected layout" in err
+    assert list((tmp_path / "out").iterdir()) == []  # no dataset, no temp dir
+
+
+def test_missing_root_and_existing_output(tmp_path, capsys):
+    err = _fails(["import", "clevr", "--src", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")], capsys)
+    assert "CLEVR_train_scenes.json" in err and "expected layout" in err
+    err = _fails(["import", "ade20k", "--src", str(tmp_path), "--out", str(tmp_path / "o")], capsys)
+    assert "images/ADE" in err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    src = write_clevr(tmp_path / "c", 12, 4)
+    err = _fails(["import", "clevr", "--src", str(src), "--out", str(tmp_path / "full")], capsys)
+    assert "--overwrite" in err
+
+
+def test_clevr_rules_analytic_prior():
+    """Under CLEVR's sampling rules P(F = f) sums to 1 over every F code, and H(O|F) = H(O) − H(F)."""
+    from generators.importers.clevr_v1 import GROUPS, clevr_rules, rules_given_f
+
+    sizes = [len(v) for _, v in GROUPS]
+    total = sum(math.prod(math.comb(s, a) for s, a in zip(sizes, act)) * rules_given_f(act)[0]
+                for act in np.ndindex(*[s + 1 for s in sizes]) if min(act) > 0)
+    assert total == pytest.approx(1.0, abs=1e-12)
+    r = clevr_rules()
+    assert r["H_O_given_F"] == pytest.approx(r["H_O"] - r["H_F"])
+    # one object of one kind: F = f fixes O exactly
+    assert rules_given_f((1, 1, 1, 1))[1] == 0.0
