@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
+import torch
 
 from bench.codes import FeatureSpace
 from bench.dataset import Dataset
@@ -40,6 +41,7 @@ from evaluators.metrics import Priors, binding_metrics
 from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
 from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of
+from generators.importers.common import EMPIRICAL
 
 TASKS = ("binding", "issameobject")
 #: Per task: the layers and probe families evaluated when none are named.
@@ -50,6 +52,8 @@ SPLITS = ("train", "val", "test")
 #: direct O- and F-probes. Without exact priors F is unanchored already and serves both.
 TARGETS = ("F", "O|F", "O_paper", "F_paper")
 UNANCHORED_TARGETS = ("F", "O|F", "O_paper")
+#: Real images: the O|F reference probe reads F alone (its input image is blanked).
+EMPIRICAL_TARGETS = ("F", "O|F", "O|F_ref", "O_paper")
 
 Codes = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (F, O)
 
@@ -71,13 +75,19 @@ class BindingTask:
     ref_F: np.ndarray | None
     ref_O_given_F: np.ndarray
     n_F_eff: float | None
+    #: Real images (an imported card, `priors: empirical`): no exact prior, so B* is measured
+    #: against a reference O|F-probe of the same family that sees F but not the image, and
+    #: ref_F is the test split's plug-in -log2 p̂(f).
+    empirical: bool = False
 
     @property
     def prior(self) -> str:
-        return "none" if self.anchors is None else "exact"
+        return "empirical" if self.empirical else "none" if self.anchors is None else "exact"
 
     @property
     def targets(self) -> tuple[str, ...]:
+        if self.empirical:
+            return EMPIRICAL_TARGETS
         return UNANCHORED_TARGETS if self.anchors is None else TARGETS
 
     @property
@@ -116,7 +126,10 @@ def check_priors(ds: Dataset, unanchored: bool = False) -> float | None:
     A card without what the priors need stops the run (exit 2) unless `unanchored`, which
     trains every probe from p = 1/2 and labels the rows `prior: none`. On a card that has
     exact priors `unanchored` is refused: every row carries the unanchored paper estimator.
+    An imported card (`priors: empirical`) needs neither: see `empirical_priors`.
     """
+    if ds.card.get("priors") == EMPIRICAL:
+        return empirical_priors(ds, unanchored)
     try:
         generator_of(ds.card)
     except PriorsUnavailable:
@@ -129,10 +142,30 @@ def check_priors(ds: Dataset, unanchored: bool = False) -> float | None:
     return effective_f_codes(ds.card, "test")
 
 
+def empirical_priors(ds: Dataset, unanchored: bool) -> float:
+    """The plug-in n_F_eff of an imported (real-image) card's test split, after refusing what
+    cannot be measured there: --unanchored (the rows are already prior-free) and a one-group
+    coding (O = F, so there is nothing to bind)."""
+    if unanchored:
+        raise BenchError(f"unanchored: {ds.path} holds imported real images, measured against an empirical "
+                         "reference probe already (prior: empirical); drop --unanchored")
+    if len(ds.feature_space.sizes) < 2:
+        raise BenchError(f"dataset: {ds.path} codes one feature group ({ds.feature_space.names[0]}), so O = F and "
+                         "there is no binding to measure; use --task issameobject")
+    return float(ds.split_info("test")["n_F_eff"])
+
+
+def plugin_code_lengths(f: np.ndarray) -> np.ndarray:
+    """-log2 p̂(f) per row, p̂ the rows' own F-code frequencies: mean = the plug-in H(F)."""
+    _, inverse, counts = np.unique(f, axis=0, return_inverse=True, return_counts=True)
+    return -np.log2(counts[inverse.reshape(-1)] / len(f))
+
+
 def binding_task(ds: Dataset, limit: int | None = None, unanchored: bool = False) -> BindingTask:
     """The codes, exact priors (unless `unanchored`, see `check_priors`) and test references
     of a dataset's binding evaluation, on the first `limit` rows of every split."""
     n_eff = check_priors(ds, unanchored)
+    empirical = ds.card.get("priors") == EMPIRICAL
     codes, anchors = {}, {}
     ref_f = None
     for split in SPLITS:
@@ -140,6 +173,10 @@ def binding_task(ds: Dataset, limit: int | None = None, unanchored: bool = False
         codes[split] = (f[:limit], o[:limit])
         if split == "test":
             ref_o_given_f = h[:limit]
+        if empirical:
+            if split == "test":
+                ref_f = plugin_code_lengths(codes[split][0])
+            continue
         if unanchored:
             continue
         p_f, p_o = bit_priors(ds.card, split, *codes[split])
@@ -148,7 +185,7 @@ def binding_task(ds: Dataset, limit: int | None = None, unanchored: bool = False
             with np.errstate(divide="ignore"):
                 ref_f = -np.log2(np.where(codes[split][0].astype(bool), p_f, 1.0 - p_f)).sum(axis=1)
     return BindingTask(ds.feature_space, codes, Priors.from_split_info(ds.split_info("test")),
-                       None if unanchored else anchors, ref_f, ref_o_given_f, n_eff)
+                       None if unanchored or empirical else anchors, ref_f, ref_o_given_f, n_eff, empirical)
 
 
 def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
@@ -179,12 +216,33 @@ def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
             model = build_probe(family, in_dim, space.n_conjunctions, cond_dim=space.n_features, factors=factors,
                                 seed=init)
             jobs.append(ProbeJob(name, model, o_codes, cond=f_codes))
+        elif target == "O|F_ref":
+            model = build_probe(family, in_dim, space.n_conjunctions, cond_dim=space.n_features, factors=factors,
+                                seed=init)
+            jobs.append(ProbeJob(name, BlindProbe(model), o_codes, cond=f_codes))
         elif target == "O_paper":
             model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init)
             jobs.append(ProbeJob(name, model, o_codes))
         else:
             raise ValueError(f"unknown probe target {target!r}; allowed: {', '.join(TARGETS)}")
     return jobs
+
+
+class BlindProbe(torch.nn.Module):
+    """A probe that never sees the image: zeros stand in for Z, so it learns only what F and
+    the earlier bits say about O. Trained like its family, it is the empirical reference of
+    real images, where no exact prior exists: B* = L^ref_O|F − L_O|F."""
+
+    def __init__(self, probe: torch.nn.Module) -> None:
+        super().__init__()
+        self.probe = probe
+        self.lr, self.weight_decay = probe.lr, probe.weight_decay
+
+    def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
+        """Nothing to standardise: the input is blanked."""
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
+        return self.probe(torch.zeros_like(x), target, cond)
 
 
 @dataclass
@@ -223,12 +281,14 @@ def evaluate_binding(
             out[fam] = BindingResult(fam, {}, bits, None, "; ".join(errors), mine)
             continue
         given_f = mine.get("O|F")
-        metrics = binding_metrics(task.priors, bits, ref_F=task.ref_F, ref_O_given_F=task.ref_O_given_F,
+        # real images: the blind reference probe's bits are the O|F reference (not a metric input)
+        ref_o_given_f = bits.pop("O|F_ref", None) if task.empirical else task.ref_O_given_F
+        metrics = binding_metrics(task.priors, bits, ref_F=task.ref_F, ref_O_given_F=ref_o_given_f,
                                   correct=None if given_f is None else given_f.bits_correct,
                                   n_bits=None if given_f is None else given_f.n_bits,
                                   n_boot=n_boot, seed=train.seed, groups=task.codes["test"][0])
         metrics.update(prior=task.prior, n_F_eff=task.n_F_eff,
-                       converged=all(r.converged for t, r in mine.items() if t in ("F", "O|F")),
+                       converged=all(r.converged for t, r in mine.items() if t in ("F", "O|F", "O|F_ref")),
                        converged_paper=all(r.converged for t, r in mine.items() if t in task.paper_targets))
         out[fam] = BindingResult(fam, metrics, bits, None if given_f is None else given_f.best_epoch, None, mine)
     return out
@@ -431,13 +491,13 @@ def _run_issameobject(
     """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding rows."""
     task = "issameobject"
     limit = _effective_limit(ds, limit)
-    if ds.card.get("generator", {}).get("name") == "colorshape":
-        _say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
-                       "96% against a 57% majority); compare backbones with pixels, not with the majority")
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device))
     plans = _plan(models, ds, task=task, layers=layers, views=["all"], probes=probes, seeds=seeds, done=done,
                   test_fp=test_fp, limit=limit, progress=progress)
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
+    if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):
+        _say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
+                       "96% against a 57% majority); compare backbones with pixels, not with the majority")
     rows: list[dict[str, Any]] = []
     path = None
     for plan in plans:

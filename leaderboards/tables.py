@@ -15,6 +15,7 @@ rules keep the table honest:
   each other, or a probe had not converged) is marked ‡ and never ranks a backbone or wins
   a `best` layer: its value is a probe's failure, not binding;
 - a cell from an unanchored run (`prior` "none": probes that learned the prior themselves)
+  or from imported real images (`prior` "empirical": measured against a blind reference probe)
   is marked † and ranked only among such backbones: its β* is not comparable with anchored rows;
 - binding intervals resample whole test F codes, so the notes give each dataset's effective
   number of test F codes (`n_F_eff`), the intervals' real sample size;
@@ -439,6 +440,9 @@ PAPER_MEANING = ("β*_paper = 1 − (L_O − L_F) / H(O|F) is the paper's differ
                  "shown to compare with published numbers; it leaves [0, 1] when the two probes are unequally good")
 UNANCHORED_NOTE = ("† unanchored (prior: none): {label} from probes that learned the prior themselves; "
                    "not comparable with anchored rows, so ranked only among themselves")
+EMPIRICAL_NOTE = ("† prior: empirical (imported real images, no exact prior): {label} against a reference probe of "
+                  "the same family given F but not the image, H(F) the test split's plug-in entropy; not comparable "
+                  "with exact-prior rows, so ranked only among themselves")
 
 
 def board_notes(board: Leaderboard) -> list[str]:
@@ -447,7 +451,11 @@ def board_notes(board: Leaderboard) -> list[str]:
     if board.n_F_eff:
         notes.append(n_f_eff_note(board))
     if board.has_unanchored_cells:
-        notes.append(UNANCHORED_NOTE.format(label=board.metric.label))
+        kinds = {p for c in board._cells() if c.unanchored for p in c.prior.split(",") if p != "exact"}
+        if kinds - {"empirical"}:
+            notes.append(UNANCHORED_NOTE.format(label=board.metric.label))
+        if "empirical" in kinds:
+            notes.append(EMPIRICAL_NOTE.format(label=board.metric.label))
     if board.has_failed_cells:
         notes.append(checked_note(board))
     return notes
