@@ -186,6 +186,8 @@ def test_clevr_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
     assert set(np.unique(row["mask"])) - {0} <= {o["id"] for o in row["objects"]}
     info = _ok(["info", str(out), "--format", "json"], capsys)
     assert json.loads(info)["provenance"]["mask"].startswith("approximate")
+    assert all(0 < card["splits"][s]["H_O_given_F_rules"] < rules["H_O_given_F"] for s in ds.splits)
+    assert "H_O_given_F_rules" in _ok(["info", str(out), "--format", "csv"], capsys)
 
     results = tmp_path / "results"
     _ok(["evaluate", "--dataset", str(out), "--model", "oracle:objects", "--model", "oracle:features",

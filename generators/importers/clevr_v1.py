@@ -75,7 +75,16 @@ def load(src: Path, max_scenes: int | None = None) -> Source:
     }
     return Source("clevr", str(version or "1.0"), space, scenes, provenance,
                   object_fields={"pixel_coords": pa.list_(pa.float64())},
-                  extra_card={"clevr_rules": clevr_rules()})
+                  extra_card={"clevr_rules": clevr_rules()}, split_stats=rules_per_split)
+
+
+def rules_per_split(scenes: list[SourceScene]) -> dict[str, float]:
+    """Mean H(O|F=f) under CLEVR's rules over a split's scenes: what the split's F codes leave
+    to binding if the scenes had followed the rules exactly (H(O|F=f) depends on f only
+    through its active counts)."""
+    n_groups = len(GROUPS)
+    h = [rules_given_f(tuple(len({o.values[g] for o in s.objects}) for g in range(n_groups)))[1] for s in scenes]
+    return {"H_O_given_F_rules": sum(h) / len(h)}
 
 
 def _json(path: Path) -> Any:

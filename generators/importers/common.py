@@ -75,6 +75,8 @@ class Source:
     provenance: dict[str, Any]
     object_fields: dict[str, pa.DataType] = field(default_factory=dict)
     extra_card: dict[str, Any] = field(default_factory=dict)
+    #: Source-specific numbers per split (e.g. CLEVR's generator-rule prior), shown by `bench info`.
+    split_stats: Callable[[list[SourceScene]], dict[str, float]] | None = None
 
 
 def missing(path: Path, layout: str) -> BenchError:
@@ -221,6 +223,8 @@ def _write_splits(source: Source, splits: dict[str, list[SourceScene]], tmp: Pat
             names.append(shard_name(split, shard))
         card_splits[split] = {"n": len(scenes), **info, "fingerprint": fingerprint(hashes), "shards": names,
                               "source_splits": dict(sorted(Counter(s.source_split for s in scenes).items()))}
+        if source.split_stats:
+            card_splits[split].update(source.split_stats(scenes))
     return {
         "schema_version": SCHEMA_VERSION,
         "generator": {"name": f"import:{source.name}", "version": 1},
