@@ -5,29 +5,43 @@ and shards have fixed row ranges, so the bytes written do not depend on how many
 workers ran or in which order they finished. A marker file records the config of
 an unfinished run: re-running the same command reuses finished shards; the card,
 written last, is what makes the directory a dataset.
+
+`--overwrite` replaces only a directory that is a BindingBench dataset: the new one
+is built beside it and swapped in once complete, so a crash at any point leaves the
+old dataset or the new one, never neither, and nothing else is ever deleted. Workers
+die with the parent (parent-death signal), however the parent ends.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
+import os
+import re
 import shutil
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import signal
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 import bench
-from bench.dataset import CARD_NAME, SCHEMA_VERSION, encode_scene, row_schema, shard_name, write_json_atomic, write_parquet_atomic
+from bench.dataset import CARD_NAME, SCHEMA_VERSION, Dataset, encode_scene, row_schema, shard_name, write_json_atomic, write_parquet_atomic
 from bench.errors import BenchError
 from bench.hashing import config_hash, derive_seed, fingerprint
 from bench.versions import package_versions
 from generators.base import CommonConfig, SceneGenerator, config_to_dict, get_generator
 
 MARKER = ".generating.json"
+#: What the engine itself writes into a dataset directory (anything else is the user's).
+OWN_FILE = re.compile(r"(dataset\.json|\.generating\.json|(train|val|test)-\d{5,}\.parquet|\..*\.tmp-\d+)$")
+#: A conservative lower bound on a scene's bytes on disk (two PNGs, codes, hash, metadata).
+MIN_SCENE_BYTES = 256
 
 Progress = Callable[[int], None]
 
@@ -55,75 +69,203 @@ def generate(
         raise BenchError(f"workers: must be ≥ 1, got {workers}")
     gen = gen_cls(config)  # validates and plans before any file is touched
     out = Path(out)
-    _prepare_dir(out, config_hash([gen_cls.name, gen_cls.version, config_to_dict(config)]), overwrite)
-    tasks = [
-        (split, shard, shard * config.shard_size, min(plan.n, (shard + 1) * config.shard_size))
-        for split, plan in gen.plans.items()
-        for shard in range(math.ceil(plan.n / config.shard_size))
-    ]
+    total = sum(plan.n for plan in gen.plans.values())
+    _check_space(out, total)
+    work = _prepare_dir(out, config_hash([gen_cls.name, gen_cls.version, config_to_dict(config)]), overwrite)
     if on_start:
-        on_start(sum(plan.n for plan in gen.plans.values()))
+        on_start(total)
     hashes: dict[tuple[str, int], list[str]] = {}
-    todo = []
-    for task in tasks:
-        path = out / shard_name(task[0], task[1])
-        if path.exists():  # finished by an earlier, interrupted run of the same config
-            hashes[task[:2]] = pq.read_table(path, columns=["content_hash"])["content_hash"].to_pylist()
-            if progress:
-                progress(task[3] - task[2])
-        else:
-            todo.append(task)
-    if workers == 1 or len(todo) <= 1:
+
+    def todo() -> Iterator[tuple[str, int, int, int]]:
+        """Shards still to write, streamed (a work list may be far longer than memory)."""
+        for split, plan in gen.plans.items():
+            for shard in range(math.ceil(plan.n / config.shard_size)):
+                task = (split, shard, shard * config.shard_size, min(plan.n, (shard + 1) * config.shard_size))
+                path = work / shard_name(split, shard)
+                if not path.exists():
+                    yield task
+                    continue
+                # finished by an earlier, interrupted run of the same config
+                hashes[task[:2]] = pq.read_table(path, columns=["content_hash"])["content_hash"].to_pylist()
+                if progress:
+                    progress(task[3] - task[2])
+
+    workers = min(workers, sum(math.ceil(plan.n / config.shard_size) for plan in gen.plans.values()))
+    if workers == 1:
         _WORKER["gen"] = gen
-        for task in todo:
-            hashes[task[:2]] = _write_shard(out, task, progress)
+        for task in todo():
+            hashes[task[:2]] = _write_shard(work, task, progress)
     else:
         ctx = get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(gen_cls.name, config)) as pool:
-            futures = {pool.submit(_write_shard, out, task, None): task for task in todo}
-            for fut in as_completed(futures):
-                task = futures[fut]
-                hashes[task[:2]] = fut.result()
-                if progress:
-                    progress(task[3] - task[2])
-    card = _card(gen, out, hashes)
-    write_json_atomic(card, out / CARD_NAME)
-    (out / MARKER).unlink(missing_ok=True)
+                                 initargs=(gen_cls.name, config, os.getpid())) as pool:
+            pending: dict[Future, tuple[str, int, int, int]] = {}
+            for task in todo():  # at most 2 shards per worker in flight: bounded memory
+                pending[pool.submit(_write_shard, work, task, None)] = task
+                while len(pending) >= 2 * workers:
+                    _collect(pending, hashes, progress)
+            while pending:
+                _collect(pending, hashes, progress)
+    card = _card(gen, work, hashes)
+    write_json_atomic(card, work / CARD_NAME)
+    (work / MARKER).unlink(missing_ok=True)
+    if work != out:
+        _swap_in(work, out)
     return card
 
 
-def _prepare_dir(out: Path, key: str, overwrite: bool) -> None:
+def _collect(pending: dict[Future, tuple[str, int, int, int]], hashes: dict[tuple[str, int], list[str]],
+             progress: Progress | None) -> None:
+    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+    for fut in done:
+        task = pending.pop(fut)
+        hashes[task[:2]] = fut.result()
+        if progress:
+            progress(task[3] - task[2])
+
+
+def _check_space(out: Path, total: int) -> None:
+    """Refuse, before anything is written, a dataset the disk cannot hold even at its smallest."""
+    where = out.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if total * MIN_SCENE_BYTES > free:
+        raise BenchError(f"n_train: {total:,} scenes need at least {total * MIN_SCENE_BYTES / 2**30:,.1f} GiB, "
+                         f"but {where} has {free / 2**30:,.1f} GiB free; generate fewer scenes or free space")
+
+
+def check_destination(out: Path, overwrite: bool) -> None:
+    """Refuse, touching nothing, an output `generate` would refuse or could not write.
+
+    Lets a command check every output (a sweep writes several) before the first is rendered.
+    """
+    out = Path(out)
     if out.exists() and not out.is_dir():
         raise BenchError(f"out: {out} exists and is not a directory")
-    marker = out / MARKER
     if (out / CARD_NAME).exists():
+        Dataset(out)
         if not overwrite:
             raise BenchError(f"out: {out} already holds a dataset; pass --overwrite to replace it")
-        shutil.rmtree(out)
-    elif marker.exists():
-        try:
-            same = json.loads(marker.read_text()).get("key") == key
-        except (OSError, ValueError):
-            same = False
-        if not same:  # an unfinished run of another config: its shards are useless here
-            shutil.rmtree(out)
-    elif out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise BenchError(f"out: {out} is not empty and not a dataset; choose another directory or pass --overwrite")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for tmp in out.glob(".*.tmp-*"):
-        tmp.unlink()
+        _check_own(out, "holds a dataset and other files; --overwrite replaces only what the dataset wrote")
+    elif out.is_dir() and any(out.iterdir()):
+        if not (out / MARKER).exists():
+            raise BenchError(f"out: {out} is not empty and not a BindingBench dataset; choose another directory "
+                             "(--overwrite replaces only a dataset)")
+        _check_own(out, "holds an unfinished dataset and other files; move them out or choose another directory")
+    where = out.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        raise BenchError(f"out: cannot write {out}: {where} is not a writable directory")
+
+
+def _prepare_dir(out: Path, key: str, overwrite: bool) -> Path:
+    """Make ready the directory the shards go to, and return it.
+
+    That is `out` itself, except when `--overwrite` replaces a finished dataset: then a
+    staging directory beside it, swapped in by `_swap_in` once the new card is written.
+    Only the engine's own files are ever deleted; a directory holding anything else is
+    refused with nothing touched.
+    """
+    if out.exists() and not out.is_dir():
+        raise BenchError(f"out: {out} exists and is not a directory")
+    try:
+        if (out / CARD_NAME).exists():
+            Dataset(out)  # a damaged card is not "a dataset" to replace: refuse, in one line
+            if not overwrite:
+                raise BenchError(f"out: {out} already holds a dataset; pass --overwrite to replace it")
+            _check_own(out, "holds a dataset and other files; --overwrite replaces only what the dataset wrote")
+            work = _staging(out)
+        else:
+            work = out
+        _reset_unfinished(work, key)
+        work.mkdir(parents=True, exist_ok=True)
+        for tmp in work.glob(".*.tmp-*"):
+            tmp.unlink()
+        if not (work / MARKER).exists():
+            write_json_atomic({"key": key}, work / MARKER)
+        probe = work / f".write-probe.tmp-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise BenchError(f"out: cannot write {e.filename or out} ({e.strerror}); choose a writable directory") from None
+    return work
+
+
+def _reset_unfinished(work: Path, key: str) -> None:
+    """Keep an unfinished run of the same config (it resumes); clear one of another config."""
+    if not work.exists() or not any(work.iterdir()):
+        return
+    marker = work / MARKER
     if not marker.exists():
-        write_json_atomic({"key": key}, marker)
+        raise BenchError(f"out: {work} is not empty and not a BindingBench dataset; choose another directory "
+                         "(--overwrite replaces only a dataset)")
+    _check_own(work, "holds an unfinished dataset and other files; move them out or choose another directory")
+    try:
+        same = json.loads(marker.read_text()).get("key") == key
+    except (OSError, ValueError, AttributeError):
+        same = False
+    if not same:  # its shards are of another config, useless here
+        for f in work.iterdir():
+            f.unlink()
+
+
+def _check_own(path: Path, problem: str) -> None:
+    foreign = [f.name for f in path.iterdir() if not (f.is_file() and OWN_FILE.match(f.name))]
+    if foreign:
+        raise BenchError(f"out: {path} {problem} (e.g. {sorted(foreign)[0]!r}); nothing was changed")
+
+
+def _staging(out: Path) -> Path:
+    """Where the replacement of `out` is built: beside it, so the swap is a rename."""
+    out = out.resolve()
+    return out.with_name(f".{out.name}.overwrite")
+
+
+def _swap_in(work: Path, out: Path) -> None:
+    """Put the finished dataset `work` in place of the old one at `out`, then delete the old.
+
+    Linux swaps the two names in one atomic step (renameat2 RENAME_EXCHANGE); elsewhere
+    the old one is first renamed aside, so either name always holds a whole dataset.
+    """
+    out = out.resolve()
+    if not _exchange(work, out):
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(work, out)
+        work = old
+    shutil.rmtree(work)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 _WORKER: dict[str, SceneGenerator] = {}
 
 
-def _init_worker(name: str, config: CommonConfig) -> None:
+def _init_worker(name: str, config: CommonConfig, parent: int) -> None:
+    _die_with_parent(parent)
     _WORKER["gen"] = get_generator(name)(config)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel to kill this worker when the parent dies, by any signal (SIGKILL
+    included, which no handler in the parent could see); a worker whose parent is
+    already gone exits at once."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _write_shard(out: Path, task: tuple[str, int, int, int], progress: Progress | None) -> list[str]:

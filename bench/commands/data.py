@@ -13,6 +13,7 @@ import typer
 from bench.commands.common import Format, echo, progress_bar, render_table, stderr
 from bench.dataset import Dataset
 from bench.errors import BenchError
+from bench.paths import check_output_file
 from generators.base import build_config, get_generator, list_generators
 
 
@@ -57,11 +58,12 @@ def generate(
         if value is not None:
             overrides[key] = value
     config = build_config(gen, preset, overrides)
-    from generators.engine import generate as run
+    from generators.engine import check_destination, generate as run
 
     variants = gen.expand(config)
     for sub, cfg in variants:
-        gen(cfg)  # validate every variant before any work
+        gen(cfg)  # validate every variant and its destination before any work
+        check_destination(out / sub if sub else out, overwrite)
     for sub, cfg in variants:
         target = out / sub if sub else out
         t0 = time.perf_counter()
@@ -104,7 +106,7 @@ def info(
     cols.append("fingerprint")
     for r in rows:
         r["fingerprint"] = r["fingerprint"][:12]
-    title = f"{path} — {card['generator']['name']} v{card['generator']['version']}, {space}, seed {card['seed']}"
+    title = f"{path} — {card['generator']['name']} v{card['generator']['version']}, {space}, seed {card.get('seed')}"
     echo(render_table(rows, cols, fmt, title=title))
 
 
@@ -119,6 +121,7 @@ def preview(
 
     if n < 1:
         raise BenchError(f"n: must be ≥ 1, got {n}")
+    check_output_file(out, "out", (".png",))
     ds = Dataset(path)
     contact_sheet(ds, split, n).save(out)
     stderr.print(f"wrote {out}")
