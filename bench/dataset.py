@@ -4,10 +4,15 @@ This is the only interface between generators and evaluators. A dataset director
 is complete exactly when its card exists: shards and the card are written to a
 temporary name and renamed into place, and the card is written last, so a killed
 run never leaves something that reads as a finished dataset.
+
+Readers trust nothing on disk: the card's schema, every shard's footer and row count
+(against the card) are checked before use, and any damage is a one-line BenchError
+naming the file, never a traceback from deep inside Arrow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -98,10 +103,14 @@ def decode_png(data: bytes | dict) -> np.ndarray:
     """Pixels of a PNG (accepts the `{bytes, path}` struct too); palette images come back RGB."""
     if isinstance(data, dict):
         data = data["bytes"]
-    with Image.open(io.BytesIO(data)) as im:
-        if im.mode == "P":
-            im = im.convert("RGB")
-        return np.asarray(im)
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if im.mode == "P":
+                im = im.convert("RGB")
+            return np.asarray(im)
+    except (OSError, ValueError, TypeError) as e:  # PIL's errors for truncated or garbled bytes
+        raise BenchError(f"dataset: a stored image is not a valid PNG ({_first_line(e)}); "
+                         "regenerate the dataset with `bench generate`") from None
 
 
 def encode_scene(
@@ -176,13 +185,23 @@ class Dataset:
             raise BenchError(
                 f"dataset: {self.path} has no {CARD_NAME} (not a dataset, or its generation did not finish)"
             )
-        self.card: dict[str, Any] = json.loads(card_path.read_text())
+        try:
+            self.card: dict[str, Any] = json.loads(card_path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise _damaged(card_path, f"unreadable JSON: {_first_line(e)}") from None
+        if not isinstance(self.card, dict):
+            raise _damaged(card_path, f"a JSON {type(self.card).__name__}, not an object")
         version = self.card.get("schema_version")
         if version != SCHEMA_VERSION:
             raise BenchError(
                 f"dataset: {self.path} has schema_version {version}; this BindingBench reads {SCHEMA_VERSION}"
             )
-        self.feature_space = FeatureSpace.from_dict(self.card["feature_space"])
+        _check_card(self.card, card_path)
+        try:
+            self.feature_space = FeatureSpace.from_dict(self.card["feature_space"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise _damaged(card_path, f"feature_space: {_first_line(e)}") from None
+        self._checked: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -203,7 +222,19 @@ class Dataset:
         return self.split_info(split)["fingerprint"]
 
     def files(self, split: str) -> list[Path]:
-        return [self.path / name for name in self.split_info(split)["shards"]]
+        """The split's shards, once checked: present, with a readable footer, and as many
+        rows in all as the card says."""
+        files = [self.path / name for name in self.split_info(split)["shards"]]
+        if split not in self._checked:
+            rows = 0
+            for f in files:
+                with _reading(f):
+                    rows += pq.ParquetFile(f).metadata.num_rows
+            if rows != self.num_rows(split):
+                raise _damaged(self.path / CARD_NAME, f"split {split!r} has {rows} rows in its shards, "
+                                                      f"the card says {self.num_rows(split)}")
+            self._checked.add(split)
+        return files
 
     def num_rows(self, split: str) -> int:
         return int(self.split_info(split)["n"])
@@ -213,14 +244,19 @@ class Dataset:
         files = self.files(split)
         if not files:
             return row_schema({}, {}).empty_table()
-        return pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+        tables = []
+        for f in files:
+            with _reading(f):
+                tables.append(pq.read_table(f, columns=columns))
+        return pa.concat_tables(tables)
 
     def iter_batches(
         self, split: str, batch_size: int = 256, columns: Sequence[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
         """Stream a split in record batches, one shard open at a time (bounded memory)."""
         for f in self.files(split):
-            yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=columns)
+            with _reading(f):
+                yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=columns)
 
     def codes(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(F, O, H(O|F=f) per row) as arrays: F is N x n_features, O is N x n_conjunctions."""
@@ -237,6 +273,45 @@ class Dataset:
                 row["image"] = decode_png(row["image"])
                 row["mask"] = decode_png(row["mask"])
                 yield row
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _damaged(path: Path, what: str) -> BenchError:
+    return BenchError(f"dataset: {path} is damaged ({what}); regenerate the dataset with `bench generate`")
+
+
+#: The card fields readers rely on, and each split's.
+_CARD_FIELDS = {"generator": dict, "feature_space": dict, "splits": dict}
+_SPLIT_FIELDS = {"n": int, "fingerprint": str, "shards": list}
+
+
+def _check_card(card: dict[str, Any], path: Path) -> None:
+    """Fields and types the readers use, so damage surfaces here and not as a KeyError later."""
+    for name, tp in _CARD_FIELDS.items():
+        if not isinstance(card.get(name), tp):
+            raise _damaged(path, f"{name!r} missing or not a {tp.__name__}")
+    for split, info in card["splits"].items():
+        for name, tp in _SPLIT_FIELDS.items():
+            if not isinstance(info, dict) or not isinstance(info.get(name), tp):
+                raise _damaged(path, f"splits.{split}.{name} missing or not a {tp.__name__}")
+        names = info["shards"]
+        if not all(isinstance(n, str) and n and Path(n).name == n for n in names) or info["n"] < 0:
+            raise _damaged(path, f"splits.{split} lists invalid shards or rows")
+
+
+@contextlib.contextmanager
+def _reading(shard: Path) -> Iterator[None]:
+    """Turn a missing, truncated or garbled shard into one line naming it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise BenchError(f"dataset: shard {shard} is missing; regenerate the dataset with `bench generate`") from None
+    except (OSError, pa.ArrowException) as e:
+        raise _damaged(shard, _first_line(e)) from None
 
 
 def _list_column(col: pa.ChunkedArray, width: int) -> np.ndarray:

@@ -156,7 +156,12 @@ def read_results(results_dir: str | os.PathLike) -> pa.Table:
         raise BenchError(f"results: {d} is not a directory")
     tables = []
     for f in sorted(d.glob("*.parquet")):
-        t = pq.read_table(f)
+        try:
+            t = pq.read_table(f)
+        except (OSError, pa.ArrowException) as e:  # truncated or garbled: name the file, no traceback
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise BenchError(f"results: {f} is damaged ({first}); move it out of {d} "
+                             "(its runs are lost; `bench evaluate` re-creates them)") from None
         version = (t.schema.metadata or {}).get(b"bindingbench_results_schema_version")
         if version != str(RESULTS_SCHEMA_VERSION).encode():
             raise BenchError(
