@@ -10,6 +10,10 @@ installed. Two upstream defects are patched here, once, so no caller needs to kn
   *pointer*, which pyrender's offscreen path makes look new on every frame: shaders
   are recompiled each draw (4-9x slower) and ~20 MB leak per frame. There is one
   context per process here, so `OpenGL.contextdata.getContext` can return a constant.
+- pyrender keeps a scene's nodes in sets, iterated in memory-address order, which
+  changes from run to run: the shader then sums the lights' contributions in another
+  order and a few pixels a few hundred images differ by one intensity level. Scenes
+  here iterate their lights and meshes in the order they were added (`_ordered_scene`).
 
 Occlusion ground truth: `visible_px` counts an object's pixels in the scene's
 instance mask; `full_px` counts them with the object drawn alone. Objects whose
@@ -108,6 +112,41 @@ def _pyrender() -> Any:
     pyrender.renderer.SHADOW_TEX_SZ = SHADOW_MAP_SIZE
     _PYRENDER = pyrender
     return pyrender
+
+
+_ORDERED_SCENE: Any = None
+
+
+def _ordered_scene() -> Any:
+    """A pyrender Scene whose light and mesh nodes iterate in insertion order.
+
+    Float sums are not associative: with sets, the order of the lights in the shader's
+    sum (and of equally distant meshes in the draw list) depends on object addresses,
+    so the same scene rendered in two processes could differ by one intensity level.
+    """
+    global _ORDERED_SCENE
+    if _ORDERED_SCENE is None:
+        base = _pyrender().Scene
+
+        class OrderedScene(base):  # type: ignore[misc, valid-type]
+            def add_node(self, node: Any, parent_node: Any = None) -> None:
+                super().add_node(node, parent_node=parent_node)
+                order = self.__dict__.setdefault("_insertion", {})
+                order.setdefault(node, len(order))
+
+            def _ordered(self, nodes: Any) -> list:
+                return sorted(nodes, key=self.__dict__.get("_insertion", {}).__getitem__)
+
+            @property
+            def light_nodes(self) -> list:
+                return self._ordered(super().light_nodes)
+
+            @property
+            def mesh_nodes(self) -> list:
+                return self._ordered(super().mesh_nodes)
+
+        _ORDERED_SCENE = OrderedScene
+    return _ORDERED_SCENE
 
 
 # -- scene description -------------------------------------------------------------------
@@ -321,7 +360,7 @@ class Renderer:
                 raise BenchError(f"model: {o.model!r} was never added to the renderer")
         pr = self._pr
         stage = stage or Stage()
-        scene = pr.Scene(bg_color=(*stage.background, 1.0), ambient_light=(stage.ambient,) * 3)
+        scene = _ordered_scene()(bg_color=(*stage.background, 1.0), ambient_light=(stage.ambient,) * 3)
         scene.add(self._ground_mesh(stage))
         nodes = [scene.add(self._models[o.model][0], pose=o.pose) for o in objects]
         scene.add(pr.PerspectiveCamera(yfov=np.radians(camera.yfov_deg), znear=camera.znear, zfar=camera.zfar,
