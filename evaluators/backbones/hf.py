@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -283,18 +283,84 @@ def _download(repo_id: str, revision: str | None) -> Path:
     if not _reachable(endpoint):
         raise BenchError(f"model: {repo_id} is not in the local Hugging Face cache and could not be downloaded "
                          f"({endpoint} is unreachable); {how}")
+    repo_dir = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
     try:
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, cache_dir=hub_cache_dir()))
+        return Path(_with_stall_deadline(
+            lambda: snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, cache_dir=hub_cache_dir(),
+                                      endpoint=endpoint),  # the one probed
+            repo_dir))
+    except TimeoutError:
+        raise BenchError(f"model: {repo_id}: {endpoint} sent nothing for {STALL_DEADLINE_S:.0f} s; {how}") from None
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BenchError(f"model: {repo_id} could not be downloaded ({first}); {how}") from None
 
 
-def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
-    url = urlparse(endpoint)
-    try:
-        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+#: The reachability probe ends within this many seconds in all (connect + answer).
+PROBE_DEADLINE_S = 10.0
+#: A download fails once no byte has arrived for this long (the hub client sets no read timeout).
+STALL_DEADLINE_S = 30.0
+
+
+def _reachable(endpoint: str) -> bool:
+    """Whether the endpoint answers an HTTP request within PROBE_DEADLINE_S, through the
+    proxies the environment names (HTTPS_PROXY, HTTP_PROXY, NO_PROXY: urllib reads them).
+
+    A server that accepts the connection and never answers is unreachable: a bare TCP
+    connect would call it reachable and the download would then wait forever.
+    """
+    import urllib.error
+    import urllib.request
+
+    def probe() -> bool:
+        try:
+            # a fresh opener reads the proxy variables now (urlopen's global one keeps its first)
+            opener = urllib.request.build_opener()
+            opener.open(urllib.request.Request(endpoint, method="HEAD"), timeout=PROBE_DEADLINE_S).close()
+        except urllib.error.HTTPError:  # it answered, if only with an error status
             return True
-    except OSError:
+        return True
+
+    try:
+        return bool(_with_stall_deadline(probe, None, PROBE_DEADLINE_S))
+    except (OSError, ValueError):  # includes TimeoutError and URLError
         return False
+
+
+def _with_stall_deadline(fn: Any, watch: Path | None, deadline: float | None = None) -> Any:
+    """`fn()`, run in a daemon thread and abandoned with TimeoutError once `deadline` s
+    pass without progress (bytes growing under `watch`; without `watch`, a total deadline).
+
+    The hub client's sockets have no read timeout, so only a watchdog bounds a stall.
+    """
+    deadline = STALL_DEADLINE_S if deadline is None else deadline
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True, name="bench-network")
+    thread.start()
+    seen, last = -1, time.monotonic()
+    while thread.is_alive():
+        thread.join(min(1.0, deadline))
+        size = _tree_bytes(watch) if watch is not None else 0
+        if size != seen:
+            seen, last = size, time.monotonic()
+        elif thread.is_alive() and time.monotonic() - last >= deadline:
+            raise TimeoutError(f"no progress for {deadline:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for f in root.rglob("*") if root.is_dir() else ():
+        with contextlib.suppress(OSError):  # the client renames files as they complete
+            total += f.lstat().st_size
+    return total
 
