@@ -108,9 +108,13 @@ class EntryWriter:
 
     def open(self) -> "EntryWriter":
         """Lock the entry, then reuse its rows on disk if a previous run of the same key left some."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.path / LOCK_NAME, os.O_CREAT | os.O_RDWR)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # a concurrent run of the same key waits here
+        while True:  # a concurrent run of the same key (or a `cache rm`) holds the lock: wait
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.path / LOCK_NAME, os.O_CREAT | os.O_RDWR)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            if _same_file(self._lock_fd, self.path / LOCK_NAME):
+                break
+            os.close(self._lock_fd)  # the entry was removed while we waited: start it afresh
         if read_meta(self.path) is not None:  # finished by the run we waited for: leave it alone
             self.n_done = self.n
             return self
@@ -182,6 +186,15 @@ class EntryWriter:
             self._lock_fd = None
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         n = os.pwrite(fd, data, offset)
@@ -210,12 +223,16 @@ class EntryInfo:
     views: list[str]
     rows: str
     bytes: int
+    #: input side and dataset fingerprint: entries may differ in these alone.
+    side: Any = "?"
+    fingerprint: str = "?"
 
     def row(self) -> dict[str, Any]:
         layers = self.layers
         span = f"{layers[0]}..{layers[-1]} ({len(layers)})" if len(layers) > 3 else ",".join(map(str, layers))
         return {"key": self.key, "status": "complete" if self.complete else "partial", "backbone": self.backbone,
-                "revision": self.revision, "dataset": self.dataset, "split": self.split, "layers": span,
+                "revision": self.revision, "dataset": self.dataset, "fingerprint": self.fingerprint[:12],
+                "split": self.split, "side": self.side, "layers": span,
                 "views": ",".join(self.views), "rows": self.rows, "size_mb": round(self.bytes / 2**20, 1),
                 "path": str(self.path)}
 
@@ -223,6 +240,8 @@ class EntryInfo:
 def list_entries(cache_dir: Path | None = None) -> list[EntryInfo]:
     """Complete and partial entries under the cache root."""
     out = []
+    if cache_root(cache_dir).exists() and not cache_root(cache_dir).is_dir():
+        raise BenchError(f"cache-dir: {cache_root(cache_dir)} is not a directory")
     root = activations_dir(cache_dir)
     for entry in sorted(root.glob("*/*")) if root.is_dir() else []:
         meta = read_meta(entry)
@@ -239,19 +258,50 @@ def list_entries(cache_dir: Path | None = None) -> list[EntryInfo]:
             backbone=mat.get("spec", "?"), revision=mat.get("revision", "?"), dataset=mat.get("dataset", "?"),
             split=mat.get("split", "?"), layers=list(meta.get("layers", [])), views=list(meta.get("views", [])),
             rows=rows, bytes=sum(f.stat().st_size for f in entry.iterdir() if f.is_file()),
+            side=mat.get("side", "?"), fingerprint=str(mat.get("fingerprint", "?")),
         ))
     return out
 
 
 def remove_entries(entries: Sequence[EntryInfo]) -> int:
-    """Delete entries (and base directories left empty); returns bytes freed."""
-    freed = 0
-    for e in entries:
-        freed += e.bytes
-        shutil.rmtree(e.path, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            e.path.parent.rmdir()
-    return freed
+    """Delete entries (and base directories left empty); returns bytes freed.
+
+    Each entry's lock is taken first, without waiting: an entry a running extraction
+    holds is refused, and nothing at all is removed, rather than pulled from under it.
+    A writer that was waiting for the lock sees the entry gone and starts it afresh.
+    """
+    locks: list[int] = []
+    try:
+        for e in entries:
+            fd = _try_lock(e.path)
+            if fd is None:
+                raise BenchError(f"cache rm: entry {e.key} is being written by a running extraction; "
+                                 "nothing was removed, retry when it has finished")
+            locks.append(fd)
+        freed = 0
+        for e in entries:
+            freed += e.bytes
+            shutil.rmtree(e.path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                e.path.parent.rmdir()
+        return freed
+    finally:
+        for fd in locks:
+            os.close(fd)
+
+
+def _try_lock(entry: Path) -> int | None:
+    """A descriptor holding the entry's lock (of /dev/null when it has no lock file), or None if taken."""
+    try:
+        fd = os.open(entry / LOCK_NAME, os.O_RDWR)
+    except FileNotFoundError:
+        return os.open(os.devnull, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def select_entries(entries: Sequence[EntryInfo], keys: Sequence[str]) -> list[EntryInfo]:

@@ -12,7 +12,8 @@ from bench.errors import BenchError
 
 cache_app = typer.Typer(help="See and clear cached activations.")
 
-CACHE_COLUMNS = ["key", "status", "backbone", "dataset", "split", "layers", "views", "rows", "size_mb"]
+CACHE_COLUMNS = ["key", "status", "backbone", "dataset", "fingerprint", "split", "side", "layers", "views", "rows",
+                 "size_mb"]
 
 
 def register(app: typer.Typer) -> None:
