@@ -43,6 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         code = 130
+    except OSError as e:  # an unwritable or vanished path, a full disk: the user's to fix, not a bug
+        if debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        _error(f"{where}{e.strerror or e} (check the path exists and is writable)")
+        code = 2
     except Exception as e:  # the option parser's usage errors carry their own exit code
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")) or debug:
             raise
@@ -55,4 +61,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _error(message: str) -> None:
-    print(f"bench: error: {message}", file=sys.stderr)
+    """One line, always: a multi-line message would read as a traceback to scripts."""
+    print(f"bench: error: {' '.join(message.split())}", file=sys.stderr)

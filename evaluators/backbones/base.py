@@ -124,6 +124,8 @@ class Backbone(ABC):
         """Input image side under a resolution policy (DESIGN §6): native, explicit, or match-grid."""
         if resolution not in RESOLUTIONS:
             raise BenchError(f"resolution: unknown {resolution!r}; allowed: {', '.join(RESOLUTIONS)}")
+        if image_size is not None and image_size <= 0:  # 0 would silently read as "native"
+            raise BenchError(f"image_size: must be > 0 px, got {image_size}")
         patch = self.info.patch_size
         if resolution == "match-grid":
             ref = image_size or dataset_side

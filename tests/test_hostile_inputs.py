@@ -1,0 +1,425 @@
+"""Hostile inputs (issue 17): damaged files, unsafe outputs, huge sizes, killed parents,
+stalled networks, racing cache removal. Every bad input ends in exit 2 and one line on
+stderr, with no traceback and nothing outside the tool's own files changed."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.cli import main
+from bench.dataset import CARD_NAME, Dataset
+from tests.conftest import make_dataset
+
+SMALL = ["colorshape", "--preset", "small", "--n-train", "12", "--n-val", "4", "--n-test", "4", "--workers", "1"]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file under `root` with a hash of its bytes (what "nothing changed" compares)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def refused(args, capsys, root: Path | None = None) -> str:
+    """Run the CLI in-process; assert exit 2, one stderr line, no traceback, `root` unchanged."""
+    before = tree(root) if root else None
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("bench: error: ") and "Traceback" not in err, err
+    if root:
+        assert tree(root) == before
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("hostile") / "ds", n_train=12, n_val=4, n_test=4, shard_size=8)
+
+
+def copy(ds: Path, tmp_path: Path, name: str = "copy") -> Path:
+    return Path(shutil.copytree(ds, tmp_path / name))
+
+
+# -- 1. --overwrite replaces only a dataset, and only once the new one is complete -----------
+
+
+def test_overwrite_refuses_a_folder_of_notes(tmp_path, capsys):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    assert "not a BindingBench dataset" in refused(["generate", *SMALL, "--out", notes, "--overwrite"], capsys,
+                                                   tmp_path)
+
+
+def test_overwrite_refuses_the_working_directory(tmp_path, capsys, monkeypatch):
+    (tmp_path / "thesis.tex").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    refused(["generate", *SMALL, "--out", ".", "--overwrite"], capsys, tmp_path)
+
+
+def test_overwrite_refuses_a_dataset_with_foreign_files_or_a_damaged_card(ds, tmp_path, capsys):
+    d = copy(ds, tmp_path)
+    (d / "notes.md").write_text("mine")
+    assert "notes.md" in refused(["generate", *SMALL, "--out", d, "--overwrite"], capsys, tmp_path)
+    (d / "notes.md").unlink()
+    (d / CARD_NAME).write_text("[1, 2]")
+    refused(["generate", *SMALL, "--out", d, "--overwrite"], capsys, tmp_path)
+
+
+def test_overwrite_keeps_the_old_dataset_until_the_new_one_is_complete(ds, tmp_path, capsys, monkeypatch):
+    import generators.engine as engine
+
+    d = copy(ds, tmp_path)
+    old = Dataset(d).fingerprint("train")
+
+    def crash(*a, **k):
+        raise RuntimeError("crash before the new card")
+
+    with monkeypatch.context() as m:
+        m.setattr(engine, "_card", crash)
+        with pytest.raises(RuntimeError):
+            main(["generate", *SMALL, "--seed", "5", "--out", str(d), "--overwrite"])
+    assert Dataset(d).fingerprint("train") == old  # the crash lost nothing
+    assert main(["generate", *SMALL, "--seed", "5", "--out", str(d), "--overwrite"]) == 0  # resumes the staging
+    assert Dataset(d).fingerprint("train") != old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no staging or old copy left behind
+
+
+# -- 3. damaged inputs and unwritable outputs ----------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["truncated", "list", "garbled", "no-splits", "bad-split", "missing"])
+def test_damaged_card(ds, tmp_path, capsys, damage):
+    d = copy(ds, tmp_path)
+    card = d / CARD_NAME
+    text = card.read_text()
+    if damage == "truncated":
+        card.write_text(text[: len(text) // 2])
+    elif damage == "list":
+        card.write_text("[]")
+    elif damage == "garbled":
+        card.write_bytes(b"\xff\xfe" + os.urandom(64))
+    elif damage == "missing":
+        card.unlink()
+    else:
+        obj = json.loads(text)
+        if damage == "no-splits":
+            del obj["splits"]
+        else:
+            obj["splits"]["train"]["shards"] = "train-00000.parquet"
+        card.write_text(json.dumps(obj))
+    refused(["info", d], capsys, tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "missing", "rows"])
+def test_damaged_shard(ds, tmp_path, capsys, damage):
+    d = copy(ds, tmp_path)
+    shard = d / "train-00001.parquet"
+    data = shard.read_bytes()
+    if damage == "truncated":
+        shard.write_bytes(data[: len(data) // 2])
+    elif damage == "garbled":
+        shard.write_bytes(data[:4] + bytes(b ^ 0x5A for b in data[4:-8]) + data[-8:])
+    elif damage == "missing":
+        shard.unlink()
+    else:  # the card promises more rows than the shards hold
+        obj = json.loads((d / CARD_NAME).read_text())
+        obj["splits"]["train"]["n"] += 1
+        (d / CARD_NAME).write_text(json.dumps(obj))
+    refused(["preview", d, "--split", "train", "--n", "12", "--out", tmp_path / "sheet.png"], capsys, tmp_path)
+
+
+def test_unwritable_outputs_fail_before_work(ds, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    refused(["generate", *SMALL, "--out", tmp_path / "file" / "sub"], capsys, tmp_path)
+    refused(["generate", *SMALL, "--out", tmp_path / "file"], capsys, tmp_path)
+    refused(["preview", ds, "--out", tmp_path / "file" / "sheet.png"], capsys, tmp_path)
+    refused(["preview", ds, "--out", tmp_path], capsys, tmp_path)  # a directory
+    refused(["preview", ds, "--out", tmp_path / "sheet.foo"], capsys, tmp_path)  # a format it cannot write
+
+
+def test_damaged_results_file(tmp_path, capsys):
+    from bench.results import RESULT_SCHEMA, write_parquet_atomic
+
+    results = tmp_path / "results"
+    results.mkdir()
+    write_parquet_atomic(RESULT_SCHEMA.empty_table(), results / "run.parquet")
+    data = (results / "run.parquet").read_bytes()
+    (results / "run.parquet").write_bytes(data[:-10])
+    assert "run.parquet" in refused(["leaderboard", results], capsys, tmp_path)
+
+
+# -- property: any truncation of a card, a shard or a results file is refused cleanly ------
+
+_FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _truncation_refused_or_harmless(args, capsys) -> None:
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert code in (0, 2) and "Traceback" not in err, err
+    assert code == 0 or len(err.strip().splitlines()) == 1, err
+
+
+@_FUZZ
+@given(frac=st.floats(0, 1, exclude_max=True))
+def test_truncated_card(ds, tmp_path_factory, capsys, frac):
+    d = copy(ds, tmp_path_factory.mktemp("fuzz"))
+    data = (d / CARD_NAME).read_bytes()
+    (d / CARD_NAME).write_bytes(data[: int(frac * len(data))])
+    _truncation_refused_or_harmless(["info", d], capsys)
+
+
+@_FUZZ
+@given(frac=st.floats(0, 1, exclude_max=True))
+def test_truncated_shard(ds, tmp_path_factory, capsys, frac):
+    d = copy(ds, tmp_path_factory.mktemp("fuzz"))
+    shard = d / "test-00000.parquet"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: int(frac * len(data))])
+    _truncation_refused_or_harmless(["preview", d, "--n", "4", "--out", d.parent / "sheet.png"], capsys)
+
+
+@_FUZZ
+@given(frac=st.floats(0, 1, exclude_max=True))
+def test_truncated_results(tmp_path_factory, capsys, frac):
+    from bench.results import RESULT_SCHEMA, write_parquet_atomic
+
+    results = tmp_path_factory.mktemp("fuzz") / "results"
+    results.mkdir()
+    write_parquet_atomic(RESULT_SCHEMA.empty_table(), results / "run.parquet")
+    data = (results / "run.parquet").read_bytes()
+    (results / "run.parquet").write_bytes(data[: int(frac * len(data))])
+    _truncation_refused_or_harmless(["leaderboard", results], capsys)
+
+
+# -- 4. sizes are checked before anything is allocated or written --------------------------
+
+
+def test_absurd_size_is_refused_at_once(tmp_path, capsys):
+    t0 = time.perf_counter()
+    msg = refused(["generate", "colorshape", "--preset", "small", "--n-train", "99999999999999999999",
+                   "--out", tmp_path / "big"], capsys, tmp_path)
+    assert "GiB" in msg and time.perf_counter() - t0 < 10
+
+
+# -- 5. workers die with their parent, whatever the signal --------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_die_with_their_parent(tmp_path, sig):
+    d = tmp_path / "d"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from bench.cli import main; main()", "generate", "colorshape", "--preset", "small",
+         "--n-train", "4000", "--n-val", "10", "--n-test", "10", "--set", "shard_size=40", "--workers", "2",
+         "--out", str(d)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not list(d.glob("train-*.parquet")):
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        assert len(workers) >= 2 and list(d.glob("train-*.parquet"))
+        os.kill(proc.pid, sig)  # the parent alone, as `kill` would
+        proc.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.05)
+        assert not [w for w in workers if _alive(w)]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+# -- 6. a stalled hub fails within its deadline, through the configured proxy ---------------
+
+
+class StalledServer:
+    """Accepts connections on 127.0.0.1 and never answers (HEAD gets a 200 when asked to)."""
+
+    def __init__(self, answer_head: bool = False) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.requests: list[bytes] = []
+        self.conns: list[socket.socket] = []
+        self.answer_head = answer_head
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(4096)
+            self.requests.append(data)
+            if self.answer_head and data.startswith(b"HEAD"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                conn.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    import evaluators.backbones.hf as hf
+
+    monkeypatch.setattr(hf, "PROBE_DEADLINE_S", 1.0)
+    monkeypatch.setattr(hf, "STALL_DEADLINE_S", 1.0)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    servers = []
+
+    def start(answer_head: bool = False) -> StalledServer:
+        servers.append(StalledServer(answer_head))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def _timed_refusal(capsys, args) -> tuple[str, float]:
+    t0 = time.perf_counter()
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err, time.perf_counter() - t0
+
+
+def test_stalled_hub_fails_within_the_deadline(hub, capsys, monkeypatch):
+    server = hub()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.port}")
+    err, dt = _timed_refusal(capsys, ["models", "someone/some-model"])
+    assert "unreachable" in err and dt < 8 and server.requests
+
+
+def test_stall_after_the_probe_fails_within_the_deadline(hub, capsys, monkeypatch):
+    server = hub(answer_head=True)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.port}")
+    err, dt = _timed_refusal(capsys, ["models", "someone/some-model"])
+    assert "sent nothing" in err and dt < 8
+
+
+def test_probe_goes_through_the_proxy_and_honours_no_proxy(hub, capsys, monkeypatch):
+    proxy = hub()
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+    _timed_refusal(capsys, ["models", "someone/some-model"])
+    assert any(b"hub.invalid" in r for r in proxy.requests)  # asked the proxy, not DNS
+    direct = hub()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{direct.port}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    n = len(proxy.requests)
+    _timed_refusal(capsys, ["models", "someone/some-model"])
+    assert direct.requests and len(proxy.requests) == n
+
+
+# -- 7. `cache rm` respects the lock of an entry being written --------------------------------
+
+
+def test_cache_rm_refuses_a_locked_entry(tmp_path, capsys):
+    entry = tmp_path / "cache" / "activations" / "base0000" / "sel0"
+    entry.mkdir(parents=True)
+    (entry / "state.json").write_text(json.dumps({"n_done": 1, "n": 4, "material": {}}))
+    fd = os.open(entry / ".lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a running extraction
+    try:
+        assert "being written" in refused(["cache", "rm", "--all", "--cache-dir", tmp_path / "cache"], capsys,
+                                          tmp_path)
+    finally:
+        os.close(fd)
+    assert main(["cache", "rm", "--all", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert not entry.exists()
+
+
+# -- 8. the smaller points -----------------------------------------------------------------
+
+
+def test_small_validations(ds, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    refused(["cache", "ls", "--cache-dir", tmp_path / "file"], capsys, tmp_path)
+    refused(["extract", "--model", "pixels:8", "--dataset", ds, "--split", "test", "--image-size", "0",
+             "--cache-dir", tmp_path / "cache"], capsys, tmp_path)
+
+
+# -- 2. 3D bytes are the same in every process ------------------------------------------------
+
+_RENDER = """
+import hashlib, sys
+from generators.base import build_config, get_generator
+from generators.engine import scene_seed
+junk = [object() for _ in range(int(sys.argv[1]))]  # shifts every later object's address
+gen_cls = get_generator("clevr")
+gen = gen_cls(build_config(gen_cls, "small", {"seed": 4, "image_size": 96}))
+for i in range(4):
+    scene, _ = gen.render("train", i, scene_seed(4, "train", i))
+    print(hashlib.sha256(scene.image.tobytes() + scene.mask.tobytes()).hexdigest())
+"""
+
+
+def test_3d_lights_are_summed_in_insertion_order():
+    pytest.importorskip("pyrender")
+    from generators import render3d
+
+    pr = render3d._pyrender()
+    for junk in range(8):  # other address layouts give other set orders
+        _ = [object() for _ in range(junk * 37)]
+        scene = render3d._ordered_scene()()
+        lights = [pr.PointLight(intensity=1.0 + i) if i % 2 else pr.DirectionalLight(intensity=1.0 + i)
+                  for i in range(6)]
+        nodes = [scene.add(light) for light in lights]
+        assert list(scene.light_nodes) == nodes
+
+
+def test_3d_render_is_byte_identical_across_processes():
+    pytest.importorskip("pyrender")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    outs = [subprocess.run([sys.executable, "-c", _RENDER, str(junk)], capture_output=True, text=True, env=env,
+                           check=True).stdout for junk in (0, 12345)]
+    assert len(outs[0].split()) == 4 and outs[0] == outs[1]
