@@ -2,7 +2,8 @@
 
 Spec forms: a preset name (`dinov2-large`), a Hugging Face id (`facebook/dinov2-large`,
 optionally `@revision`), a local checkpoint directory, `random:<preset>`,
-`pixels[:P]`, `oracle:<kind>` and `timm:<name>` (when timm is installed).
+`pixels[:P]`, `oracle:<kind>`, `timm:<name>` and `open_clip:<arch>@<tag or file>`
+(optional extras; `random:timm:<name>` and `random:open_clip:<arch>` build them untrained).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from pathlib import Path
 from bench.errors import BenchError
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels
-from evaluators.backbones.presets import PRESETS, Preset
+from evaluators.backbones.presets import LIBRARY_PRESETS, PRESETS, LibraryPreset, Preset
+from evaluators.zoo.listing import zoo_infos, zoo_specs
 
 __all__ = ["Backbone", "BackboneInfo", "PRESETS", "list_backbones", "resolve_backbone", "known_specs"]
 
+LIBRARIES = ("timm:", "open_clip:")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 
 
@@ -33,6 +36,8 @@ def resolve_backbone(spec: str, **options: object) -> Backbone:
     spec = spec.strip()
     if spec.startswith("random:"):
         name = spec.split(":", 1)[1]
+        if name in LIBRARY_PRESETS or name.startswith(LIBRARIES):
+            return _load_library(spec, name, seed)
         if name not in PRESETS:
             raise _unknown(spec, [f"random:{p}" for p in PRESETS])
         from evaluators.backbones.hf import build_random
@@ -42,10 +47,13 @@ def resolve_backbone(spec: str, **options: object) -> Backbone:
         return parse_pixels(spec)
     if spec.startswith("oracle:"):
         return parse_oracle(spec, seed=seed)
-    if spec.startswith("timm:"):
-        from evaluators.backbones.timm_models import load_timm
+    if spec.startswith("zoo:"):  # a checkpoint directory in the cache: the local-checkpoint path, nothing else
+        from evaluators.backbones.hf import load_local
+        from evaluators.zoo import model_path
 
-        return load_timm(spec)
+        return load_local(spec, model_path(spec.split(":", 1)[1]).resolve())
+    if spec in LIBRARY_PRESETS or spec.startswith(LIBRARIES):
+        return _load_library(spec, spec, None)
     if spec in PRESETS:
         from evaluators.backbones.hf import load_hub
 
@@ -65,10 +73,27 @@ def resolve_backbone(spec: str, **options: object) -> Backbone:
     raise _unknown(spec, known_specs())
 
 
+def _load_library(spec: str, name: str, seed: int | None) -> Backbone:
+    """A timm or OpenCLIP backbone (`name`: a library preset or `timm:`/`open_clip:` spec);
+    `seed` builds it with random init instead of its weights."""
+    if name in LIBRARY_PRESETS:
+        name = LIBRARY_PRESETS[name].spec
+    library, _, rest = name.partition(":")
+    if library == "timm":
+        from evaluators.backbones.timm_models import load_timm
+
+        return load_timm(spec, rest, seed=seed)
+    from evaluators.backbones.open_clip_models import load_open_clip
+
+    arch, _, tag = rest.partition("@")
+    return load_open_clip(spec, arch, tag or None, seed=seed)
+
+
 def known_specs() -> list[str]:
     """Every spec `bench models` lists (preset names, their hub ids, random:, pixels, oracles)."""
     return ([*PRESETS, *(p.hub_id for p in PRESETS.values()), *(f"random:{p}" for p in PRESETS),
-             "pixels", f"pixels:{DEFAULT_PIXEL_PATCH}"] + [f"oracle:{k}" for k in ORACLE_KINDS])
+             "pixels", f"pixels:{DEFAULT_PIXEL_PATCH}"] + [f"oracle:{k}" for k in ORACLE_KINDS] + zoo_specs()
+            + [*LIBRARY_PRESETS, *(p.spec for p in LIBRARY_PRESETS.values()), *(f"random:{p}" for p in LIBRARY_PRESETS)])
 
 
 def _unknown(spec: str, candidates: list[str]) -> BenchError:
@@ -83,8 +108,11 @@ def list_backbones() -> list[BackboneInfo]:
     for name, preset in PRESETS.items():
         out.append(_preset_info(name, preset, _cached_revision(preset.hub_id)))
     out += [_preset_info(f"random:{name}", preset, "seed=0") for name, preset in PRESETS.items()]
+    out += [_library_info(name, p, _cached_weights(p)) for name, p in LIBRARY_PRESETS.items()]
+    out += [_library_info(f"random:{name}", p, "seed=0") for name, p in LIBRARY_PRESETS.items()]
     out.append(parse_pixels("pixels").info)
     out += [parse_oracle(f"oracle:{k}").info for k in ("objects", "features", "patches", "mix-0.5")]
+    out += zoo_infos()
     return out
 
 
@@ -102,4 +130,19 @@ def _preset_info(spec: str, preset: Preset, revision: str) -> BackboneInfo:
         patch_size=int(preset.config["patch_size"]), input_size=preset.input_size,
         n_layers=int(preset.config["num_hidden_layers"]), width=int(preset.config["hidden_size"]),
         n_prefix=1 + n_reg, cls_index=0, register_indices=tuple(range(1, 1 + n_reg)),
+    )
+
+
+def _cached_weights(preset: LibraryPreset) -> str:
+    from evaluators.backbones.hub_weights import cached_hub_file
+
+    return "cached" if cached_hub_file(preset.weights_repo, preset.weights_files) else "not cached"
+
+
+def _library_info(spec: str, preset: LibraryPreset, revision: str) -> BackboneInfo:
+    cls = int(preset.has_cls)
+    return BackboneInfo(
+        spec=spec, family=preset.family, revision=revision, n_params=preset.n_params, patch_size=preset.patch_size,
+        input_size=preset.input_size, n_layers=preset.n_layers, width=preset.width, n_prefix=preset.n_prefix,
+        cls_index=0 if cls else None, register_indices=tuple(range(cls, preset.n_prefix)),
     )

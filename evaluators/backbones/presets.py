@@ -2,7 +2,8 @@
 
 The architecture configs ship here (copied from the checkpoints' config.json) so
 that `random:<preset>` builds the exact network with no download, and `bench
-models` can count parameters offline.
+models` can count parameters offline. `LIBRARY_PRESETS` name timm and OpenCLIP
+models the same way (their metadata written down, weights fetched on first use).
 """
 
 from __future__ import annotations
@@ -119,3 +120,62 @@ PRESETS.update({
                            Preprocess((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), BILINEAR),
                            "ViT-L/16 supervised (ImageNet-21k pretrain, 1k fine-tune)", 303_301_632),
 })
+
+
+@dataclass(frozen=True)
+class LibraryPreset:
+    """A timm or OpenCLIP backbone with pretrained weights. Its metadata is written down here
+    (checked against meta-device builds and the libraries' pretrained configs in the tests),
+    so `bench models` lists it without importing the library or downloading anything."""
+
+    library: str  # "timm" or "open_clip"
+    name: str  # timm model name with its pretrained tag; OpenCLIP architecture
+    description: str
+    n_params: int  # the image tower's parameters (timm: no classifier head)
+    patch_size: int
+    input_size: int
+    n_layers: int
+    width: int
+    n_prefix: int
+    has_cls: bool = True
+    tag: str = ""  # OpenCLIP pretrained tag
+    weights_repo: str = ""  # Hugging Face repo the weights come from
+    weights_files: tuple[str, ...] = ()  # file names the library tries there, in order
+
+    @property
+    def spec(self) -> str:
+        return f"timm:{self.name}" if self.library == "timm" else f"open_clip:{self.name}@{self.tag}"
+
+    @property
+    def family(self) -> str:
+        return self.library
+
+
+def _timm(name: str, description: str, *shape: int, has_cls: bool = True) -> LibraryPreset:
+    """A timm preset; timm hosts its weights under timm/<name> (safetensors first)."""
+    return LibraryPreset("timm", name, description, *shape, has_cls=has_cls, weights_repo=f"timm/{name}",
+                         weights_files=("model.safetensors", "pytorch_model.bin"))
+
+
+def _open_clip(arch: str, tag: str, repo: str, description: str, *shape: int) -> LibraryPreset:
+    return LibraryPreset("open_clip", arch, description, *shape, tag=tag, weights_repo=repo,
+                         weights_files=("open_clip_model.safetensors", "open_clip_pytorch_model.bin"))
+
+
+#: shape: parameters, patch size, input size, blocks, width, prefix tokens
+LIBRARY_PRESETS: dict[str, LibraryPreset] = {
+    "dinov2-base-reg-timm": _timm("vit_base_patch14_reg4_dinov2.lvd142m",
+                                  "DINOv2 ViT-B/14 with 4 registers (timm, 518 px)", 86_582_016, 14, 518, 12, 768, 5),
+    "dinov2-large-reg-timm": _timm("vit_large_patch14_reg4_dinov2.lvd142m",
+                                   "DINOv2 ViT-L/14 with 4 registers (timm, 518 px)", 304_370_688, 14, 518, 24, 1024, 5),
+    "siglip-base-16-timm": _timm("vit_base_patch16_siglip_224.webli",
+                                 "SigLIP ViT-B/16 image tower, WebLI (timm; no class token)",
+                                 92_884_224, 16, 224, 12, 768, 0, has_cls=False),
+    "eva02-base-14-timm": _timm("eva02_base_patch14_224.mim_in22k",
+                                "EVA-02 ViT-B/14, MIM on ImageNet-22k (timm; rotary positions)",
+                                85_758_720, 14, 224, 12, 768, 1),
+    "openclip-vit-b-32-laion2b": _open_clip("ViT-B-32", "laion2b_s34b_b79k", "laion/CLIP-ViT-B-32-laion2B-s34B-b79K",
+                                            "OpenCLIP ViT-B/32 image tower, LAION-2B", 87_849_216, 32, 224, 12, 768, 1),
+    "openclip-vit-l-14-laion2b": _open_clip("ViT-L-14", "laion2b_s32b_b82k", "laion/CLIP-ViT-L-14-laion2B-s32B-b82K",
+                                            "OpenCLIP ViT-L/14 image tower, LAION-2B", 303_966_208, 14, 224, 24, 1024, 1),
+}

@@ -1,0 +1,55 @@
+"""Weight files of timm and OpenCLIP models: the local Hugging Face cache first, a download
+only when a user asks for a model that is not cached, and one line, fast, when there is no
+network (the libraries' own clients would retry for minutes).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+from urllib.parse import urlparse
+
+from bench.errors import BenchError
+from evaluators.backbones.hf import _offline, _reachable, hub_cache_dir
+
+
+def cached_hub_file(repo_id: str, filenames: Sequence[str]) -> Path | None:
+    """The first of `filenames` of a hub repo that the local cache holds, or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in filenames:
+        path = try_to_load_from_cache(repo_id, name, cache_dir=hub_cache_dir())
+        if isinstance(path, str):
+            return Path(path)
+    return None
+
+
+def require_network(what: str, url: str | None = None) -> None:
+    """A one-line BenchError unless a download of `what` can work now (HF_HUB_OFFLINE unset,
+    the endpoint reachable)."""
+    endpoint = url or os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    how = "run once where there is network to fill the cache, or point HF_HOME at a cache that holds it"
+    if _offline():
+        raise BenchError(f"model: the weights of {what} are not in the local cache ({hub_cache_dir()}) "
+                         f"and HF_HUB_OFFLINE is set; {how}")
+    if not _reachable(endpoint):
+        raise BenchError(f"model: the weights of {what} are not in the local cache and could not be downloaded "
+                         f"({urlparse(endpoint).hostname} is unreachable); {how}")
+
+
+def hub_file(what: str, repo_id: str, filenames: Sequence[str]) -> Path:
+    """A weight file of a hub repo: cached, or downloaded now (the first of `filenames` the repo has)."""
+    cached = cached_hub_file(repo_id, filenames)
+    if cached is not None:
+        return cached
+    require_network(what)
+    from huggingface_hub import hf_hub_download
+
+    errors = []
+    for name in filenames:
+        try:
+            return Path(hf_hub_download(repo_id, name, cache_dir=hub_cache_dir()))
+        except Exception as e:  # missing file, auth, network: try the next name, report the last
+            errors.append(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    raise BenchError(f"model: could not download the weights of {what} from {repo_id} ({errors[-1]})")
