@@ -66,7 +66,7 @@ def load(src: Path, top_n: int = 20, max_scenes: int | None = None) -> Source:
         "objects": f"class: top {top_n} object classes by instance count, the rest '{OTHER}'; parts listed per "
                    "object; one group, so O = F (no binding task)",
     }
-    return Source("ade20k", provenance["version"], space, scenes, provenance,
+    return Source("ade20k", space, scenes, provenance,
                   object_fields={"name": pa.string(), "parts": pa.list_(pa.string())})
 
 

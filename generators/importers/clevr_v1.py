@@ -6,12 +6,15 @@ in one scene are one conjunction. CLEVR v1.0 ships no instance masks: `mask` hol
 discs centred on each object's `pixel_coords`, radius from its size and depth, painted
 far to near — approximate, and the card says so.
 
-CLEVR's generator also fixes an analytic prior (`clevr_rules`): 3–10 objects, count
-uniform, each object's four properties drawn uniformly and independently, duplicates
-allowed. Under those rules H(O), H(F) and H(O|F=f) are exact sums (below). They are not
-the prior of the released scenes: the renderer re-draws a whole scene when objects
-overlap, leave the margins or show fewer than 200 pixels, which favours small objects
-and fewer objects; so the headline stays the empirical reference probe.
+CLEVR's generator (clevr-dataset-gen `render_images.py`, `data/properties.json`) also
+fixes an analytic prior (`clevr_rules`): a count drawn uniformly from 3–10 per image,
+each object's size, shape, colour and material drawn uniformly and independently,
+duplicates allowed. Under those rules H(O), H(F) and H(O|F=f) are exact sums (below).
+The count stays exact for the released scenes (retries keep it), the properties do not:
+when an object cannot be placed (minimum distance, margins) or some object shows fewer
+than 200 pixels, the renderer deletes every object and draws them all again, so the
+accepted scenes favour property combinations that place and show easily. The headline
+therefore stays the empirical reference probe.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def load(src: Path, max_scenes: int | None = None) -> Source:
         "mask": "approximate: discs at each object's pixel_coords (CLEVR v1.0 has no instance masks)",
         "objects": "size x color x material x shape; identical objects in a scene are one conjunction",
     }
-    return Source("clevr", str(version or "1.0"), space, scenes, provenance,
+    return Source("clevr", space, scenes, provenance,
                   object_fields={"pixel_coords": pa.list_(pa.float64())},
                   extra_card={"clevr_rules": clevr_rules()}, split_stats=rules_per_split)
 
@@ -173,7 +176,8 @@ def clevr_rules() -> dict[str, Any]:
         "H_O": h_o, "H_F": h_f, "H_O_given_F": h_o - h_f,
         "exact_for": "CLEVR's sampling rules: 3-10 objects (count uniform), size, colour, material and shape "
                      "each uniform and independent, duplicates allowed, O a set",
-        "not_exact_for": "the released scenes: the renderer re-draws a scene whose objects overlap, leave the "
-                         "margins or show < 200 pixels, biasing sizes and counts; the headline B* uses the "
-                         "empirical reference probe instead",
+        "not_exact_for": "the released scenes' properties: the renderer re-draws every object of a scene it cannot "
+                         "place (min distance, margins) or where an object shows < 200 pixels, so accepted scenes "
+                         "are not uniform in properties (the count is); the headline B* uses the empirical "
+                         "reference probe instead",
     }

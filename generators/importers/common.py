@@ -69,7 +69,6 @@ class Source:
     """A parsed source: scenes, feature space, and what the card says about where they came from."""
 
     name: str  # e.g. "clevr", "vg-color"
-    version: str
     space: FeatureSpace
     scenes: list[SourceScene]
     provenance: dict[str, Any]

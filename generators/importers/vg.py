@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from bench.codes import FeatureSpace
 from bench.errors import BenchError
@@ -68,8 +67,8 @@ def load(src: Path, coding: str = "vg-color", top_n: int = 10, max_scenes: int |
     name_counts = Counter(o["name"] for _, objs in per_image for o in objs if o["attrs"])
     attr_vocab, name_vocab = top_values(attr_counts, top_n), top_values(name_counts, top_n)
     if not attr_vocab or not name_vocab:
-        raise malformed(files["attributes"], "no object has a " + ("colour" if coding == "vg-color" else "n")
-                        + " attribute", LAYOUT)
+        what = "a colour attribute" if coding == "vg-color" else "an attribute"
+        raise malformed(files["attributes"], f"no object has {what}", LAYOUT)
     group = "color" if coding == "vg-color" else "attribute"
     space = FeatureSpace.of([(group, attr_vocab), ("name", name_vocab)])
     scenes = []
@@ -96,7 +95,7 @@ def load(src: Path, coding: str = "vg-color", top_n: int = 10, max_scenes: int |
         "objects": f"{coding}: {group} x name, top {top_n} of each; an object takes its most frequent "
                    f"{group} in the vocabulary; objects outside the vocabulary are left out",
     }
-    return Source(coding, "1.2", space, scenes, provenance)
+    return Source(coding, space, scenes, provenance)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
