@@ -341,3 +341,19 @@ def test_clevr_rules_analytic_prior():
     assert r["H_O_given_F"] == pytest.approx(r["H_O"] - r["H_F"])
     # one object of one kind: F = f fixes O exactly
     assert rules_given_f((1, 1, 1, 1))[1] == 0.0
+
+
+def test_empirical_rows_are_marked_and_never_ranked_beside_exact_ones():
+    """A `prior: empirical` cell is marked † with its own note and ranks only among its kind,
+    below the exact-prior rows; a board without unanchored rows keeps the unanchored note out."""
+    from bench.commands.common import Format
+    from leaderboards.tables import build_leaderboard, render_leaderboard
+    from tests.test_leaderboard import result_row
+
+    rows = [result_row("A", "linear", 0.30), result_row("E", "linear", 0.90, prior="empirical"),
+            result_row("F", "linear", 0.50, prior="empirical")]
+    board = build_leaderboard(rows)
+    assert [(r.backbone, r.rank) for r in board.rows] == [("A", 1), ("E", 1), ("F", 2)]
+    md = render_leaderboard(board, Format.markdown)
+    assert "| 1 | E | 90.0 ± 2.0 † |" in md and "† prior: empirical (imported real images" in md
+    assert "unanchored (prior: none)" not in md

@@ -78,7 +78,7 @@ def _version(src: Path) -> str:
 def _objects(path: Path) -> list[dict[str, Any]]:
     """Whole objects of one annotation, nearest last, with their parts' names."""
     try:
-        ann = json.loads(path.read_text(encoding="utf-8", errors="strict"))["annotation"]
+        ann = json.loads(_text(path))["annotation"]
         objs = ann["object"]
         by_id = {int(o["id"]): o for o in objs}
         whole = [o for o in objs if int(o["parts"]["part_level"]) == 0]
@@ -96,6 +96,15 @@ def _objects(path: Path) -> list[dict[str, Any]]:
     for o in out:
         o["mask"] = path.parent / o["mask"]
     return [{**o, "image": path.parent / filename} for o in out]
+
+
+def _text(path: Path) -> str:
+    """A JSON file's text: UTF-8, else Latin-1, so a stray byte in an object name does not stop an import."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("latin-1")
 
 
 def _loader(objs: list[dict[str, Any]], objects: list[SourceObject]):
