@@ -27,13 +27,15 @@ def models(
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
 ) -> None:
     """List the registered backbones: presets, random-init controls, pixels and oracles."""
-    from evaluators.backbones import PRESETS, list_backbones, resolve_backbone
+    from evaluators.backbones import LIBRARY_PRESETS, PRESETS, list_backbones, resolve_backbone
 
     infos = [resolve_backbone(spec).info] if spec else list_backbones()
     rows = []
     for info in infos:
-        preset = PRESETS.get(info.spec.removeprefix("random:"))
-        source = ("random init" if info.spec.startswith("random:") else preset.hub_id) if preset else "builtin"
+        name = info.spec.removeprefix("random:")
+        preset = PRESETS.get(name)
+        origin = preset.hub_id if preset else LIBRARY_PRESETS[name].spec if name in LIBRARY_PRESETS else None
+        source = ("random init" if info.spec.startswith("random:") else origin) if origin else "builtin"
         rows.append({**info.to_dict(), "source": source})
     if fmt == Format.json:
         echo(render_table(rows, list(rows[0]), fmt))

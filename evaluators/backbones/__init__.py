@@ -18,7 +18,8 @@ from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS,
 from evaluators.backbones.presets import LIBRARY_PRESETS, PRESETS, LibraryPreset, Preset
 from evaluators.zoo.listing import zoo_infos, zoo_specs
 
-__all__ = ["Backbone", "BackboneInfo", "PRESETS", "list_backbones", "resolve_backbone", "known_specs"]
+__all__ = ["Backbone", "BackboneInfo", "LIBRARY_PRESETS", "PRESETS", "list_backbones", "resolve_backbone",
+           "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
