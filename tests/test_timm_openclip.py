@@ -226,6 +226,28 @@ def test_open_clip_checkpoint_file_weights_and_identity(tmp_path):
     assert bb.identity() != rnd.identity() and rnd.identity() == resolve_backbone(f"random:open_clip:{OC_TINY}").identity()
 
 
+def test_open_clip_tag_weights_and_preprocessing_from_the_cache(tmp_path, monkeypatch):
+    """A pretrained tag (registered for the tiny architecture): its weights come from the local
+    Hugging Face cache offline, its mean/std/interpolation and QuickGELU from the tag's config."""
+    from open_clip.pretrained import _PRETRAINED, _pcfg
+
+    monkeypatch.setitem(_PRETRAINED, OC_TINY, {"bbtest": _pcfg(hf_hub="bbtest/tiny-oc/", mean=MEAN, std=STD,
+                                                              interpolation="bilinear", quick_gelu=True)})
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    torch.manual_seed(7)
+    full = open_clip.create_model(OC_TINY, force_quick_gelu=True)
+    torch.save(full.state_dict(), _fake_hub_file(tmp_path / "hub", "bbtest/tiny-oc", "open_clip_pytorch_model.bin"))
+    bb = resolve_backbone(f"open_clip:{OC_TINY}@bbtest")
+    assert bb.preprocess.mean == MEAN and bb.preprocess.std == STD and bb.preprocess.resample == BILINEAR
+    assert isinstance(bb.model.transformer.resblocks[0].mlp.gelu, open_clip.model.QuickGELU)
+    assert bb.weights == state_dict_hash(full.visual) and bb.identity()["model_cfg"]["quick_gelu"] is True
+    x = _x(32, 1)
+    with torch.no_grad():
+        ref = full.visual.forward_intermediates(x, output_fmt="NLC", output_extra_tokens=True, intermediates_only=True)
+    torch.testing.assert_close(bb.hidden_states(x, [2])[0], torch.cat([ref["image_intermediates_prefix"][1],
+                                                                     ref["image_intermediates"][1]], dim=1))
+
+
 @pytest.mark.parametrize("arch", [OC_TINY, OC_TINY_QKNORM])
 def test_open_clip_attention_qk_is_open_clips_own_attention(arch):
     """nn.MultiheadAttention: its returned probabilities. OpenCLIP's Attention (q/k LayerNorms, fused
