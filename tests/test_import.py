@@ -97,8 +97,10 @@ ADE_CLASSES = ("wall", "floor, flooring", "car, auto, automobile, machine, motor
 
 
 def write_ade20k(root: Path, n_train: int = 16, n_val: int = 8, seed: int = 2) -> Path:
-    """ADE20K_2021_17_01/images/ADE/<split>/<scene>/ADE_*.jpg with its .json and
-    ADE_*/instance_NNN_ADE_*.png (0/255) per object; part objects (part_level 1) beside them."""
+    """ADE20K_2021_17_01/images/ADE/<split>/<scene>/ADE_*.jpg with its .json, its _seg.png
+    (class (R/10)*256+G = name_ndx, instance in B = 10 (k+1): later objects in front, whatever
+    their depth_ordering_rank) and ADE_*/instance_NNN_ADE_*.png amodal masks (0/255) per
+    object; a part object (part_level 1, `hasparts` a bare id as in the release) beside them."""
     rng = np.random.default_rng(seed)
     root = root / "ADE20K_2021_17_01"
     for split, prefix, n in (("training", "train", n_train), ("validation", "val", n_val)):
@@ -109,20 +111,23 @@ def write_ade20k(root: Path, n_train: int = 16, n_val: int = 8, seed: int = 2) -
             (folder / stem).mkdir()
             w, h = 96, 64
             image = rng.integers(0, 60, (h, w, 3), dtype=np.uint8)
+            seg = np.zeros((h, w, 3), np.uint8)
             objects = []
             n_obj = int(rng.integers(2, 4))
-            for k in range(n_obj):
+            for k, c in enumerate(rng.choice(len(ADE_CLASSES), n_obj, replace=False)):
                 m = np.zeros((h, w), np.uint8)
                 x0, y0 = int(rng.integers(0, w - 40)), int(rng.integers(0, h - 24))
                 m[y0:y0 + 24, x0:x0 + 40] = 255
                 image[m > 0] = rng.integers(60, 255, 3, dtype=np.uint8)
+                seg[m > 0] = (0, 100 + c, 10 * (k + 1))
                 mask_name = f"{stem}/instance_{k:03d}_{stem}.png"
                 Image.fromarray(m).save(folder / mask_name)
-                objects.append({"id": k, "name": str(rng.choice(ADE_CLASSES)), "name_ndx": 0, "hypernym": [],
+                objects.append({"id": k, "name": ADE_CLASSES[c], "name_ndx": 100 + int(c), "hypernym": [],
                                 "raw_name": "x", "attributes": [], "depth_ordering_rank": k + 1, "occluded": "no",
                                 "crop": "0", "parts": {"hasparts": [], "ispartof": [], "part_level": 0},
                                 "instance_mask": mask_name, "polygon": {"x": [], "y": []}})
-            objects[0]["parts"]["hasparts"] = [n_obj]
+            objects[0]["parts"]["hasparts"] = n_obj
+            Image.fromarray(seg).save(folder / f"{stem}_seg.png")
             objects.append({"id": n_obj, "name": "window", "name_ndx": 1, "hypernym": [], "raw_name": "window",
                             "attributes": [], "depth_ordering_rank": n_obj + 1, "occluded": "no", "crop": "0",
                             "parts": {"hasparts": [], "ispartof": 0, "part_level": 1},
@@ -245,12 +250,15 @@ def test_ade20k_issameobject_and_no_binding(sources, tmp_path, capsys):
     assert len(values) == 4 and values[-1] == "other"
     rows = [r for s in ds.splits for r in ds.iter_scenes(s)]
     assert {r["source_split"] for r in rows} == {"training", "validation"}
+    root = sources["ade20k"] / "images" / "ADE"
     for r in rows:
         assert r["mask"].shape == (64, 96) and len(r["objects"]) in (2, 3)  # the part is not an instance
         assert r["objects"][0]["parts"] == ["window"]
-        ids = set(np.unique(r["mask"])) - {0}
-        assert ids <= {o["id"] for o in r["objects"]} and 1 in ids  # rank 1 (nearest) painted last
-        assert r["objects"][0]["visible_px"] == r["objects"][0]["full_px"] == 24 * 40
+        # the visible instances are the seg's, not the depth ranks': object k+1 where B = 10 (k+1)
+        seg = np.asarray(Image.open(root / r["source_key"].replace(".json", "_seg.png")))
+        assert np.array_equal(r["mask"], seg[..., 2] // 10)
+        assert all(o["full_px"] == 24 * 40 >= o["visible_px"] for o in r["objects"])
+        assert r["objects"][-1]["visible_px"] == 24 * 40  # the last one drawn is in front
 
     results = tmp_path / "results"
     _ok(["evaluate", "--task", "issameobject", "--dataset", str(out), "--model", "pixels:8",
@@ -291,6 +299,10 @@ def _ade_mask_size(root: Path) -> None:
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(path)
 
 
+def _ade_missing_seg(root: Path) -> None:
+    next((root / "images" / "ADE" / "training").rglob("ADE_train_00000003_seg.png")).unlink()
+
+
 def _ade_bad_json(root: Path) -> None:
     path = next((root / "images" / "ADE" / "training").rglob("ADE_train_00000002.json"))
     path.write_text(json.dumps({"annotation": {"filename": "x.jpg"}}))
@@ -303,6 +315,7 @@ def _ade_bad_json(root: Path) -> None:
     ("vg", _missing_vg_file, "missing"),
     ("ade20k", _ade_mask_size, "mask is 10x10 but its image is 96x64"),
     ("ade20k", _ade_bad_json, "annotation lacks 'object'"),
+    ("ade20k", _ade_missing_seg, "ADE_train_00000003_seg.png"),
 ])
 def test_malformed_source_exits_2_with_one_line_and_writes_nothing(source, breaker, expect, tmp_path, capsys):
     base = tmp_path / "src"
