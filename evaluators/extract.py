@@ -1,4 +1,4 @@
-"""Per-layer token activations of a dataset split, extracted once and cached (DESIGN §7).
+"""Per-layer token activations of a dataset split, extracted once and cached (docs/ARCHITECTURE.md, section 2).
 
 All requested layers come from one forward pass per batch. Three stages overlap:
 a loader thread reads and prepares batches (Parquet -> PNG decode -> resize ->
@@ -187,8 +187,11 @@ def check_cache_space(needed: int, cache_dir: Path | None = None, say: Callable[
 
 
 def gib(n: int) -> str:
-    """A byte count for a message: MB below 1 GB, else GB (decimal units, like `df -H`)."""
-    return f"{n / 1e6:.0f} MB" if n < 1e9 else f"{n / 1e9:.1f} GB"
+    """A byte count for a message, in decimal units like `df -H`: kB, MB or GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.0f} kB"
 
 
 def extract_activations(

@@ -432,7 +432,11 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
         check_views(backbone, ds, "test", views)
         if task == "issameobject":
             check_attention_qk(backbone, probes)
-        layer_ids = parse_layers(layers, backbone.info.n_layers)
+        try:
+            layer_ids = parse_layers(layers, backbone.info.n_layers)
+        except BenchError as e:  # name the backbone: a run may mix deep ones and layer-less references
+            hint = "; it has no layers: evaluate it in a run without --layers" if not backbone.info.n_layers else ""
+            raise BenchError(f"{e} (backbone {spec}{hint})") from None
         aliases: dict[str, list[str]] = {}
         if isinstance(backbone, GroundTruthBackbone) and {"cls", "mean"} <= set(views):
             aliases["cls"] = ["mean"]

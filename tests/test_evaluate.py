@@ -81,7 +81,7 @@ def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
     (row,) = pq.read_table(path).to_pylist()
     assert row["n_train"] == 8 and row["n_test"] == 8 and len(row["scene_bits_O_given_F"]) == 8
     full = json.loads((tiny / "dataset.json").read_text())["splits"]["test"]["fingerprint"]
-    assert row["dataset_fingerprint"] != full and json.loads(row["config"])["limit"] == 8
+    assert row["dataset_fingerprint"] != full and json.loads(row["config"])["limit"] == 8 and row["limit"] == 8
 
 
 def test_a_failing_probe_becomes_an_error_row(tiny, tmp_path, monkeypatch):

@@ -59,6 +59,7 @@ def extract(
     resolution: str = typer.Option("native", help="native or match-grid."),
     image_size: Optional[int] = typer.Option(None, help="Input side in px (overrides native)."),
     cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
+    limit: Optional[int] = typer.Option(None, help="Only the first N scenes of each split (as `bench evaluate --limit`)."),
 ) -> None:
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
     from bench.dataset import Dataset
@@ -68,7 +69,7 @@ def extract(
     for s in split:
         acts = extract_activations(model, ds, s, layers=layers, views=tokens.split(","), device=device, dtype=dtype,
                                    batch_size=batch_size, resolution=resolution, image_size=image_size,
-                                   cache_dir=cache_dir)
+                                   cache_dir=cache_dir, limit=limit)
         echo(f"{s}: {acts.n} rows, layers {acts.layers[0]}..{acts.layers[-1]}, views {','.join(acts.views)} -> {acts.path}")
 
 
