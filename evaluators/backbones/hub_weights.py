@@ -11,7 +11,7 @@ from typing import Sequence
 from urllib.parse import urlparse
 
 from bench.errors import BenchError
-from evaluators.backbones.hf import _offline, _reachable, hub_cache_dir
+from evaluators.backbones.hf import STALL_DEADLINE_S, _offline, _reachable, _with_stall_deadline, hub_cache_dir
 
 
 def cached_hub_file(repo_id: str, filenames: Sequence[str]) -> Path | None:
@@ -25,17 +25,23 @@ def cached_hub_file(repo_id: str, filenames: Sequence[str]) -> Path | None:
     return None
 
 
+HOW = "run once where there is network to fill the cache, or point HF_HOME at a cache that holds it"
+
+
+def _endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
 def require_network(what: str, url: str | None = None) -> None:
     """A one-line BenchError unless a download of `what` can work now (HF_HUB_OFFLINE unset,
     the endpoint reachable)."""
-    endpoint = url or os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    how = "run once where there is network to fill the cache, or point HF_HOME at a cache that holds it"
+    endpoint = url or _endpoint()
     if _offline():
         raise BenchError(f"model: the weights of {what} are not in the local cache ({hub_cache_dir()}) "
-                         f"and HF_HUB_OFFLINE is set; {how}")
+                         f"and HF_HUB_OFFLINE is set; {HOW}")
     if not _reachable(endpoint):
         raise BenchError(f"model: the weights of {what} are not in the local cache and could not be downloaded "
-                         f"({urlparse(endpoint).hostname} is unreachable); {how}")
+                         f"({urlparse(endpoint).hostname} is unreachable); {HOW}")
 
 
 def hub_file(what: str, repo_id: str, filenames: Sequence[str]) -> Path:
@@ -47,9 +53,15 @@ def hub_file(what: str, repo_id: str, filenames: Sequence[str]) -> Path:
     from huggingface_hub import hf_hub_download
 
     errors = []
+    repo_dir = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
     for name in filenames:
         try:
-            return Path(hf_hub_download(repo_id, name, cache_dir=hub_cache_dir()))
+            return Path(_with_stall_deadline(  # the hub client sets no read timeout
+                lambda name=name: hf_hub_download(repo_id, name, cache_dir=hub_cache_dir(), endpoint=_endpoint()),
+                repo_dir))
+        except TimeoutError:
+            raise BenchError(f"model: the weights of {what}: {_endpoint()} sent nothing for {STALL_DEADLINE_S:.0f} s; "
+                             f"{HOW}") from None
         except Exception as e:  # missing file, auth, network: try the next name, report the last
             errors.append(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-    raise BenchError(f"model: could not download the weights of {what} from {repo_id} ({errors[-1]})")
+    raise BenchError(f"model: could not download the weights of {what} from {repo_id} ({errors[-1]}); {HOW}")
