@@ -170,7 +170,8 @@ def test_clevr_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
     card, and binding measured against the blind reference probe: oracle:objects (carries O)
     reads B* > 0 where oracle:features (F only) reads ~0, every row `prior: empirical`."""
     out = tmp_path / "clevr"
-    _ok(["import", "clevr", "--src", str(sources["clevr"]), "--out", str(out), "--split-seed", "3"], capsys)
+    _ok(["import", "clevr", "--src", str(sources["clevr"]), "--out", str(out), "--split-seed", "3",
+         "--image-size", "32"], capsys)
     ds = Dataset(out)
     card = ds.card
     assert card["priors"] == "empirical" and card["generator"]["name"] == "import:clevr"
@@ -187,7 +188,7 @@ def test_clevr_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
         p = counts / counts.sum()
         assert card["splits"][s]["H_F"] == pytest.approx(float(-(p * np.log2(p)).sum()))
     row = next(ds.iter_scenes("test"))
-    assert row["mask"].shape == row["image"].shape[:2] == (CLEVR_H, CLEVR_W)
+    assert row["mask"].shape == row["image"].shape[:2] == (32, 32)  # squared from 48 x 32
     assert set(np.unique(row["mask"])) - {0} <= {o["id"] for o in row["objects"]}
     info = _ok(["info", str(out), "--format", "json"], capsys)
     assert json.loads(info)["provenance"]["mask"].startswith("approximate")
@@ -214,7 +215,8 @@ def test_vg_color_and_topattr_codings(sources, tmp_path, capsys):
     """VG: colour x name (or top attribute x name) over the top-N, boxes as masks, images from
     both VG_100K folders; objects outside the vocabulary are left out."""
     out = tmp_path / "vg"
-    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(out), "--top-n", "3"], capsys)
+    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(out), "--top-n", "3", "--image-size", "32"],
+        capsys)
     ds = Dataset(out)
     groups = dict((g["name"], g["values"]) for g in ds.card["feature_space"]["groups"])
     assert set(groups) == {"color", "name"} and len(groups["color"]) == 3 and set(groups["color"]) <= set(VG_COLORS)
@@ -224,11 +226,13 @@ def test_vg_color_and_topattr_codings(sources, tmp_path, capsys):
     for r in rows:
         for o in r["objects"]:
             assert o["attributes"][0] in groups["color"] and o["attributes"][1] in groups["name"]
-            x0, y0, x1, y1 = o["bbox"]
-            assert o["full_px"] == (x1 - x0) * (y1 - y0) >= o["visible_px"]
-    assert {r["image"].shape for r in rows} == {(30, 40, 3)}
+            x0, y0, x1, y1 = o["bbox"]  # the box, scaled from 40 x 30 to 32 x 32
+            assert 0 <= x0 < x1 <= 32 and 0 <= y0 < y1 <= 32
+            assert abs(o["full_px"] - (x1 - x0) * (y1 - y0)) <= x1 - x0 + y1 - y0 and o["full_px"] >= o["visible_px"]
+    assert {r["image"].shape for r in rows} == {(32, 32, 3)}
     again = tmp_path / "vg-again"  # same source and split seed: the same rows, byte for byte
-    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(again), "--top-n", "3"], capsys)
+    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(again), "--top-n", "3", "--image-size", "32"],
+        capsys)
     assert {s: Dataset(again).fingerprint(s) for s in ds.splits} == {s: ds.fingerprint(s) for s in ds.splits}
 
     top = tmp_path / "vg-top"
@@ -243,7 +247,8 @@ def test_ade20k_issameobject_and_no_binding(sources, tmp_path, capsys):
     """ADE20K: instance masks from the per-instance PNGs, parts listed by name; IsSameObject runs
     at once on the masks, and binding is refused (one group: O = F)."""
     out = tmp_path / "ade"
-    _ok(["import", "ade20k", "--src", str(sources["ade20k"]), "--out", str(out), "--top-n", "3"], capsys)
+    _ok(["import", "ade20k", "--src", str(sources["ade20k"]), "--out", str(out), "--top-n", "3",
+         "--image-size", "96", "--val-fraction", "0.25", "--test-fraction", "0.25"], capsys)
     ds = Dataset(out)
     assert ds.card["provenance"]["version"] == "2021_17_01"
     values = ds.card["feature_space"]["groups"][0]["values"]
@@ -252,13 +257,14 @@ def test_ade20k_issameobject_and_no_binding(sources, tmp_path, capsys):
     assert {r["source_split"] for r in rows} == {"training", "validation"}
     root = sources["ade20k"] / "images" / "ADE"
     for r in rows:
-        assert r["mask"].shape == (64, 96) and len(r["objects"]) in (2, 3)  # the part is not an instance
+        assert r["mask"].shape == (96, 96) and len(r["objects"]) in (2, 3)  # the part is not an instance
         assert r["objects"][0]["parts"] == ["window"]
         # the visible instances are the seg's, not the depth ranks': object k+1 where B = 10 (k+1)
-        seg = np.asarray(Image.open(root / r["source_key"].replace(".json", "_seg.png")))
-        assert np.array_equal(r["mask"], seg[..., 2] // 10)
-        assert all(o["full_px"] == 24 * 40 >= o["visible_px"] for o in r["objects"])
-        assert r["objects"][-1]["visible_px"] == 24 * 40  # the last one drawn is in front
+        seg = np.asarray(Image.open(root / r["source_key"].replace(".json", "_seg.png")))[..., 2] // 10
+        assert np.array_equal(r["mask"], np.asarray(Image.fromarray(seg).resize((96, 96), Image.Resampling.NEAREST)))
+        # amodal 24 x 40 px, rows scaled 1.5x (never below what resampling left visible)
+        assert all(o["full_px"] == max(36 * 40, o["visible_px"]) for o in r["objects"])
+        assert r["objects"][-1]["visibility"] > 0.95  # the last one drawn is in front (up to resampling)
 
     results = tmp_path / "results"
     _ok(["evaluate", "--task", "issameobject", "--dataset", str(out), "--model", "pixels:8",
@@ -325,7 +331,7 @@ def test_malformed_source_exits_2_with_one_line_and_writes_nothing(source, break
     out = tmp_path / "out" / "ds"
     (tmp_path / "out").mkdir()
     err = _fails(["import", source, "--src", str(root), "--out", str(out), "--val-fraction", "0.2",
-                  "--test-fraction", "0.2"], capsys)
+                  "--test-fraction", "0.2", "--image-size", "32"], capsys)
     assert expect in err and "expected layout" in err
     assert list((tmp_path / "out").iterdir()) == []  # no dataset, no temp dir
 

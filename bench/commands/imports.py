@@ -26,7 +26,7 @@ _MAX = typer.Option(None, "--max-scenes", help="Import only the first N scenes (
 _VAL = typer.Option(0.1, "--val-fraction", help="Share of distinct F codes in val.")
 _TEST = typer.Option(0.1, "--test-fraction", help="Share of distinct F codes in test.")
 _OVERWRITE = typer.Option(False, "--overwrite", help="Replace an existing dataset.")
-_SIDE = typer.Option(512, "--max-side", help="Shrink larger images (and masks) so the longer side is this.")
+_SIZE = typer.Option(448, "--image-size", help="Side of the square every image and mask is resized to (aspect not kept).")
 
 
 def register(app: typer.Typer) -> None:
@@ -37,45 +37,45 @@ def register(app: typer.Typer) -> None:
 @import_app.command("ade20k")
 def ade20k(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
            top_n: int = typer.Option(20, "--top-n", help="Object classes kept by name; the rest are 'other'."),
-           val_fraction: float = _VAL, test_fraction: float = _TEST, max_side: int = _SIDE,
+           val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """ADE20K with per-image instance masks (e.g. ADE20K_2021_17_01): for --task issameobject."""
     from generators.importers import ade20k as mod
 
-    _check(max_scenes, val_fraction, test_fraction, max_side)
+    _check(max_scenes, val_fraction, test_fraction, image_size)
     _run(mod.load(src, top_n=top_n, max_scenes=max_scenes), out, src, split_seed, max_scenes, val_fraction,
-         test_fraction, overwrite, {"top_n": top_n, "max_side": max_side})
+         test_fraction, overwrite, {"top_n": top_n, "image_size": image_size})
 
 
 @import_app.command("vg")
 def vg(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
        coding: str = typer.Option("vg-color", "--coding", help="vg-color (colour x name) or vg-topattr."),
        top_n: int = typer.Option(10, "--top-n", help="Values kept per group (most frequent)."),
-       val_fraction: float = _VAL, test_fraction: float = _TEST, max_side: int = _SIDE,
+       val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """Visual Genome v1.2 (image_data.json, objects.json, attributes.json, VG_100K*/): VG:Color or VG:TopAttr."""
     from generators.importers import vg as mod
 
-    _check(max_scenes, val_fraction, test_fraction, max_side)
+    _check(max_scenes, val_fraction, test_fraction, image_size)
     _run(mod.load(src, coding=coding, top_n=top_n, max_scenes=max_scenes), out, src, split_seed, max_scenes,
-         val_fraction, test_fraction, overwrite, {"coding": coding, "top_n": top_n, "max_side": max_side})
+         val_fraction, test_fraction, overwrite, {"coding": coding, "top_n": top_n, "image_size": image_size})
 
 
 @import_app.command("clevr")
 def clevr(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
-          val_fraction: float = _VAL, test_fraction: float = _TEST, max_side: int = _SIDE,
+          val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """CLEVR v1.0 (scenes/CLEVR_<split>_scenes.json + images/<split>/): size x colour x material x shape."""
     from generators.importers import clevr_v1 as mod
 
-    _check(max_scenes, val_fraction, test_fraction, max_side)
+    _check(max_scenes, val_fraction, test_fraction, image_size)
     _run(mod.load(src, max_scenes=max_scenes), out, src, split_seed, max_scenes, val_fraction, test_fraction,
-         overwrite, {"max_side": max_side})
+         overwrite, {"image_size": image_size})
 
 
-def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, max_side: int) -> None:
-    if max_side < 16:
-        raise BenchError(f"max-side: must be ≥ 16, got {max_side}")
+def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, image_size: int) -> None:
+    if image_size < 16:
+        raise BenchError(f"image-size: must be ≥ 16, got {image_size}")
     if max_scenes is not None and max_scenes < 1:
         raise BenchError(f"max-scenes: must be ≥ 1, got {max_scenes}")
     for name, value in (("val-fraction", val_fraction), ("test-fraction", test_fraction)):

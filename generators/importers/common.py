@@ -145,7 +145,7 @@ def split_scenes(source: Source, split_seed: int, val_fraction: float, test_frac
 
 def entropy_bits(counts: Sequence[int]) -> float:
     n = sum(counts)
-    return -sum(c / n * math.log2(c / n) for c in counts if c)
+    return max(0.0, -sum(c / n * math.log2(c / n) for c in counts if c))  # never -0.0
 
 
 def plugin_priors(f_keys: Sequence[str], o_keys: Sequence[str]) -> tuple[dict[str, float], list[float]]:
@@ -214,7 +214,7 @@ def _write_splits(source: Source, splits: dict[str, list[SourceScene]], tmp: Pat
             rows = []
             for index in range(start, min(start + SHARD_SIZE, len(scenes))):
                 rows.append(_row(scenes[index], conjs[index], space, split, index, split_seed, h_rows[index],
-                                 config.get("max_side")))
+                                 config["image_size"]))
                 if progress:
                     progress(1)
             write_parquet_atomic(pa.Table.from_pylist(rows, schema=schema), tmp / shard_name(split, shard))
@@ -232,7 +232,8 @@ def _write_splits(source: Source, splits: dict[str, list[SourceScene]], tmp: Pat
         "priors": EMPIRICAL,
         "feature_space": space.to_dict(),
         "splits": card_splits,
-        "provenance": source.provenance,
+        "provenance": {**source.provenance, "resized": f"every image and mask to {config['image_size']}x"
+                       f"{config['image_size']} (aspect not kept; masks nearest-neighbour)"},
         **source.extra_card,
         "bench_version": bench.__version__,
         "package_versions": package_versions(),
@@ -240,19 +241,18 @@ def _write_splits(source: Source, splits: dict[str, list[SourceScene]], tmp: Pat
 
 
 def _row(scene: SourceScene, conjs: list[int], space: FeatureSpace, split: str, index: int, seed: int,
-         h: float, max_side: int | None) -> dict[str, Any]:
+         h: float, size: int) -> dict[str, Any]:
     image, mask = scene.load()
-    scale = 1.0
-    if max_side is not None and max(image.shape[:2]) > max_side:
-        image, mask, scale = shrink(image, mask, max_side)
+    (sy, sx), image, mask = squared(image, mask, size)
     objects = []
     for i, (obj, conj) in enumerate(zip(scene.objects, conjs), start=1):
         sel = mask == i
         visible = int(sel.sum())
         fields = dict(obj.fields)
-        full = round(fields.pop("full_px", visible / scale**2) * scale**2)
-        bbox = [round(v * scale) for v in fields["bbox"]] if fields.get("bbox") else _bbox(sel)
-        fields.pop("bbox", None)
+        # the source's full size, scaled (pixel rounding can leave it a row below the visible count)
+        full = max(round(fields.pop("full_px") * sx * sy), visible) if "full_px" in fields else visible
+        box = fields.pop("bbox", None)
+        bbox = [round(box[0] * sx), round(box[1] * sy), round(box[2] * sx), round(box[3] * sy)] if box else _bbox(sel)
         objects.append({"id": i, "conj": conj, "bbox": bbox, "visible_px": visible, "full_px": full,
                         "visibility": visible / full if full else 0.0, **fields})
     extras = {"source_key": scene.key, "source_split": scene.source_split}
@@ -260,15 +260,18 @@ def _row(scene: SourceScene, conjs: list[int], space: FeatureSpace, split: str, 
                         h_o_given_f=h)
 
 
-def shrink(image: np.ndarray, mask: np.ndarray, max_side: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """Image (Lanczos) and instance mask (nearest) scaled so the longer side is `max_side`:
-    full-size photographs would make every patch-label and extraction pass needlessly heavy."""
+def squared(image: np.ndarray, mask: np.ndarray, size: int) -> tuple[tuple[float, float], np.ndarray, np.ndarray]:
+    """((y, x) scale, image, mask) resized to size x size: image Lanczos, mask nearest.
+
+    Datasets are square (evaluators take a split's side from its first image) and every
+    backbone squashes its input to a square anyway, so the aspect ratio is not kept.
+    """
     h, w = image.shape[:2]
-    scale = max_side / max(h, w)
-    size = (max(1, round(w * scale)), max(1, round(h * scale)))
-    small = np.asarray(Image.fromarray(image).resize(size, Image.Resampling.LANCZOS))
-    small_mask = np.asarray(Image.fromarray(mask).resize(size, Image.Resampling.NEAREST))
-    return small, small_mask, scale
+    if (h, w) == (size, size):
+        return (1.0, 1.0), image, mask
+    image = np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.LANCZOS))
+    mask = np.asarray(Image.fromarray(mask).resize((size, size), Image.Resampling.NEAREST))
+    return (size / h, size / w), image, mask
 
 
 def _bbox(sel: np.ndarray) -> list[int]:
