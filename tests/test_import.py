@@ -209,6 +209,11 @@ def test_clevr_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
 
     board = _ok(["leaderboard", str(results), "--format", "markdown"], capsys)
     assert "†" in board and "empirical" in board
+    # IsSameObject reads the (approximate, disc) masks as well
+    _ok(["evaluate", "--task", "issameobject", "--dataset", str(out), "--model", "pixels:8", "--probes",
+         "majority,cosine", "--device", "cpu", "--results", str(results)], capsys)
+    iso = [r for r in read_results(results).to_pylist() if r["task"] == "issameobject"]
+    assert {r["probe"] for r in iso} == {"majority", "cosine"} and all(r["status"] == "ok" for r in iso)
 
 
 def test_vg_color_and_topattr_codings(sources, tmp_path, capsys):

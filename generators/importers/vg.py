@@ -57,7 +57,7 @@ def load(src: Path, coding: str = "vg-color", top_n: int = 10, max_scenes: int |
         for o in _list(rec, "objects", files["objects"]):
             try:
                 box = [int(o["x"]), int(o["y"]), int(o["x"]) + int(o["w"]), int(o["y"]) + int(o["h"])]
-                name = str(o["names"][0]).strip().lower()
+                name = str(o["names"][0] if "names" in o else o["name"]).strip().lower()  # v1.0: "name"
             except (KeyError, IndexError, TypeError, ValueError):
                 raise malformed(files["objects"], f"image {iid}: an object lacks x, y, w, h or names", LAYOUT) from None
             kept = [a for a in attrs.get(o.get("object_id"), []) if coding == "vg-topattr" or a in COLORS]
