@@ -116,6 +116,10 @@ def open_dataset(path: Path, need_codes: bool = True) -> Dataset:
     columns = set(pq.read_schema(ds.files("test")[0]).names)
     if not {"F", "O"} <= columns:
         raise BenchError(f"dataset: {path} has no F/O code columns; binding probes need them")
+    flat = [s for s in SPLITS if ds.card["splits"][s].get("H_O") == 0]
+    if flat:  # β = (H(O) - L) / H(O) would be 0/0: refuse before any backbone loads
+        raise BenchError(f"dataset: {path} has H(O) = 0 in split(s) {', '.join(flat)} (every scene holds the same "
+                         "objects): there is no binding to measure; generate a dataset whose scenes vary")
     return ds
 
 

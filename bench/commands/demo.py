@@ -36,6 +36,10 @@ def demo(
     """Run the whole pipeline offline in a few minutes: generate, evaluate four built-in backbones, rank."""
     t0 = time.perf_counter()
     work = out or Path(tempfile.mkdtemp(prefix="bindingbench-demo-"))
+    if out is not None:
+        from bench.results import check_writable
+
+        check_writable(out, "out")  # now, not after minutes of training
     try:
         data, results = work / "colorshape-demo", work / "results"
         stderr.print(f"[bold]1/3[/bold] generating a balanced ColorShape set ({n_train}/{n_val}/{n_test} scenes, {image_size} px)")
