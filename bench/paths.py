@@ -28,3 +28,17 @@ def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str
     if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise BenchError(f"{what}: cannot write {p} (permission denied or read-only filesystem)")
     return p
+
+
+def check_output_dir(path: str | os.PathLike, what: str) -> Path:
+    """Refuse, creating nothing, an output directory that could not be made or written:
+    its nearest existing ancestor must be a writable directory. Returns the path."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise BenchError(f"{what}: {p} exists and is not a directory")
+    where = p.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        raise BenchError(f"{what}: cannot write {p}: {where} is not a writable directory")
+    return p

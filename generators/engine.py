@@ -34,6 +34,7 @@ import bench
 from bench.dataset import CARD_NAME, SCHEMA_VERSION, Dataset, encode_scene, row_schema, shard_name, write_json_atomic, write_parquet_atomic
 from bench.errors import BenchError
 from bench.hashing import config_hash, derive_seed, fingerprint
+from bench.paths import check_output_dir
 from bench.versions import package_versions
 from generators.base import CommonConfig, SceneGenerator, config_to_dict, get_generator
 
@@ -70,6 +71,7 @@ def generate(
     gen = gen_cls(config)  # validates and plans before any file is touched
     out = Path(out)
     total = sum(plan.n for plan in gen.plans.values())
+    check_destination(out, overwrite)
     _check_space(out, total)
     work = _prepare_dir(out, config_hash([gen_cls.name, gen_cls.version, config_to_dict(config)]), overwrite)
     if on_start:
@@ -141,23 +143,24 @@ def check_destination(out: Path, overwrite: bool) -> None:
     Lets a command check every output (a sweep writes several) before the first is rendered.
     """
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BenchError(f"out: {out} exists and is not a directory")
     if (out / CARD_NAME).exists():
-        Dataset(out)
+        Dataset(out)  # a damaged card is not "a dataset" to replace: refuse, in one line
         if not overwrite:
             raise BenchError(f"out: {out} already holds a dataset; pass --overwrite to replace it")
         _check_own(out, "holds a dataset and other files; --overwrite replaces only what the dataset wrote")
-    elif out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).exists():
-            raise BenchError(f"out: {out} is not empty and not a BindingBench dataset; choose another directory "
-                             "(--overwrite replaces only a dataset)")
-        _check_own(out, "holds an unfinished dataset and other files; move them out or choose another directory")
-    where = out.absolute()
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
-        raise BenchError(f"out: cannot write {out}: {where} is not a writable directory")
+    else:
+        _check_unfinished(out)
+    check_output_dir(out, "out")
+
+
+def _check_unfinished(path: Path) -> None:
+    """A non-empty directory without a card must be an unfinished run's, and hold only its files."""
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    if not (path / MARKER).exists():
+        raise BenchError(f"out: {path} is not empty and not a BindingBench dataset; choose another directory "
+                         "(--overwrite replaces only a dataset)")
+    _check_own(path, "holds an unfinished dataset and other files; move them out or choose another directory")
 
 
 def _prepare_dir(out: Path, key: str, overwrite: bool) -> Path:
@@ -168,17 +171,9 @@ def _prepare_dir(out: Path, key: str, overwrite: bool) -> Path:
     Only the engine's own files are ever deleted; a directory holding anything else is
     refused with nothing touched.
     """
-    if out.exists() and not out.is_dir():
-        raise BenchError(f"out: {out} exists and is not a directory")
+    check_destination(out, overwrite)
+    work = _staging(out) if (out / CARD_NAME).exists() else out
     try:
-        if (out / CARD_NAME).exists():
-            Dataset(out)  # a damaged card is not "a dataset" to replace: refuse, in one line
-            if not overwrite:
-                raise BenchError(f"out: {out} already holds a dataset; pass --overwrite to replace it")
-            _check_own(out, "holds a dataset and other files; --overwrite replaces only what the dataset wrote")
-            work = _staging(out)
-        else:
-            work = out
         _reset_unfinished(work, key)
         work.mkdir(parents=True, exist_ok=True)
         for tmp in work.glob(".*.tmp-*"):
@@ -195,13 +190,10 @@ def _prepare_dir(out: Path, key: str, overwrite: bool) -> Path:
 
 def _reset_unfinished(work: Path, key: str) -> None:
     """Keep an unfinished run of the same config (it resumes); clear one of another config."""
-    if not work.exists() or not any(work.iterdir()):
-        return
+    _check_unfinished(work)
     marker = work / MARKER
     if not marker.exists():
-        raise BenchError(f"out: {work} is not empty and not a BindingBench dataset; choose another directory "
-                         "(--overwrite replaces only a dataset)")
-    _check_own(work, "holds an unfinished dataset and other files; move them out or choose another directory")
+        return
     try:
         same = json.loads(marker.read_text()).get("key") == key
     except (OSError, ValueError, AttributeError):

@@ -386,6 +386,18 @@ def test_small_validations(ds, tmp_path, capsys):
     refused(["cache", "ls", "--cache-dir", tmp_path / "file"], capsys, tmp_path)
     refused(["extract", "--model", "pixels:8", "--dataset", ds, "--split", "test", "--image-size", "0",
              "--cache-dir", tmp_path / "cache"], capsys, tmp_path)
+    refused(["extract", "--model", "pixels:8", "--dataset", ds, "--split", "test", "--cache-dir", tmp_path / "file" / "c"],
+            capsys, tmp_path)
+    refused(["demo", "--out", tmp_path / "file" / "demo"], capsys, tmp_path)  # before any training
+    refused(["toys-analysis", "--model", "pixels:8", "--dataset", ds, "--heatmap-scenes", "-1"], capsys, tmp_path)
+
+
+def test_binding_refuses_a_dataset_without_object_entropy(tmp_path, capsys):
+    flat = make_dataset(tmp_path / "flat", n_colors=3, n_shapes=1, n_objects=1, colors_per_scene=1, shapes_per_scene=1,
+                        val_fraction=0.34, test_fraction=0.33, n_train=8, n_val=4, n_test=4)
+    assert Dataset(flat).card["splits"]["test"]["H_O"] == 0
+    assert "H(O) = 0" in refused(["evaluate", "--model", "pixels:8", "--dataset", flat, "--results",
+                                  tmp_path / "results"], capsys)
 
 
 # -- 2. 3D bytes are the same in every process ------------------------------------------------

@@ -63,9 +63,12 @@ def extract(
 ) -> None:
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
     from bench.dataset import Dataset
+    from bench.paths import check_output_dir
+    from evaluators.cache import cache_root
     from evaluators.extract import extract_activations
 
     ds = Dataset(dataset)
+    check_output_dir(cache_root(cache_dir), "cache-dir")  # before the model loads and the first batch runs
     for s in split:
         acts = extract_activations(model, ds, s, layers=layers, views=tokens.split(","), device=device, dtype=dtype,
                                    batch_size=batch_size, resolution=resolution, image_size=image_size,

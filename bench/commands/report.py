@@ -41,6 +41,8 @@ def toys_analysis(
     from evaluators.toy_analysis import TABLE_COLUMNS, run_toy_analysis, table_rows, write_analysis
 
     check_probes([probe])  # every check that can fail runs before the extraction
+    if heatmap_scenes < 0:
+        raise BenchError(f"heatmap-scenes: must be ≥ 0, got {heatmap_scenes}")
     _check_toys(dataset)
     check_writable(out, "out")
     analysis = run_toy_analysis(
