@@ -209,6 +209,9 @@ def test_clevr_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
 
     board = _ok(["leaderboard", str(results), "--format", "markdown"], capsys)
     assert "†" in board and "empirical" in board
+    err = _fails(["evaluate", "--dataset", str(out), "--model", "pixels", "--unanchored", "--results",
+                  str(tmp_path / "none")], capsys)
+    assert "prior: empirical" in err and "drop --unanchored" in err
     # IsSameObject reads the (approximate, disc) masks as well
     _ok(["evaluate", "--task", "issameobject", "--dataset", str(out), "--model", "pixels:8", "--probes",
          "majority,cosine", "--device", "cpu", "--results", str(results)], capsys)
