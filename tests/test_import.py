@@ -354,6 +354,8 @@ def test_missing_root_and_existing_output(tmp_path, capsys):
     src = write_clevr(tmp_path / "c", 12, 4)
     err = _fails(["import", "clevr", "--src", str(src), "--out", str(tmp_path / "full")], capsys)
     assert "--overwrite" in err
+    err = _fails(["import", "clevr", "--src", str(src), "--out", str(tmp_path / "few"), "--max-scenes", "3"], capsys)
+    assert "3 distinct F codes among 3 scenes are too few" in err and not (tmp_path / "few").exists()
 
 
 def test_clevr_rules_analytic_prior():
