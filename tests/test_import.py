@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from bench.cli import main
@@ -138,6 +139,15 @@ def write_ade20k(root: Path, n_train: int = 16, n_val: int = 8, seed: int = 2) -
                    "imsize": [h, w, 3], "source": {}, "scene": ["outdoor", "urban", "street"], "object": objects}
             (folder / f"{stem}.json").write_text(json.dumps({"annotation": ann}))
     return root
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    """One torch thread: the probes are tiny, and thread sync dominates on 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
