@@ -148,6 +148,9 @@ def check_destination(out: Path, overwrite: bool) -> None:
         if not overwrite:
             raise BenchError(f"out: {out} already holds a dataset; pass --overwrite to replace it")
         _check_own(out, "holds a dataset and other files; --overwrite replaces only what the dataset wrote")
+        if Path.cwd().is_relative_to(out.resolve()):  # the swap would leave the shell in the deleted copy
+            raise BenchError(f"out: {out} is (or holds) the working directory; to replace it, run from its "
+                             f"parent with --out {out.resolve().name}")
     else:
         _check_unfinished(out)
     check_output_dir(out, "out")

@@ -73,6 +73,11 @@ def test_overwrite_refuses_the_working_directory(tmp_path, capsys, monkeypatch):
     refused(["generate", *SMALL, "--out", ".", "--overwrite"], capsys, tmp_path)
 
 
+def test_overwrite_refuses_the_dataset_it_runs_in(ds, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(copy(ds, tmp_path))
+    assert "working directory" in refused(["generate", *SMALL, "--out", ".", "--overwrite"], capsys, tmp_path)
+
+
 def test_overwrite_refuses_a_dataset_with_foreign_files_or_a_damaged_card(ds, tmp_path, capsys):
     d = copy(ds, tmp_path)
     (d / "notes.md").write_text("mine")
