@@ -123,6 +123,10 @@ class ColorShapeGenerator(SceneGenerator):
         "complexity-sweep": dict(distribution="balanced", sweep=(1, 2, 3, 4, 5, 6, 7),
                                  n_train=5_000, n_val=1_000, n_test=1_000),
         "small": dict(distribution="balanced", n_train=2_000, n_val=500, n_test=500),
+        # the backbone zoo's scenes (evaluators/zoo/recipes.py says why): two 32-px objects, two
+        # colours and two shapes, so O given F is exactly one bit: which colour goes with which shape
+        "zoo": dict(distribution="balanced", image_size=128, object_size=32, colors_per_scene=2,
+                    shapes_per_scene=2, n_objects=2, n_train=2_000, n_val=200, n_test=200),
     }
     config: ColorShapeConfig
 

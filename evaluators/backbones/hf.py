@@ -183,7 +183,13 @@ def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone
             raise BenchError(f"model: {path} has no usable preprocessor_config.json ({str(e).splitlines()[0]})") from None
         cls = getattr(transformers, family.model_class)
         extra = {"add_pooling_layer": False} if family.name == "vit" else {}
-        model = cls.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32, **extra)
+        from safetensors import SafetensorError
+
+        try:
+            model = cls.from_pretrained(path, config=config, local_files_only=True, dtype=torch.float32, **extra)
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # weights missing or cut short
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BenchError(f"model: {path} has no readable weights ({first})") from None
     preprocess, native = _processor_settings(processor)
     weights = files_hash(sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat)))
     return HFBackbone(spec, model, config, family, preprocess, native, revision or f"sha256:{weights[:12]}", weights)

@@ -1,0 +1,42 @@
+"""What `bench models` shows of the zoo, without loading (or training) a model."""
+
+from __future__ import annotations
+
+from evaluators.backbones.base import BackboneInfo
+from evaluators.zoo.recipes import ARCHITECTURE, RECIPES
+
+
+def zoo_specs() -> list[str]:
+    return [f"zoo:{name}" for name in RECIPES]
+
+
+def zoo_infos() -> list[BackboneInfo]:
+    """One row per recipe; the revision is the weights' hash once trained, else `not trained`."""
+    from evaluators.zoo import zoo_root
+    from evaluators.zoo.training import read_card
+
+    a, n_params = ARCHITECTURE, _n_params()
+    out = []
+    for name in RECIPES:
+        path = zoo_root() / name
+        revision = "not trained"
+        if read_card(path) is not None:
+            from evaluators.backbones.weights import files_hash
+
+            revision = f"sha256:{files_hash(sorted(path.glob('*.safetensors')))[:12]}"
+        out.append(BackboneInfo(
+            spec=f"zoo:{name}", family="vit", revision=revision, n_params=n_params, patch_size=a["patch_size"],
+            input_size=a["image_size"], n_layers=a["num_hidden_layers"], width=a["hidden_size"], n_prefix=1,
+            cls_index=0,
+        ))
+    return out
+
+
+def _n_params() -> int:
+    """Parameter count of the zoo architecture, built on the meta device."""
+    import torch
+    from transformers import ViTConfig, ViTModel
+
+    with torch.device("meta"):
+        model = ViTModel(ViTConfig(**ARCHITECTURE), add_pooling_layer=False)
+    return sum(p.numel() for p in model.parameters())

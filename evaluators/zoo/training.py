@@ -1,0 +1,283 @@
+"""Training a zoo recipe: deterministic, resumable, and only ever published whole.
+
+Determinism. Every random draw is a function of (seed, step): the initial weights come
+from `torch.manual_seed(seed)`, each step's batch and patch mask from a generator seeded by
+`derive_seed(seed, step)`. The model has no dropout, deterministic algorithms are on and
+training runs on one thread (a sum split across threads may round differently), so a run
+resumed from its checkpoint takes exactly the steps an uninterrupted run takes, and the
+same seed gives the same weight bytes.
+
+Publication. While training, state lives in `<zoo>/.NAME.partial/` (a checkpoint written
+atomically every few steps, tagged with its seed and recipe). The finished model is written
+with `save_pretrained` into a temporary directory, its card last, and renamed to `<zoo>/NAME`
+in one step; `zoo:NAME` accepts only a directory whose card is there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from bench.dataset import Dataset, decode_png, write_json_atomic
+from bench.errors import BenchError
+from bench.hashing import config_hash, derive_seed, sha256_hex
+from evaluators.zoo.recipes import Recipe
+
+CARD_NAME = "zoo_card.json"
+STATE_NAME = "state.pt"
+RUN_NAME = "run.json"
+CHECKPOINT_EVERY = 20
+#: ViTImageProcessor's defaults, which the saved processor config records.
+MEAN, STD = 0.5, 0.5
+
+Progress = Callable[[int], None]
+
+
+def partial_dir(root: Path, name: str) -> Path:
+    return root / f".{name}.partial"
+
+
+def read_card(path: Path) -> dict[str, Any] | None:
+    """A finished zoo model's card, or None when `path` is not one."""
+    try:
+        return json.loads((path / CARD_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None,
+                 on_start: Callable[[int], None] | None = None) -> Path:
+    """Train (or resume) `recipe` and publish it at `root/NAME`; returns that directory.
+
+    A finished model of the same seed and steps is reused; another one, or an interrupted
+    run of another seed or recipe, is a BenchError (the user decides what to delete).
+    """
+    final = root / recipe.name
+    card = read_card(final)
+    if card is not None:
+        if card["recipe"] != recipe.to_dict():
+            raise BenchError(f"zoo: {recipe.name} is already trained with seed {card['seed']}, {card['steps']} steps "
+                             f"at {final}; delete that directory to train it with seed {recipe.seed}, {recipe.steps} steps")
+        return final
+    if final.exists():
+        raise BenchError(f"zoo: {final} exists but holds no {CARD_NAME} (not a finished zoo model); delete it")
+    # the untrained control reads no data: its card says so rather than naming scenes it never saw
+    data = training_data(recipe, root / "data") if recipe.objective != "untrained" else None
+    with _deterministic():
+        model, head, state = _start(recipe, partial_dir(root, recipe.name), data["fingerprint"] if data else None)
+        if on_start:
+            on_start(recipe.steps)
+        if progress and state["step"]:
+            progress(state["step"])
+        clock = _Clock(state["wall_s"])
+        losses = _train(recipe, model, head, state, data, partial_dir(root, recipe.name), progress, clock) if data else []
+        val = _mean_loss(recipe, model, head, data["val"], derive_seed("zoo-val", recipe.seed)) if data else None
+    card = dict(
+        name=recipe.name, objective=recipe.objective, seed=recipe.seed, steps=recipe.steps, recipe=recipe.to_dict(),
+        data=dict(generator="colorshape", preset=recipe.data_preset, seed=recipe.seed, fingerprint=data["fingerprint"],
+                  n_train=len(data["train"]["x"]), n_val=len(data["val"]["x"])) if data else None,
+        final_train_loss=float(np.mean(losses[-10:])) if losses else None, final_val_loss=val,
+        wall_time_s=round(clock(), 1), threads=1, torch=torch.__version__,
+    )
+    _publish(model, card, final)
+    shutil.rmtree(partial_dir(root, recipe.name), ignore_errors=True)
+    return final
+
+
+# -- data ------------------------------------------------------------------------------------
+
+def training_data(recipe: Recipe, data_root: Path) -> dict[str, Any]:
+    """The recipe's train and val scenes (rendered once per preset and seed, reused) as tensors and
+    codes; the test split is never rendered, so no test F code is drawn."""
+    from generators.base import build_config, config_to_dict, get_generator
+    from generators.engine import generate
+
+    gen = get_generator("colorshape")
+    config = build_config(gen, recipe.data_preset, {**recipe.data, "seed": recipe.seed, "n_test": 0})
+    where = data_root / f"colorshape-{recipe.data_preset}-{config_hash(config_to_dict(config))}"
+    try:
+        ds = Dataset(where)
+    except BenchError:
+        generate(gen, config, where, overwrite=True)
+        ds = Dataset(where)
+    out: dict[str, Any] = {"fingerprint": sha256_hex(ds.fingerprint("train"), ds.fingerprint("val"))}
+    for split in ("train", "val"):
+        f, o, _ = ds.codes(split)
+        images = [decode_png(im) for im in ds.table(split, ["image"])["image"].to_pylist()]
+        x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()  # uint8, N x 3 x H x W
+        out[split] = {"x": x, "F": torch.from_numpy(f).float(), "O": torch.from_numpy(o).float()}
+    return out
+
+
+def _pixels(x: torch.Tensor) -> torch.Tensor:
+    """uint8 images as the saved processor prepares them: rescale to [0, 1], normalise."""
+    return (x.float() / 255 - MEAN) / STD
+
+
+# -- the model and its objective ---------------------------------------------------------------
+
+def build_model(recipe: Recipe) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The ViT and the objective's head, initialised from the recipe's seed."""
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(recipe.seed)
+    model = ViTModel(ViTConfig(**recipe.architecture), add_pooling_layer=False)
+    width, patch = recipe.architecture["hidden_size"], recipe.architecture["patch_size"]
+    outputs = {"conjunctions": 64, "features": 16, "masked": 3 * patch * patch, "untrained": 1}[recipe.objective]
+    return model, torch.nn.Linear(width, outputs)
+
+
+def _loss(recipe: Recipe, model: torch.nn.Module, head: torch.nn.Module, batch: dict[str, torch.Tensor],
+          gen: torch.Generator) -> torch.Tensor:
+    x = _pixels(batch["x"])
+    if recipe.objective == "masked":
+        p = recipe.architecture["patch_size"]
+        n, _, h, w = x.shape
+        patches = x.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(n, (h // p) * (w // p), -1)
+        hidden = torch.rand(patches.shape[:2], generator=gen) < recipe.mask_ratio
+        grid = hidden.view(n, 1, h // p, w // p).float()
+        visible = x * (1 - grid.repeat_interleave(p, 2).repeat_interleave(p, 3))  # hidden patches read 0 (grey)
+        pred = head(model(pixel_values=visible).last_hidden_state[:, 1:])
+        return ((pred - patches) ** 2).mean(-1)[hidden].mean()
+    target = batch["O"] if recipe.objective == "conjunctions" else batch["F"]
+    logits = head(model(pixel_values=x).last_hidden_state[:, 0])
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
+
+
+def _batch(split: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {k: v[index] for k, v in split.items()}
+
+
+def _lr(recipe: Recipe, step: int) -> float:
+    """Linear warm-up, then cosine decay to zero at the last step."""
+    if step < recipe.warmup:
+        return recipe.lr * (step + 1) / recipe.warmup
+    t = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    return recipe.lr * 0.5 * (1 + np.cos(np.pi * t))
+
+
+class _Clock:
+    """Training wall time: earlier (interrupted) sessions' plus this one's so far."""
+
+    def __init__(self, earlier: float) -> None:
+        self.earlier, self.start = earlier, time.perf_counter()
+
+    def __call__(self) -> float:
+        return self.earlier + time.perf_counter() - self.start
+
+
+def _train(recipe: Recipe, model: torch.nn.Module, head: torch.nn.Module, state: dict[str, Any],
+           data: dict[str, Any], partial: Path, progress: Progress | None, clock: _Clock) -> list[float]:
+    params = [*model.parameters(), *head.parameters()]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    if state.get("optimizer"):
+        opt.load_state_dict(state["optimizer"])
+    n = len(data["train"]["x"])
+    model.train()
+    while state["step"] < recipe.steps:
+        step = state["step"]
+        gen = torch.Generator().manual_seed(derive_seed("zoo-step", recipe.seed, step))
+        index = torch.randint(n, (recipe.batch_size,), generator=gen)
+        for group in opt.param_groups:
+            group["lr"] = _lr(recipe, step)
+        loss = _loss(recipe, model, head, _batch(data["train"], index), gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        state["losses"].append(float(loss.detach()))
+        state["step"] += 1
+        if progress:
+            progress(1)
+        if state["step"] % CHECKPOINT_EVERY == 0 or state["step"] == recipe.steps:
+            state["wall_s"] = clock()
+            _checkpoint(partial, model, head, opt, state)
+    model.eval()
+    return state["losses"]
+
+
+@torch.no_grad()
+def _mean_loss(recipe: Recipe, model: torch.nn.Module, head: torch.nn.Module, split: dict[str, torch.Tensor],
+               seed: int) -> float | None:
+    """The objective's loss over a whole split (None for the untrained control)."""
+    if recipe.objective == "untrained":
+        return None
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    total, n = 0.0, len(split["x"])
+    for start in range(0, n, 64):
+        index = torch.arange(start, min(n, start + 64))
+        total += float(_loss(recipe, model, head, _batch(split, index), gen)) * len(index)
+    return total / n
+
+
+# -- checkpoints and publication ---------------------------------------------------------------
+
+def _run_tag(recipe: Recipe, fingerprint: str | None) -> dict[str, Any]:
+    return {"seed": recipe.seed, "steps": recipe.steps, "recipe": config_hash(recipe.to_dict()), "data": fingerprint}
+
+
+def _start(recipe: Recipe, partial: Path, fingerprint: str | None) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, Any]]:
+    """A fresh model, or the interrupted run's model, head, optimizer and step (same seed only)."""
+    model, head = build_model(recipe)
+    tag = _run_tag(recipe, fingerprint)
+    if (partial / RUN_NAME).is_file() and (partial / STATE_NAME).is_file():
+        found = json.loads((partial / RUN_NAME).read_text())
+        if found != tag:
+            raise BenchError(
+                f"zoo: {recipe.name} has an interrupted run with seed {found.get('seed')}, {found.get('steps')} steps "
+                f"in {partial}; resume it with --seed {found.get('seed')} or delete that directory")
+        saved = torch.load(partial / STATE_NAME, weights_only=False)
+        model.load_state_dict(saved["model"])
+        head.load_state_dict(saved["head"])
+        return model, head, saved["state"]
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    write_json_atomic(tag, partial / RUN_NAME)
+    return model, head, {"step": 0, "losses": [], "wall_s": 0.0, "optimizer": None}
+
+
+def _checkpoint(partial: Path, model: torch.nn.Module, head: torch.nn.Module, opt: torch.optim.Optimizer,
+                state: dict[str, Any]) -> None:
+    tmp = partial / f".{STATE_NAME}.tmp-{os.getpid()}"
+    torch.save({"model": model.state_dict(), "head": head.state_dict(),
+                "state": {**state, "optimizer": opt.state_dict()}}, tmp)
+    os.replace(tmp, partial / STATE_NAME)
+
+
+def _publish(model: torch.nn.Module, card: dict[str, Any], final: Path) -> None:
+    """save_pretrained + processor config + card into a temporary directory, then one rename."""
+    from transformers import ViTImageProcessor
+
+    from evaluators.backbones.hf import _quiet_transformers
+
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with _quiet_transformers():
+        model.save_pretrained(tmp)
+    side = int(model.config.image_size)
+    ViTImageProcessor(size={"height": side, "width": side}, image_mean=[MEAN] * 3, image_std=[STD] * 3,
+                      do_resize=True, do_rescale=True, do_normalize=True, resample=2).save_pretrained(tmp)
+    write_json_atomic(card, tmp / CARD_NAME)
+    os.replace(tmp, final)
+
+
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    """One thread and deterministic kernels while training; the caller's settings after."""
+    threads, strict = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(strict)
+        torch.set_num_threads(threads)

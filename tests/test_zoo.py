@@ -1,0 +1,147 @@
+"""The zoo: deterministic, resumable training; publication in one piece; `zoo:NAME` ≡ its directory."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from bench.cli import main
+from bench.errors import BenchError
+from evaluators.backbones import resolve_backbone
+from evaluators.zoo import RECIPES, ZOO_ENV, training
+from evaluators.zoo.training import CARD_NAME, partial_dir, train_recipe
+
+TINY_ARCH = dict(RECIPES["features"].architecture, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=64)
+TINY_DATA = dict(n_train=24, n_val=8, shard_size=16)
+
+
+def tiny(name: str, **changes):
+    return RECIPES[name].with_(architecture=TINY_ARCH, data=TINY_DATA, batch_size=8, warmup=2,
+                               steps=0 if name == "untrained" else 4, **changes)
+
+
+@pytest.fixture
+def zoo_cache(tmp_path, monkeypatch):
+    """A private cache whose recipes are tiny (same objectives, a 2-layer width-32 ViT, 24 scenes)."""
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(ZOO_ENV, raising=False)
+    for name in RECIPES:
+        monkeypatch.setitem(RECIPES, name, tiny(name))
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
+    return tmp_path / "zoo"
+
+
+def weights(path):
+    return (path / "model.safetensors").read_bytes()
+
+
+class Interrupt(Exception):
+    pass
+
+
+def stop_after(n):
+    seen = []
+
+    def progress(k):
+        seen.append(k)
+        if len(seen) == n:
+            raise Interrupt
+
+    return progress
+
+
+def test_same_seed_same_bytes_and_resume_continues_exactly(tmp_path, monkeypatch):
+    """Two runs of a seed write identical weights; one interrupted after a checkpoint and resumed too."""
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
+    recipe = tiny("masked")
+    a = train_recipe(recipe, tmp_path / "a")
+    b = train_recipe(recipe, tmp_path / "b")
+    assert weights(a) == weights(b)
+    with pytest.raises(Interrupt):  # stops after step 3: the checkpoint of step 2 stays
+        train_recipe(recipe, tmp_path / "c", progress=stop_after(3))
+    partial = partial_dir(tmp_path / "c", "masked")
+    assert torch.load(partial / training.STATE_NAME, weights_only=False)["state"]["step"] == 2
+    assert not (tmp_path / "c" / "masked").exists()
+    c = train_recipe(recipe, tmp_path / "c")
+    assert weights(c) == weights(a) and not partial.exists()
+    assert weights(train_recipe(recipe.with_(seed=1), tmp_path / "d")) != weights(a)
+    card = json.loads((a / CARD_NAME).read_text())
+    assert card["seed"] == 0 and card["steps"] == 4 and card["recipe"]["objective"] == "masked"
+    assert card["data"]["fingerprint"] and card["final_train_loss"] > 0 and card["final_val_loss"] > 0
+    assert card["wall_time_s"] > 0
+
+
+def test_training_beats_the_best_constant_predictor(tmp_path):
+    """80 steps take the F head below the base rate's loss (labels wired to the wrong scenes would not)."""
+    recipe = tiny("features").with_(steps=80, lr=3e-3)
+    card = json.loads((train_recipe(recipe, tmp_path) / CARD_NAME).read_text())
+    # F is 2 of 8 colours and 2 of 8 shapes: the best constant predictor scores H(1/4) nats per value
+    chance = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert card["final_train_loss"] < chance - 0.025, card["final_train_loss"]
+
+
+def test_zoo_spec_is_the_local_checkpoint_path(zoo_cache, balanced_small, capsys):
+    """Train through the CLI, load as zoo:NAME and as its directory (one cache entry), evaluate it."""
+    from bench.dataset import Dataset
+    from evaluators.extract import extract_activations
+    from leaderboards.store import load_results
+
+    assert main(["zoo", "train", "features"]) == 0
+    path = capsys.readouterr().out.strip()
+    assert main(["zoo", "path", "features"]) == 0 and capsys.readouterr().out.strip() == path
+    by_name, by_dir = resolve_backbone("zoo:features"), resolve_backbone(path)
+    assert by_name.info.revision == by_dir.info.revision and by_name.identity() == by_dir.identity()
+    ds = Dataset(balanced_small)
+    a = extract_activations("zoo:features", ds, "test", layers=[2], views=["cls"], progress=False)
+    b = extract_activations(path, ds, "test", layers=[2], views=["cls"], progress=False)
+    assert a.path == b.path  # keyed by the weights' hash, not by the name
+    results = zoo_cache.parent / "results"
+    assert main(["evaluate", "--model", "zoo:features", "--dataset", str(balanced_small), "--probes", "linear",
+                 "--epochs", "2", "--results", str(results)]) == 0
+    capsys.readouterr()
+    rows = load_results(results)
+    assert rows and {r["backbone"] for r in rows} == {"zoo:features"}
+    assert {r["backbone_revision"] for r in rows} == {by_dir.info.revision}
+    assert main(["zoo", "list", "--format", "json"]) == 0
+    rows = {r["spec"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["zoo:features"]["status"] == "trained" and rows["zoo:masked"]["status"] == "not trained"
+    assert main(["zoo", "train", "features"]) == 0  # a finished model is reused, not retrained
+    assert capsys.readouterr().out.strip() == path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["zoo", "train", "feature"], "unknown model 'feature'; did you mean features"),
+    (["zoo", "path", "masked"], "masked is not trained yet"),
+    (["evaluate", "--model", "zoo:nope", "--dataset", "DATA"], "unknown model 'nope'"),
+])
+def test_bad_names_exit_2(zoo_cache, balanced_small, capsys, argv, message):
+    assert main([str(balanced_small) if a == "DATA" else a for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_half_written_and_foreign_seed_runs_exit_2(zoo_cache, capsys, monkeypatch):
+    """An interrupted run resumes only with its own seed; a half-written directory is never a model."""
+    with pytest.raises(Interrupt):
+        train_recipe(RECIPES["features"], zoo_cache, progress=stop_after(3))
+    assert main(["zoo", "train", "features", "--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "interrupted run with seed 0" in err and len(err.strip().splitlines()) == 1
+    assert main(["zoo", "path", "features"]) == 2 and "not trained yet" in capsys.readouterr().err
+    # a published directory without its card (as a copy cut short would leave it)
+    assert main(["zoo", "train", "features"]) == 0
+    path = zoo_cache / "features"
+    capsys.readouterr()
+    (path / CARD_NAME).unlink()
+    (path / "model.safetensors").write_bytes(weights(path)[:100])
+    assert main(["zoo", "path", "features"]) == 2 and "not trained yet" in capsys.readouterr().err
+    with pytest.raises(BenchError, match="not trained yet"):
+        resolve_backbone("zoo:features")
+    with pytest.raises(BenchError):  # the same truncated directory passed as --model DIR
+        resolve_backbone(str(path))
+    assert main(["zoo", "train", "features", "--seed", "1"]) == 2
+    assert "holds no zoo_card.json" in capsys.readouterr().err
