@@ -440,6 +440,9 @@ PAPER_MEANING = ("β*_paper = 1 − (L_O − L_F) / H(O|F) is the paper's differ
                  "shown to compare with published numbers; it leaves [0, 1] when the two probes are unequally good")
 UNANCHORED_NOTE = ("† unanchored (prior: none): {label} from probes that learned the prior themselves; "
                    "not comparable with anchored rows, so ranked only among themselves")
+EMPIRICAL_MEANING = ("on imported real images (prior: empirical) the probes start at p = 1/2 and H(O|F) is the "
+                     "blind reference probe's L^ref_O|F, so L_O|F > H(O|F) means the probe coded the test objects "
+                     "worse than that reference")
 EMPIRICAL_NOTE = ("† prior: empirical (imported real images, no exact prior): {label} against a reference probe of "
                   "the same family given F but not the image, H(F) the test split's plug-in entropy; not comparable "
                   "with exact-prior rows, so ranked only among themselves")
@@ -477,6 +480,8 @@ def checked_note(board: Leaderboard) -> str:
     """The ‡ note: what the metric means and which checks fired on this board."""
     fired = "; ".join(f"{k} ({CHECK_MEANINGS[k]})" if k in CHECK_MEANINGS else k for k in board.fired_checks)
     meaning = PAPER_MEANING if board.metric.paper else HEADLINE_MEANING
+    if not board.metric.paper and any(c.prior == "empirical" for c in board._cells()):
+        meaning += f"; {EMPIRICAL_MEANING}"
     return (f"‡ not read as binding. {meaning}. A ‡ cell's row broke a check: {fired}. A ‡ cell never ranks "
             "a backbone or wins a best layer; --format csv names each cell's checks")
 

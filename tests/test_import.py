@@ -396,3 +396,6 @@ def test_empirical_rows_are_marked_and_never_ranked_beside_exact_ones():
     md = render_leaderboard(board, Format.markdown)
     assert "| 1 | E | 90.0 ± 2.0 † |" in md and "† prior: empirical (imported real images" in md
     assert "unanchored (prior: none)" not in md
+    rows.append({**result_row("G", "linear", -0.5, prior="empirical"), "B_star_hi": -0.1})  # worse than reference
+    assert "H(O|F) is the blind reference probe's L^ref_O|F" in render_leaderboard(build_leaderboard(rows),
+                                                                                     Format.markdown)
