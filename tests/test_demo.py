@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import types
 from pathlib import Path
 
+import pytest
+
 from bench.cli import main
-from bench.commands.demo import DEMO_MODELS, DEMO_PROBES
+from bench.commands.demo import DEMO_MODELS, DEMO_PROBES, ZOO_MODELS
 from bench.dataset import Dataset
 from bench.results import write_run
+from evaluators.zoo import RECIPES, ZOO_ENV
 from test_leaderboard import result_row
+from test_zoo import tiny
 
 SMALL = ["--n-train", "48", "--n-val", "16", "--n-test", "16", "--image-size", "128"]
+
+
+@pytest.fixture(autouse=True)
+def tiny_zoo(tmp_path_factory, monkeypatch):
+    """The zoo's recipes shrunk to seconds (the full ones run in CI's `bench demo`), trained outside the demo dir."""
+    monkeypatch.setenv(ZOO_ENV, str(tmp_path_factory.mktemp("zoo")))
+    for name in RECIPES:
+        monkeypatch.setitem(RECIPES, name, tiny(name))
 
 
 def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
@@ -35,7 +48,7 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     assert calls == [dict(models=list(DEMO_MODELS), probes=list(DEMO_PROBES), layers="last", tokens=["cls"])]
     assert Dataset(tmp_path / "demo" / "colorshape-demo").num_rows("train") == 48
     assert "oracle:objects" in out.out and "bench evaluate --model facebook/dinov2-small" in out.out
-    for stage in ("1/3", "2/3", "3/3", "generate", "demo finished in"):
+    for stage in ("1/4", "2/4", "3/4", "4/4", "train zoo:conjunctions", "generate", "demo finished in"):
         assert stage in out.err
     scratch = tmp_path / "scratch"  # without --out: a temporary directory, removed afterwards
     monkeypatch.setattr("tempfile.mkdtemp", lambda prefix: str(scratch.mkdir() or scratch))
@@ -60,5 +73,8 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert {r["backbone"] for r in records} == set(DEMO_MODELS)
     assert {r["probe"] for r in records} == set(DEMO_PROBES)
     assert all(r["status"] == "ok" for r in records), [r for r in records if r["status"] != "ok"]
+    zoo = [r for r in records if r["backbone"] in ZOO_MODELS]  # learned rows, with intervals (no ranking assumed)
+    assert len(zoo) == len(ZOO_MODELS) * len(DEMO_PROBES)
+    assert all(math.isfinite(r["value"]) and r["half_width"] > 0 for r in zoo), zoo
     assert "demo finished in" in out.err
     assert list(Path(tmp_path, "results").glob("*.parquet"))
