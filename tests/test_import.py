@@ -269,6 +269,9 @@ def test_ade20k_issameobject_and_no_binding(sources, tmp_path, capsys):
          "--image-size", "96", "--val-fraction", "0.25", "--test-fraction", "0.25"], capsys)
     ds = Dataset(out)
     assert ds.card["provenance"]["version"] == "2021_17_01"
+    licence = ds.card["provenance"]["licence"]  # cites the Terms of Use, asserts no licence of its own
+    assert "Terms of Use" in licence and "groups.csail.mit.edu/vision/datasets/ADE20K" in licence
+    assert "BSD" not in licence
     values = ds.card["feature_space"]["groups"][0]["values"]
     assert len(values) == 4 and values[-1] == "other"
     rows = [r for s in ds.splits for r in ds.iter_scenes(s)]

@@ -66,8 +66,9 @@ def load(src: Path, top_n: int = 20, max_scenes: int | None = None) -> Source:
         "source": "ADE20K", "version": _version(src),
         "files_read": [f"images/ADE/{{training,validation}}/**: {len(scenes)} images with their .json and "
                        "instance_*.png masks"],
-        "licence": "ADE20K annotations: BSD 3-clause (MIT CSAIL); images are for non-commercial research and "
-                   "education only (see the release's terms of use)",
+        "licence": "ADE20K: use is governed by the dataset's Terms of Use, accepted when downloading it "
+                   "(https://groups.csail.mit.edu/vision/datasets/ADE20K/); read them before sharing this dataset "
+                   "or results from it",
         "mask": "instance: each object's amodal instance PNG where the _seg.png shows its class and instance",
         "objects": f"class: top {top_n} object classes by instance count, the rest '{OTHER}'; parts listed per "
                    "object; one group, so O = F (no binding task)",
