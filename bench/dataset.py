@@ -197,6 +197,8 @@ class Dataset:
                 f"dataset: {self.path} has schema_version {version}; this BindingBench reads {SCHEMA_VERSION}"
             )
         _check_card(self.card, card_path)
+        if "feature_space" not in self.card:
+            raise BenchError(f"dataset: {self.path} has no feature_space in its card, so no F/O codes to probe")
         try:
             self.feature_space = FeatureSpace.from_dict(self.card["feature_space"])
         except (KeyError, TypeError, ValueError) as e:
@@ -285,7 +287,7 @@ def _damaged(path: Path, what: str) -> BenchError:
 
 
 #: The card fields readers rely on, and each split's.
-_CARD_FIELDS = {"generator": dict, "feature_space": dict, "splits": dict}
+_CARD_FIELDS = {"generator": dict, "splits": dict}
 _SPLIT_FIELDS = {"n": int, "fingerprint": str, "shards": list}
 
 
