@@ -118,8 +118,11 @@ def open_dataset(path: Path, need_codes: bool = True) -> Dataset:
         raise BenchError(f"dataset: {path} has no F/O code columns; binding probes need them")
     flat = [s for s in SPLITS if ds.card["splits"][s].get("H_O") == 0]
     if flat:  # β = (H(O) - L) / H(O) would be 0/0: refuse before any backbone loads
+        fix = ("re-import with more scenes (a larger --max-scenes), another --top-n or larger --val-fraction/"
+               "--test-fraction, so that every split holds several F codes" if ds.card.get("priors") == EMPIRICAL
+               else "generate a dataset whose scenes vary")
         raise BenchError(f"dataset: {path} has H(O) = 0 in split(s) {', '.join(flat)} (every scene holds the same "
-                         "objects): there is no binding to measure; generate a dataset whose scenes vary")
+                         f"objects): there is no binding to measure; {fix}")
     return ds
 
 
@@ -306,6 +309,7 @@ def run_evaluation(
     results_dir: Path = Path("results"), overwrite: bool = False, limit: int | None = None,
     progress: bool = True, train: TrainConfig | None = None, exclude_background: bool = False,
     unanchored: bool = False, on_skipped: Callable[[int], None] | None = None,
+    executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
 ) -> Path | None:
     """Evaluate backbones on a dataset; returns the results file written (None if nothing to do).
 
@@ -319,8 +323,15 @@ def run_evaluation(
     `train` overrides the binding training defaults (epochs and seed are still taken from
     `epochs` and `seeds`); `exclude_background` drops issameobject pairs that involve
     background patches; `unanchored` evaluates a dataset without exact priors (see
-    `binding_task`).
+    `binding_task`). `executor` "ray" runs the same units as Ray tasks (binding only; see
+    `evaluators.ray_executor`), on the cluster at `address` with `gpus_per_task` GPUs a task.
     """
+    if executor != "local":
+        from evaluators.ray_executor import check_options
+
+        check_options(executor, task, gpus_per_task)
+    elif address is not None or gpus_per_task is not None:
+        raise BenchError("executor: --address and --gpus-per-task need --executor ray")
     if task not in TASKS:
         raise BenchError(f"task: unknown {task!r}; allowed: {', '.join(TASKS)}")
     if not models:
@@ -364,39 +375,68 @@ def run_evaluation(
     plans = _plan(models, ds, task=task, layers=layers, views=views, probes=probes, seeds=seeds, done=done,
                   test_fp=test_fp, limit=limit, progress=progress)
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
+    if executor == "ray":
+        from evaluators.ray_executor import run_binding
+
+        return run_binding([p for p in plans if p.todo], ds, unanchored=unanchored, prov=prov, test_fp=test_fp,
+                           base_train=base_train, device=device, dtype=dtype, limit=limit, results_dir=results_dir,
+                           run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task)
     rows: list[dict[str, Any]] = []
     path = None
     for plan in plans:
         if not plan.todo:
             continue
-        spec, backbone, info = plan.spec, plan.backbone, plan.backbone.info
+        backbone = plan.backbone
         task_data = task_data or binding_task(ds, limit, unanchored)
-        common = {**_common_columns(prov, spec, info, ds.name, test_fp, task, limit),
-                  "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
+        common = binding_common(prov, plan, ds, test_fp, limit, task_data)
         try:
             acts = {s: extract_activations(backbone, ds, s, layers=plan.layers, views=plan.views, device=device,
                                            dtype=dtype, progress=progress, limit=limit) for s in SPLITS}
         except BenchError:
             raise
         except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
-            message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
-            rows += [_row(common, layer, v, fam, seed, {"status": "error", "error": message})
-                     for layer, view, seed, fams in plan.todo for v in plan.shown(view) for fam in fams]
+            rows += extraction_error_rows(common, plan, plan.todo, e)
             path = write_run(rows, results_dir, run_id)
             continue
         for layer, view, seed, fams in plan.todo:
-            cfg = replace(base_train, seed=seed)
-            inputs = {s: RowReader(acts[s].get(layer, view), limit) for s in SPLITS}
-            t0 = time.perf_counter()
-            label = f"train {','.join(fams)} · {spec} layer {layer} {view} seed {seed}"
-            with _epoch_bar(progress, label, cfg.epochs) as advance:
-                results = evaluate_binding(inputs, task_data, fams, train=cfg, progress=advance)
-            wall = (time.perf_counter() - t0) / len(fams)
-            for fam in fams:
-                columns = _result_columns(results[fam], cfg, wall, dtype, limit)
-                rows += [_row(common, layer, v, fam, seed, columns) for v in plan.shown(view)]
+            rows += binding_rows(common, acts, task_data, layer, plan.shown(view), seed, fams,
+                                 replace(base_train, seed=seed), dtype, limit, progress)
         path = write_run(rows, results_dir, run_id)
     return path
+
+
+def binding_common(prov: dict[str, Any], plan: _Plan, ds: Dataset, test_fp: str, limit: int | None,
+                   task_data: BindingTask) -> dict[str, Any]:
+    """The columns every binding row of one backbone shares."""
+    return {**_common_columns(prov, plan.spec, plan.backbone.info, ds.name, test_fp, "binding", limit),
+            "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
+
+
+def extraction_error_rows(common: dict[str, Any], plan: _Plan, todo: Sequence[tuple],
+                          error: BaseException) -> list[dict[str, Any]]:
+    """Error rows for every row of `todo` when the backbone failed to run."""
+    message = f"extraction failed: {type(error).__name__}: {error}".splitlines()[0]
+    return [_row(common, layer, v, fam, seed, {"status": "error", "error": message})
+            for layer, view, seed, fams in todo for v in plan.shown(view) for fam in fams]
+
+
+def binding_rows(common: dict[str, Any], acts: dict[str, Any], task_data: BindingTask, layer: int,
+                 shown: Sequence[str], seed: int, fams: Sequence[str], cfg: TrainConfig, dtype: str,
+                 limit: int | None, progress: bool) -> list[dict[str, Any]]:
+    """The rows of one (backbone, layer, view, seed): every family trained on one pass over the
+    cached rows of view `shown[0]`, rows written under each of `shown`. A plain function so that
+    a Ray task runs exactly what the local loop runs."""
+    inputs = {s: RowReader(acts[s].get(layer, shown[0]), limit) for s in SPLITS}
+    t0 = time.perf_counter()
+    label = f"train {','.join(fams)} · {common['backbone']} layer {layer} {shown[0]} seed {seed}"
+    with _epoch_bar(progress, label, cfg.epochs) as advance:
+        results = evaluate_binding(inputs, task_data, fams, train=cfg, progress=advance)
+    wall = (time.perf_counter() - t0) / len(fams)
+    rows = []
+    for fam in fams:
+        columns = _result_columns(results[fam], cfg, wall, dtype, limit)
+        rows += [_row(common, layer, v, fam, seed, columns) for v in shown]
+    return rows
 
 
 def _effective_limit(ds: Dataset, limit: int | None) -> int | None:
@@ -433,9 +473,9 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
     plans = []
     for spec in models:
         backbone = resolve_backbone(spec).bind(ds)
-        check_views(backbone, ds, "test", views)
         if task == "issameobject":
             check_attention_qk(backbone, probes)
+        check_views(backbone, ds, "test", views)
         try:
             layer_ids = parse_layers(layers, backbone.info.n_layers)
         except BenchError as e:  # name the backbone: a run may mix deep ones and layer-less references
