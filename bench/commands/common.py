@@ -80,7 +80,7 @@ def echo(text: str) -> None:
 
 @contextmanager
 def progress_bar(description: str, total: int | None = None) -> Iterator[Any]:
-    """A rich progress bar on stderr; yields a handle with `advance(n)` and `set_total(n)`.
+    """A rich progress bar on stderr; yields a handle with `advance(n)`, `set_total(n)` and `describe(text)`.
 
     Written to a file or a pipe (no terminal to redraw in), progress is whole lines instead:
     one per tenth of the total or per `LOG_EVERY_S` seconds, and one at the end, so a log
@@ -101,6 +101,9 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[Any]:
             def set_total(self, n: int) -> None:
                 p.update(task, total=n)
 
+            def describe(self, text: str) -> None:
+                p.update(task, description=text)
+
         yield _Handle()
 
 
@@ -118,6 +121,9 @@ class _LineProgress:
 
     def set_total(self, n: int) -> None:
         self.total = n
+
+    def describe(self, text: str) -> None:
+        self.description = text
 
     def advance(self, n: int = 1) -> None:
         self.done += n

@@ -44,6 +44,9 @@ def evaluate(
     limit: Optional[int] = typer.Option(None, help="Use only the first N scenes of every split, to extract and to train (a trial run: its rows are kept apart from full runs)."),
     overwrite: bool = typer.Option(False, help="Re-run rows already present in the results directory."),
     exclude_background: bool = typer.Option(False, help="issameobject: drop patch pairs that involve background."),
+    executor: str = typer.Option("local", help="local (in this process) or ray (extraction and training as Ray tasks; binding only)."),
+    address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
+    gpus_per_task: Optional[float] = typer.Option(None, help="--executor ray: GPUs per task, fractions allowed [1 on CUDA, 0 on CPU]."),
     fmt: Format = typer.Option(Format.table, "--format", help="Summary table format."),
 ) -> None:
     """Measure binding (B, β, β*) or IsSameObject accuracy of backbones; write results/<run_id>.parquet."""
@@ -59,7 +62,8 @@ def evaluate(
         _split(model), dataset, task=task, layers=layers, tokens=_split(tokens) or None,
         probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
         results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
-        unanchored=unanchored, on_skipped=skipped.append,
+        unanchored=unanchored, on_skipped=skipped.append, executor=executor, address=address,
+        gpus_per_task=gpus_per_task,
     )
     if skipped:
         stderr.print(f"skipped {sum(skipped)} row(s) already in {results} (--overwrite re-runs them)", soft_wrap=True)

@@ -1,0 +1,133 @@
+"""`bench evaluate --executor ray` on a local Ray with 2 CPUs: the same rows as the local path,
+also when a worker dies mid-task, and the checks that run before any task.
+
+Equality is exact (metrics to 1e-9) against the local path at one torch thread, the thread
+count a CPU task runs with: float32 training rounds differently at other thread counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from bench.cli import main
+from evaluators import cache
+from evaluators.run import run_evaluation
+from tests.conftest import make_dataset
+
+ray = pytest.importorskip("ray")
+
+MODELS = ["oracle:objects", "random:dinov2-small"]
+GRID = dict(layers="0.5,last", probes=["linear", "dnn"], seeds=[0], epochs=3, progress=False)
+#: Columns that differ between any two runs of the same grid.
+RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "host", "package_versions"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("ray") / "ds", n_train=96, n_val=32, n_test=32, image_size=64,
+                        n_colors=3, n_shapes=3, colors_per_scene=2, shapes_per_scene=2, n_objects=3,
+                        object_size=12, margin=2, val_fraction=0.25, test_fraction=0.25)
+
+
+@pytest.fixture(scope="module")
+def local_rows(data, tmp_path_factory) -> list[dict]:
+    """The grid on the local path, at the one torch thread a Ray CPU task uses."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        path = run_evaluation(MODELS, data, results_dir=tmp_path_factory.mktemp("local"), **GRID)
+    finally:
+        torch.set_num_threads(threads)
+    return pq.read_table(path).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    yield
+    ray.shutdown()
+
+
+def assert_same_rows(got: list[dict], want: list[dict]) -> None:
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in w:
+            if k in RUN_COLUMNS:
+                continue
+            if isinstance(w[k], float):
+                assert g[k] == pytest.approx(w[k], rel=0, abs=1e-9), (k, g["backbone"], g["layer"], g["probe"])
+            else:
+                assert g[k] == w[k], (k, g["backbone"], g["layer"], g["probe"])
+
+
+def test_ray_rows_equal_local_rows_and_logs_every_task(data, local_rows, local_ray, tmp_path):
+    results = tmp_path / "results"
+    path = run_evaluation(MODELS, data, results_dir=results, executor="ray", **GRID)
+    rows = pq.read_table(path).to_pylist()
+    assert_same_rows(rows, local_rows)
+    assert {r["status"] for r in rows} == {"ok"} and {r["layer"] for r in rows} == {0, 6, 12}
+    logs = sorted(p.name for p in (results / "logs" / rows[0]["run_id"]).iterdir())
+    # 2 backbones x 3 splits of extraction, 1 + 2 (backbone, layer, view) training units
+    assert len(logs) == 1 + 6 + 3 and sum(n.startswith("train-") for n in logs) == 3 and "driver.log" in logs
+    assert "trained" in (results / "logs" / rows[0]["run_id"] / logs[-1]).read_text()  # train-random:...L12
+    # a second run skips every finished row, as locally
+    assert run_evaluation(MODELS, data, results_dir=results, executor="ray", **GRID) is None
+
+
+@pytest.mark.parametrize("stage", ["extract", "train"])
+def test_a_killed_worker_is_retried_and_the_rows_are_the_same(stage, data, local_rows, local_ray, tmp_path,
+                                                            monkeypatch, capsys):
+    marker = tmp_path / "killed"
+    if stage == "extract":  # extraction starts from nothing, and dies after its first rows
+        monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BINDINGBENCH_FAULT", f"{stage}:{marker}")
+    results = tmp_path / "results"
+    args = ["evaluate", "--dataset", str(data), "--results", str(results), "--executor", "ray", "--format", "csv",
+            "--epochs", "3", "--layers", "0.5,last", "--probes", "linear,dnn"]
+    code = main(sum((["--model", m] for m in MODELS), args))
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert marker.exists()  # one worker did die
+    (path,) = results.glob("*.parquet")
+    assert_same_rows(pq.read_table(path).to_pylist(), local_rows)
+    assert all(e.complete for e in cache.list_entries())
+    assert len(out.out.strip().splitlines()) == 1 + len(local_rows)  # the table only: no Ray noise on stdout
+    assert "per-task logs in" in out.err and "Traceback" not in out.err
+
+
+def test_storage_a_worker_cannot_see_is_named_in_one_line(data, tmp_path):
+    from evaluators.ray_executor import _storage_problem
+
+    card = hashlib.sha256((data / "dataset.json").read_bytes()).hexdigest()
+    token = tmp_path / "token"
+    token.write_text("abc")
+    assert _storage_problem(str(data), card, str(token), "abc") is None
+    assert "cannot read dataset" in _storage_problem(str(tmp_path / "elsewhere"), card, str(token), "abc")
+    assert "does not see the driver's activation cache" in _storage_problem(str(data), card, str(token), "other")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--executor", "dask"], "executor: unknown 'dask'"),
+    (["--address", "auto"], "need --executor ray"),
+    (["--executor", "ray", "--task", "issameobject"], "--executor ray runs the binding task"),
+    (["--executor", "ray", "--gpus-per-task", "-1"], "gpus-per-task: must be ≥ 0"),
+])
+def test_bad_executor_options_exit_2_with_one_line(extra, message, data, tmp_path, capsys):
+    code = main(["evaluate", "--model", "pixels", "--dataset", str(data), "--results", str(tmp_path), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_local_path_does_not_import_ray():
+    code = ("import sys, bench.cli, evaluators.run, bench.commands.evaluate; "
+            "sys.exit('ray' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
