@@ -57,39 +57,46 @@ def write_clevr(root: Path, n_train: int = 48, n_val: int = 16, seed: int = 0) -
 
 
 VG_NAMES = ("car", "cat", "dog", "tree", "ball")
-VG_COLORS = ("red", "blue", "green", "white")
+VG_RGB = {"red": (200, 30, 30), "blue": (30, 60, 210), "green": (30, 170, 40), "white": (245, 245, 245)}
+VG_COLORS = tuple(VG_RGB)
 
 
-def write_vg(root: Path, n: int = 60, seed: int = 1) -> Path:
-    """VG/image_data.json, objects.json, attributes.json, VG_100K/<id>.jpg and VG_100K_2/<id>.jpg."""
+def write_vg(root: Path, n: int = 120, seed: int = 1, objects: tuple[int, int] = (2, 4)) -> Path:
+    """VG/image_data.json, objects.json, attributes.json, VG_100K/<id>.jpg and VG_100K_2/<id>.jpg.
+
+    Each image holds `objects` (inclusive range) boxes: most coloured (and "wooden", drawn in
+    their colour on a dark noise background), some "big", some with no 'attributes' field."""
     rng = np.random.default_rng(seed)
     for d in ("VG_100K", "VG_100K_2"):
         (root / d).mkdir(parents=True)
-    image_data, objects, attributes = [], [], []
+    image_data, records, attributes = [], [], []
     oid = 1000
     for iid in range(1, n + 1):
         folder = "VG_100K" if iid % 2 else "VG_100K_2"
         w, h = 40, 30
-        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(root / folder / f"{iid}.jpg")
+        image = rng.integers(0, 60, (h, w, 3), dtype=np.uint8)
         image_data.append({"image_id": iid, "url": f"https://cs.stanford.edu/people/rak248/{folder}/{iid}.jpg",
                            "width": w, "height": h, "coco_id": None, "flickr_id": None})
         objs, attrs = [], []
-        for _ in range(int(rng.integers(2, 5))):
+        for _ in range(int(rng.integers(objects[0], objects[1] + 1))):
             oid += 1
             x, y = int(rng.integers(0, 30)), int(rng.integers(0, 20))
             box = {"object_id": oid, "x": x, "y": y, "w": int(rng.integers(4, 12)), "h": int(rng.integers(4, 12)),
                    "names": [str(rng.choice(VG_NAMES))], "synsets": []}
             objs.append(box)
-            kind = rng.integers(0, 3)
+            kind = rng.choice(3, p=[0.15, 0.7, 0.15])
             record = dict(box)
             if kind == 1:
-                record["attributes"] = [str(rng.choice(VG_COLORS)), "wooden"]
+                color = str(rng.choice(VG_COLORS))
+                record["attributes"] = [color, "wooden"]
+                image[y:y + box["h"], x:x + box["w"]] = VG_RGB[color]
             elif kind == 2:
                 record["attributes"] = ["big"]
             attrs.append(record)  # kind 0: no 'attributes' field, as in the release
-        objects.append({"image_id": iid, "objects": objs})
+        Image.fromarray(image).save(root / folder / f"{iid}.jpg", quality=95)
+        records.append({"image_id": iid, "objects": objs})
         attributes.append({"image_id": iid, "attributes": attrs})
-    for name, data in (("image_data", image_data), ("objects", objects), ("attributes", attributes)):
+    for name, data in (("image_data", image_data), ("objects", records), ("attributes", attributes)):
         (root / f"{name}.json").write_text(json.dumps(data))
     return root
 
@@ -229,6 +236,49 @@ def test_clevr_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
     assert {r["probe"] for r in iso} == {"majority", "cosine"} and all(r["status"] == "ok" for r in iso)
 
 
+def test_vg_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
+    """VG:Color with the default split fractions: every split varies, binding is measured against
+    the blind reference (oracle:objects, which carries O, reads B* > 0 well above oracle:features,
+    which carries F only), and IsSameObject applies: its patch labels come from the masks,
+    which here are the objects' boxes (approximate, and the card says so)."""
+    out = tmp_path / "vg"
+    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(out), "--image-size", "32"], capsys)
+    ds = Dataset(out)
+    card = ds.card
+    assert card["priors"] == "empirical" and card["generator"]["name"] == "import:vg-color"
+    assert all(card["splits"][s]["n_F_codes"] >= 5 and card["splits"][s]["H_O"] > 2 for s in ds.splits)
+    keys = {s: {ds.feature_space.f_key(f) for f in ds.codes(s)[0]} for s in ds.splits}
+    assert not (keys["train"] & keys["test"]) and not (keys["train"] & keys["val"]) and not (keys["val"] & keys["test"])
+    info = json.loads(_ok(["info", str(out), "--format", "json"], capsys))
+    assert info["provenance"]["source"] == "Visual Genome" and info["provenance"]["mask"].startswith("boxes")
+
+    results = tmp_path / "results"
+    _ok(["evaluate", "--dataset", str(out), "--model", "oracle:objects", "--model", "oracle:features",
+         "--probes", "linear", "--epochs", "30", "--device", "cpu", "--results", str(results)], capsys)
+    from bench.results import read_results
+
+    rows = {r["backbone"]: r for r in read_results(results).to_pylist()}
+    assert all(r["prior"] == "empirical" and r["status"] == "ok" for r in rows.values())
+    obj, feat = rows["oracle:objects"], rows["oracle:features"]
+    ref = obj["H_O_given_F"]  # empirical rows: the blind reference probe's test code length
+    assert obj["B_star"] == pytest.approx(ref - obj["L_O_given_F"]) and obj["L_O_given_F"] < 0.25 * ref
+    assert obj["B_star"] > 1.0 and obj["B_star_lo"] > feat["B_star_hi"]
+    assert abs(feat["B_star"]) < 0.5 * obj["B_star"]
+    assert obj["H_F"] == pytest.approx(card["splits"]["test"]["H_F"])
+    board = _ok(["leaderboard", str(results), "--format", "markdown"], capsys)
+    assert "oracle:objects" in board and "†" in board and "empirical" in board
+
+    _ok(["evaluate", "--task", "issameobject", "--dataset", str(out), "--model", "pixels:8", "--probes",
+         "majority,cosine", "--device", "cpu", "--results", str(results)], capsys)
+    iso = [r for r in read_results(results).to_pylist() if r["task"] == "issameobject"]
+    assert {r["probe"] for r in iso} == {"majority", "cosine"}
+    assert all(r["status"] == "ok" and r["n_test"] > 0 for r in iso)
+    by_probe = {r["probe"]: r for r in iso}  # boxes are drawn in their colour: same-box patches look alike
+    assert by_probe["majority"]["auroc"] == 0.5 and by_probe["cosine"]["auroc"] > 0.6
+    board = _ok(["leaderboard", str(results), "--task", "issameobject"], capsys)
+    assert "IsSameObject accuracy" in board and "pixels:8" in board
+
+
 def test_vg_color_and_topattr_codings(sources, tmp_path, capsys):
     """VG: colour x name (or top attribute x name) over the top-N, boxes as masks, images from
     both VG_100K folders; objects outside the vocabulary are left out."""
@@ -254,8 +304,8 @@ def test_vg_color_and_topattr_codings(sources, tmp_path, capsys):
     assert {s: Dataset(again).fingerprint(s) for s in ds.splits} == {s: ds.fingerprint(s) for s in ds.splits}
 
     top = tmp_path / "vg-top"
-    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(top), "--coding", "vg-topattr", "--top-n", "2"],
-        capsys)
+    _ok(["import", "vg", "--src", str(sources["vg"]), "--out", str(top), "--coding", "vg-topattr", "--top-n", "3",
+         "--image-size", "32"], capsys)
     values = Dataset(top).card["feature_space"]["groups"][0]
     assert values["name"] == "attribute" and set(values["values"]) <= {"wooden", "big", *VG_COLORS}
     assert "wooden" in values["values"]  # every coloured object is also wooden: the most frequent attribute
