@@ -279,6 +279,18 @@ def test_vg_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
     assert "IsSameObject accuracy" in board and "pixels:8" in board
 
 
+def test_imported_split_without_object_entropy_says_to_import_more(tmp_path, capsys):
+    """One object per image and few F codes: a split whose scenes all hold the same object has
+    H(O) = 0, and the refusal says what to change in the import (not to generate a dataset)."""
+    src = write_vg(tmp_path / "VG", n=60, objects=(1, 1))
+    out = tmp_path / "vg"
+    _ok(["import", "vg", "--src", str(src), "--out", str(out), "--top-n", "3", "--image-size", "16"], capsys)
+    assert min(Dataset(out).card["splits"][s]["H_O"] for s in ("train", "val", "test")) == 0
+    err = _fails(["evaluate", "--dataset", str(out), "--model", "oracle:objects", "--results",
+                  str(tmp_path / "results")], capsys)
+    assert "H(O) = 0" in err and "--max-scenes" in err and "generate" not in err
+
+
 def test_vg_color_and_topattr_codings(sources, tmp_path, capsys):
     """VG: colour x name (or top attribute x name) over the top-N, boxes as masks, images from
     both VG_100K folders; objects outside the vocabulary are left out."""
