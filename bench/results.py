@@ -76,7 +76,8 @@ RESULT_SCHEMA = pa.schema(
         ("n_train", pa.int64()),
         ("n_test", pa.int64()),
         ("best_epoch", pa.int32()),
-        # binding: "exact" (probes anchored on the generator's exact priors) or "none" (--unanchored)
+        # binding: "exact" (probes anchored on the generator's exact priors), "none" (--unanchored) or
+        # "empirical" (imported real images: B* against a blind reference probe given F alone)
         ("prior", pa.string()),
         # binding: False when some headline (F, O|F) probe did not reach its validation plateau,
         # or its best epoch lay in the last 10% of the epoch budget; `converged_paper`: the paper's probes

@@ -8,8 +8,9 @@
   visibility, objects per scene), read from each dataset's card, one line per backbone
   and probe column.
 All three draw cells exactly as the leaderboard computes them (same seeds rule, same
-layer choice, the table's ‡ as crosses or hatched bars and its † as "† unanchored" after
-the backbone's name), so a figure never disagrees with the table beside it.
+layer choice, the table's ‡ as crosses or hatched bars and its † as "† unanchored" or, for
+imported real images, "† empirical" after the backbone's name), so a figure never disagrees
+with the table beside it.
 """
 
 from __future__ import annotations
@@ -34,12 +35,25 @@ from leaderboards.tables import Leaderboard, build_leaderboard, column_name  # n
 FORMATS = ("png", "svg")
 #: Appended to a backbone whose run was unanchored (the table's †): not comparable with anchored ones.
 UNANCHORED_MARK = " † unanchored"
+#: The same mark for a backbone measured on imported real images (prior: empirical), ranked apart as well.
+EMPIRICAL_MARK = " † empirical"
 #: Sweep axes: where each dataset card holds the x value (config key, else test-split key).
 SWEEP_AXES: dict[str, tuple[str, str]] = {
     "camera-height": ("camera_height", "camera height"),
     "visibility": ("mean_visibility", "mean object visibility"),
     "objects": ("n_objects", "objects per scene"),
 }
+
+
+def _mark(board: Leaderboard, backbone: str, dataset: str | None = None) -> str:
+    """The † label after a backbone's name (of `dataset`, or of any): "† empirical" when every
+    † cell is an imported dataset's, "† unanchored" otherwise, "" when no cell is marked."""
+    priors = {c.prior for r in board.rows if r.backbone == backbone and dataset in (None, r.dataset)
+              and (r.dataset, r.backbone) in board.unanchored_backbones
+              for c in r.cells.values() if c is not None and c.unanchored}
+    if not priors:
+        return ""
+    return EMPIRICAL_MARK if priors == {"empirical"} else UNANCHORED_MARK
 
 
 def save_figure(fig: plt.Figure, out: str | os.PathLike) -> list[Path]:
@@ -94,7 +108,7 @@ def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selec
         for (ds, backbone, c), points in sorted(series.items()):
             if c == col:
                 label = backbone if len(board.datasets) == 1 else f"{backbone} ({ds})"
-                label += UNANCHORED_MARK if (ds, backbone) in board.unanchored_backbones else ""
+                label += _mark(board, backbone, ds)
                 _draw_series(ax, points, scale, colors[backbone], label)
         ax.set_title(column_name(col))
         ax.set_xlabel("layer / n_layers")
@@ -160,7 +174,7 @@ def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
     if board.has_failed_cells:
         ax.bar([np.nan], [np.nan], color="white", edgecolor="black", hatch="//", label="‡ a probe failed: not binding")
     labels = [(r.backbone if len(board.datasets) == 1 else f"{r.backbone}\n({r.dataset})")
-              + (UNANCHORED_MARK if (r.dataset, r.backbone) in board.unanchored_backbones else "") for r in board.rows]
+              + _mark(board, r.backbone, r.dataset) for r in board.rows]
     ax.set_xticks(x, labels, rotation=20, ha="right")
     ax.axhline(0, color="black", lw=0.6)
     ax.set_ylabel(_ylabel(board))
@@ -215,7 +229,7 @@ def sweep_curve(rows: Sequence[dict[str, Any]], x_values: dict[str, float], axis
     for (backbone, col), points in sorted(series.items()):
         x = np.array([p[0] for p in points])
         ls = styles[board.columns.index(col) % len(styles)]
-        mark = UNANCHORED_MARK if any(b == backbone for _, b in board.unanchored_backbones) else ""
+        mark = _mark(board, backbone)
         ax.plot(x, np.array([p[1] for p in points]) * scale, marker="o", ms=3, ls=ls,
                 color=colors[backbone], label=f"{backbone}{mark} — {column_name(col)}")
         if all(p[2] is not None and p[3] is not None for p in points):

@@ -125,3 +125,7 @@ def test_unanchored_backbones_are_labelled_in_figures(tmp_path, monkeypatch):
     plots.layer_curves(rows, tmp_path / "layers")
     legend = [t.get_text() for t in figures[1].legends[0].get_texts()]
     assert sorted(legend) == ["A", "U † unanchored"]
+    rows.append(result_row("E", "linear", 0.4, prior="empirical"))  # imported real images: said so
+    plots.probe_bars(build_leaderboard(rows), tmp_path / "bars")
+    assert sorted(t.get_text() for t in figures[2].axes[0].get_xticklabels()) == ["A", "E † empirical",
+                                                                                  "U † unanchored"]
