@@ -22,7 +22,6 @@ Importing this module imports Ray: only the `--executor ray` path does.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
@@ -37,19 +36,11 @@ from typing import Any, Callable, Sequence
 
 from bench.dataset import CARD_NAME, Dataset
 from bench.errors import BenchError
+from bench.ray_cluster import MAX_RETRIES, check_every_node, file_digest, ray, require_ray, session, unreadable
 from bench.results import write_run
 from evaluators import cache
 from evaluators.training import TrainConfig
 
-try:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-except ImportError:  # checked by check_options, which names the extra to install
-    ray = None  # type: ignore[assignment]
-
-EXECUTORS = ("local", "ray")
-#: Retries of a task whose worker process died (Ray's `max_retries`); exceptions are not retried.
-MAX_RETRIES = 3
 #: Fault injection: "<stage>:<marker file>" with stage `extract` or `train`. The first task of
 #: that stage to create the marker kills its own worker process (extract: after its first
 #: batch of rows is on disk; train: after its first seed's rows); retries find the marker.
@@ -61,34 +52,11 @@ SPLITS = ("train", "val", "test")
 
 def check_options(executor: str, task: str, gpus_per_task: float | None) -> None:
     """Refuse an unknown executor, a missing Ray, a task Ray does not run, or negative GPUs."""
-    if executor not in EXECUTORS:
-        raise BenchError(f"executor: unknown {executor!r}; allowed: {', '.join(EXECUTORS)}")
-    if ray is None:
-        raise BenchError("executor: ray is not installed; pip install 'bindingbench[ray]'")
+    require_ray(executor)
     if task != "binding":
         raise BenchError(f"executor: --executor ray runs the binding task; run --task {task} with --executor local")
     if gpus_per_task is not None and gpus_per_task < 0:
         raise BenchError(f"gpus-per-task: must be ≥ 0, got {gpus_per_task}")
-
-
-@contextlib.contextmanager
-def session(address: str | None) -> Any:
-    """Ray, connected: reuse an initialised one (tests, notebooks), else connect to `address`
-    (None: a local Ray on this machine's cores) and shut down on exit. Ray's own logging and
-    the workers' output stay off the driver's terminal (per-task logs are files instead)."""
-    if ray.is_initialized():
-        yield
-        return
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                 configure_logging=True)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        where = address or "a local Ray"
-        raise BenchError(f"address: cannot start or reach {where}: {str(e).splitlines()[0]}") from None
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def task_gpus(device: str, gpus_per_task: float | None) -> float:
@@ -106,47 +74,32 @@ def task_gpus(device: str, gpus_per_task: float | None) -> float:
 
 
 def check_storage(dataset: Path, cache_root: Path) -> None:
-    """Every alive node must read this dataset's card (the same bytes) and the driver's token in
-    the activation cache, and write there; otherwise one line names the node and the path."""
+    """Every alive node must read this dataset's card (the same bytes) and a token the driver
+    writes into the activation cache, and write there; else one line names the node."""
     cache_root.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex
-    token_file = cache_root / f".ray-storage-check-{token}"
-    token_file.write_text(token)
-    card = hashlib.sha256((dataset / CARD_NAME).read_bytes()).hexdigest()
+    token_file = cache_root / f".ray-storage-check-{uuid.uuid4().hex}"
+    token_file.write_text(uuid.uuid4().hex)
     try:
-        nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
-        probe = ray.remote(num_cpus=0, max_retries=MAX_RETRIES)(_storage_problem)
-        refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                .remote(str(dataset), card, str(token_file), token) for n in nodes]
-        for problem in ray.get(refs):
-            if problem:
-                raise BenchError(f"storage: {problem}; put the dataset and the activation cache "
-                                 "($BINDINGBENCH_CACHE) on storage every Ray worker sees")
+        check_every_node(_storage_problem, str(dataset / CARD_NAME), file_digest(dataset / CARD_NAME),
+                         str(token_file), file_digest(token_file))
     finally:
         token_file.unlink(missing_ok=True)
 
 
-def _storage_problem(dataset: str, card: str, token_file: str, token: str) -> str | None:
+def _storage_problem(card: str, card_digest: str, token_file: str, token_digest: str) -> str | None:
     """What this node cannot see or write, in words (None when it sees everything)."""
     host = socket.gethostname()
+    if unreadable(Path(card), card_digest):
+        return f"the Ray worker on {host} cannot read dataset {Path(card).parent}"
+    cache_dir = Path(token_file).parent
+    if unreadable(Path(token_file), token_digest):
+        return f"the Ray worker on {host} does not see the driver's activation cache {cache_dir}"
     try:
-        same = hashlib.sha256((Path(dataset) / CARD_NAME).read_bytes()).hexdigest() == card
-    except OSError:
-        same = False
-    if not same:
-        return f"the Ray worker on {host} cannot read dataset {dataset}"
-    try:
-        seen = Path(token_file).read_text() == token
-    except OSError:
-        seen = False
-    if not seen:
-        return f"the Ray worker on {host} does not see the driver's activation cache {Path(token_file).parent}"
-    try:
-        probe = Path(token_file).with_name(f"{Path(token_file).name}-{host}-{os.getpid()}")
+        probe = Path(f"{token_file}-{host}-{os.getpid()}")
         probe.write_text("")
         probe.unlink()
     except OSError:
-        return f"the Ray worker on {host} cannot write to the activation cache {Path(token_file).parent}"
+        return f"the Ray worker on {host} cannot write to the activation cache {cache_dir}"
     return None
 
 

@@ -61,10 +61,13 @@ def generate(
     overwrite: bool = False,
     progress: Progress | None = None,
     on_start: Callable[[int], None] | None = None,
+    shards: Callable[..., Iterator[tuple[tuple[str, int, int, int], list[str]]]] | None = None,
 ) -> dict[str, Any]:
     """Generate one dataset (no sweep expansion) into `out` and return its card.
 
     `on_start(total_rows)` is called once planning succeeded (config validated).
+    `shards(name, config, work_dir, marker, tasks)`, when given, renders the shards instead of
+    local workers (e.g. `generators.ray_shards`), yielding (task, content hashes) as they finish.
     """
     if workers < 1:
         raise BenchError(f"workers: must be ≥ 1, got {workers}")
@@ -93,7 +96,12 @@ def generate(
                     progress(task[3] - task[2])
 
     workers = min(workers, sum(math.ceil(plan.n / config.shard_size) for plan in gen.plans.values()))
-    if workers == 1:
+    if shards is not None:
+        for task, shard_hashes in shards(gen_cls.name, config, work, work / MARKER, todo()):
+            hashes[task[:2]] = shard_hashes
+            if progress:
+                progress(task[3] - task[2])
+    elif workers == 1:
         _WORKER["gen"] = gen
         for task in todo():
             hashes[task[:2]] = _write_shard(work, task, progress)

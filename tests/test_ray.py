@@ -8,6 +8,7 @@ count a CPU task runs with: float32 training rounds differently at other thread 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import subprocess
 import sys
@@ -107,12 +108,28 @@ def test_a_killed_worker_is_retried_and_the_rows_are_the_same(stage, data, local
 def test_storage_a_worker_cannot_see_is_named_in_one_line(data, tmp_path):
     from evaluators.ray_executor import _storage_problem
 
-    card = hashlib.sha256((data / "dataset.json").read_bytes()).hexdigest()
+    card = data / "dataset.json"
+    digest = hashlib.sha256(card.read_bytes()).hexdigest()
     token = tmp_path / "token"
     token.write_text("abc")
-    assert _storage_problem(str(data), card, str(token), "abc") is None
-    assert "cannot read dataset" in _storage_problem(str(tmp_path / "elsewhere"), card, str(token), "abc")
-    assert "does not see the driver's activation cache" in _storage_problem(str(data), card, str(token), "other")
+    mine = hashlib.sha256(b"abc").hexdigest()
+    assert _storage_problem(str(card), digest, str(token), mine) is None
+    assert "cannot read dataset" in _storage_problem(str(tmp_path / "elsewhere" / "dataset.json"), digest,
+                                                     str(token), mine)
+    assert "does not see the driver's activation cache" in _storage_problem(str(card), digest, str(token), digest)
+
+
+def test_generate_on_ray_writes_the_same_bytes(local_ray, tmp_path, capsys):
+    args = ["generate", "colorshape", "--preset", "small", "--n-train", "24", "--n-val", "8", "--n-test", "8",
+            "--image-size", "64", "--set", "n_objects=3", "--set", "object_size=12", "--set", "margin=2",
+            "--set", "n_colors=3", "--set", "n_shapes=3", "--set", "colors_per_scene=2", "--set", "shapes_per_scene=2",
+            "--set", "shard_size=8"]
+    assert main([*args, "--out", str(tmp_path / "local"), "--workers", "1"]) == 0
+    assert main([*args, "--out", str(tmp_path / "ray"), "--executor", "ray"]) == 0, capsys.readouterr().err
+    local = {p.name: p.read_bytes() for p in (tmp_path / "local").glob("*.parquet")}
+    assert len(local) == 5 and local == {p.name: p.read_bytes() for p in (tmp_path / "ray").glob("*.parquet")}
+    cards = [json.loads((tmp_path / d / "dataset.json").read_text()) for d in ("local", "ray")]
+    assert cards[0]["splits"] == cards[1]["splits"]
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -48,10 +48,22 @@ def generate(
         None, help="3D generators: one dataset per camera height, same layouts (e.g. 0.6,1.2,1.9,2.5,3.2)."),
     set_: list[str] = typer.Option([], "--set", help="Any config parameter, KEY=VALUE (repeatable)."),
     overwrite: bool = typer.Option(False, help="Replace an existing dataset."),
+    executor: str = typer.Option("local", help="local (worker processes) or ray (one Ray task per shard; same bytes)."),
+    address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
 ) -> None:
     """Render a synthetic dataset with exact codes, masks and analytic priors."""
     if workers < 1:
         raise BenchError(f"workers: must be ≥ 1, got {workers}")
+    shards = None
+    if executor != "local":
+        from bench.ray_cluster import require_ray
+
+        require_ray(executor)
+        from generators.ray_shards import ray_shards
+
+        shards = ray_shards(address)
+    elif address is not None:
+        raise BenchError("executor: --address needs --executor ray")
     gen = get_generator(generator)
     overrides = _parse_sets(set_ + ([f"camera_heights={camera_heights}"] if camera_heights is not None else []))
     for key, value in dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, image_size=image_size).items():
@@ -68,7 +80,8 @@ def generate(
         target = out / sub if sub else out
         t0 = time.perf_counter()
         with progress_bar(f"generate {target}") as bar:
-            card = run(gen, cfg, target, workers=workers, overwrite=overwrite, progress=bar.advance, on_start=bar.set_total)
+            card = run(gen, cfg, target, workers=workers, overwrite=overwrite, progress=bar.advance, on_start=bar.set_total,
+                       shards=shards)
         n = sum(s["n"] for s in card["splits"].values())
         dt = time.perf_counter() - t0
         stderr.print(f"wrote {n} scenes to {target} in {dt:.1f} s ({n / dt:.0f} scenes/s)")
