@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from evaluators.backbones.base import BackboneInfo
+from typing import TYPE_CHECKING
+
 from evaluators.zoo.recipes import ARCHITECTURE, RECIPES
+
+if TYPE_CHECKING:  # the backbone registry imports this module: BackboneInfo is imported when called
+    from evaluators.backbones.base import BackboneInfo
 
 
 def zoo_specs() -> list[str]:
@@ -12,6 +16,7 @@ def zoo_specs() -> list[str]:
 
 def zoo_infos() -> list[BackboneInfo]:
     """One row per recipe; the revision is the weights' hash once trained, else `not trained`."""
+    from evaluators.backbones.base import BackboneInfo
     from evaluators.zoo import zoo_root
     from evaluators.zoo.training import read_card
 
