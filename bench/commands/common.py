@@ -44,17 +44,22 @@ def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: Fo
         return "\n".join(([f"**{title}**", ""] if title else []) + lines)
     table = Table(title=title)
     for k, c in enumerate(columns):
-        # a name is never cut (`oracle:obje…`): each column is at least as wide as its longest word
-        words = [len(w) for row in cells for w in _plain(row[k]).split()]
-        table.add_column(c, min_width=min(max(words, default=0), 60), overflow="fold")
+        # a name is never cut (`oracle:obje…`): a name column is at least as wide as its longest name
+        names = [len(_plain(row[k])) for row in cells] if c in NAME_COLUMNS else []
+        table.add_column(c, min_width=min(max(names, default=0), 60) or None, overflow="fold")
     for row in cells:
         table.add_row(*row)
-    # A terminal gets its own width; a pipe or file gets room for a wide table rather than
-    # wrapped cells (nothing reflows a log line).
-    width = max(100, Console().width) if sys.stdout.isatty() else 200
-    console = Console(file=io.StringIO(), force_terminal=sys.stdout.isatty(), width=width)
+    # A terminal gets its own width; a pipe or file gets the table's natural width, however wide,
+    # rather than wrapped or cropped cells (nothing reflows a log line).
+    tty = sys.stdout.isatty()
+    width = max(100, Console().width) if tty else Console(width=10**4).measure(table).maximum
+    console = Console(file=io.StringIO(), force_terminal=tty, width=width)
     console.print(table)
     return console.file.getvalue().rstrip("\n")
+
+
+#: Columns that hold names (backbones, datasets): never folded or cut.
+NAME_COLUMNS = ("backbone", "dataset", "spec", "model")
 
 
 def _plain(markup: str) -> str:
