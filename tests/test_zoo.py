@@ -55,12 +55,11 @@ def stop_after(n):
 
 
 def test_same_seed_same_bytes_and_resume_continues_exactly(tmp_path, monkeypatch):
-    """Two runs of a seed write identical weights; one interrupted after a checkpoint and resumed too."""
+    """A run interrupted after a checkpoint and resumed (in a fresh model, optimizer and RNG) writes the
+    same weight bytes as an uninterrupted run of its seed; another seed does not."""
     monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
     recipe = tiny("masked")
     a = train_recipe(recipe, tmp_path / "a")
-    b = train_recipe(recipe, tmp_path / "b")
-    assert weights(a) == weights(b)
     with pytest.raises(Interrupt):  # stops after step 3: the checkpoint of step 2 stays
         train_recipe(recipe, tmp_path / "c", progress=stop_after(3))
     partial = partial_dir(tmp_path / "c", "masked")
