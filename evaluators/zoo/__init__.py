@@ -63,7 +63,8 @@ def status(name: str) -> dict[str, Any]:
     recipe = RECIPES[name]
     card = read_card(zoo_root() / name)
     state = "trained" if card else "interrupted" if partial_dir(zoo_root(), name).exists() else "not trained"
-    return dict(name=name, spec=f"zoo:{name}", objective=recipe.objective, steps=recipe.steps, status=state,
+    return dict(name=name, spec=f"zoo:{name}", objective=recipe.objective,
+                steps=card["steps"] if card else recipe.steps, status=state,
                 seed=card["seed"] if card else recipe.seed,
                 wall_time_s=card.get("wall_time_s") if card else None,
                 final_train_loss=card.get("final_train_loss") if card else None,
