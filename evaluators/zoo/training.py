@@ -233,7 +233,8 @@ def _start(recipe: Recipe, partial: Path, fingerprint: str | None) -> tuple[torc
         if found != tag:
             raise BenchError(
                 f"zoo: {recipe.name} has an interrupted run with seed {found.get('seed')}, {found.get('steps')} steps "
-                f"in {partial}; resume it with --seed {found.get('seed')} or delete that directory")
+                f"in {partial}; resume it with --seed {found.get('seed')} --steps {found.get('steps')} "
+                f"or delete that directory")
         saved = torch.load(partial / STATE_NAME, weights_only=False)
         model.load_state_dict(saved["model"])
         head.load_state_dict(saved["head"])
