@@ -30,7 +30,7 @@ def list_zoo(fmt: Format = typer.Option(Format.table, "--format")) -> None:
 def train(
     names: list[str] = typer.Argument(..., help="Recipe names (see `bench zoo list`)."),
     seed: Optional[int] = typer.Option(None, help="Seed of weights, batches and masks (default: the recipe's, 0)."),
-    steps: Optional[int] = typer.Option(None, help="Training steps (default: the recipe's); a quick check, not the recipe."),
+    steps: Optional[int] = typer.Option(None, help="Training steps (default: the recipe's; the card records them)."),
 ) -> None:
     """Train recipes (resuming an interrupted run, reusing a finished one) into the cache."""
     from evaluators.zoo import get_recipe
