@@ -65,6 +65,8 @@ def task_gpus(device: str, gpus_per_task: float | None) -> float:
     if gpus_per_task is not None:
         if gpus_per_task > 0 and device == "cpu":
             raise BenchError("gpus-per-task: --device cpu tasks use no GPU; drop --gpus-per-task or use --device cuda")
+        if gpus_per_task == 0 and device == "cuda":
+            raise BenchError("gpus-per-task: --device cuda tasks need a GPU share above 0, e.g. 0.5")
         return gpus_per_task
     if device == "cuda":
         return 1.0

@@ -151,3 +151,13 @@ def test_the_local_path_does_not_import_ray():
     code = ("import sys, bench.cli, evaluators.run, bench.commands.evaluate; "
             "sys.exit('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
+
+
+def test_gpu_requests_follow_the_device():
+    from bench.errors import BenchError
+    from evaluators.ray_executor import task_gpus
+
+    assert task_gpus("cuda", None) == 1.0 and task_gpus("cuda", 0.5) == 0.5 and task_gpus("cpu", None) == 0.0
+    for device, gpus in (("cpu", 1.0), ("cuda", 0.0)):
+        with pytest.raises(BenchError, match="gpus-per-task"):
+            task_gpus(device, gpus)
