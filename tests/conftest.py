@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from generators.base import build_config, get_generator
 from generators.engine import generate
@@ -39,3 +40,12 @@ def uniform_small(tmp_path_factory) -> Path:
         tmp_path_factory.mktemp("data") / "uniform", preset="uniform", n_train=40, n_val=20, n_test=20,
         n_colors=4, n_shapes=4, min_objects=1, max_objects=10, overlap="allow", image_size=64, margin=2,
     )
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread: small probes train faster so, thread sync dominating on 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -24,7 +24,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
-import torch
 
 from bench.dataset import Dataset
 from evaluators.backbones import ground_truth
@@ -64,13 +63,7 @@ def clevr_few_codes(tmp_path_factory) -> Path:
                         n_train=1000, n_val=250, n_test=250, image_size=128)
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    """One torch thread: the probes are small, and thread sync dominates on 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _train_subset(task: BindingTask, n: int) -> BindingTask:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from bench.cli import main
@@ -148,13 +147,7 @@ def write_ade20k(root: Path, n_train: int = 16, n_val: int = 8, seed: int = 2) -
     return root
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    """One torch thread: the probes are tiny, and thread sync dominates on 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -277,18 +278,25 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def require_network(what: str, how: str, endpoint: str | None = None) -> None:
+    """A one-line BenchError unless a download of `what` (not in the local cache) can work
+    now: HF_HUB_OFFLINE unset and the endpoint reachable within the probe's deadline."""
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    if _offline():
+        raise BenchError(f"model: {what} is not in the local Hugging Face cache ({hub_cache_dir()}) "
+                         f"and HF_HUB_OFFLINE is set; {how}")
+    if not _reachable(endpoint):
+        raise BenchError(f"model: {what} is not in the local Hugging Face cache and could not be downloaded "
+                         f"({urlparse(endpoint).hostname or endpoint} is unreachable); {how}")
+
+
 def _download(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     how = (f"download it where there is network (`hf download {repo_id}`) and pass its directory as the model, "
            f"or point HF_HOME at a cache that holds it")
-    if _offline():
-        raise BenchError(f"model: {repo_id} is not in the local Hugging Face cache ({hub_cache_dir()}) "
-                         f"and HF_HUB_OFFLINE is set; {how}")
-    if not _reachable(endpoint):
-        raise BenchError(f"model: {repo_id} is not in the local Hugging Face cache and could not be downloaded "
-                         f"({endpoint} is unreachable); {how}")
+    require_network(repo_id, how, endpoint)
     repo_dir = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
     try:
         return Path(_with_stall_deadline(

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Sequence
-from urllib.parse import urlparse
 
 from bench.errors import BenchError
-from evaluators.backbones.hf import STALL_DEADLINE_S, _offline, _reachable, _with_stall_deadline, hub_cache_dir
+from evaluators.backbones import hf
+from evaluators.backbones.hf import STALL_DEADLINE_S, _with_stall_deadline, hub_cache_dir
 
 
 def cached_hub_file(repo_id: str, filenames: Sequence[str]) -> Path | None:
@@ -33,15 +33,8 @@ def _endpoint() -> str:
 
 
 def require_network(what: str, url: str | None = None) -> None:
-    """A one-line BenchError unless a download of `what` can work now (HF_HUB_OFFLINE unset,
-    the endpoint reachable)."""
-    endpoint = url or _endpoint()
-    if _offline():
-        raise BenchError(f"model: the weights of {what} are not in the local cache ({hub_cache_dir()}) "
-                         f"and HF_HUB_OFFLINE is set; {HOW}")
-    if not _reachable(endpoint):
-        raise BenchError(f"model: the weights of {what} are not in the local cache and could not be downloaded "
-                         f"({urlparse(endpoint).hostname} is unreachable); {HOW}")
+    """A one-line BenchError unless the weights of `what` can be downloaded now."""
+    hf.require_network(f"the weights of {what}", HOW, url)
 
 
 def hub_file(what: str, repo_id: str, filenames: Sequence[str]) -> Path:
