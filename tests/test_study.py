@@ -168,3 +168,17 @@ def test_hugging_face_datasets_reads_the_shards_as_images(tiny, tmp_path, monkey
     assert isinstance(scene["image"], Image.Image) and isinstance(scene["mask"], Image.Image)
     assert scene["image"].size == (64, 64) and len(ds) == 16
     assert isinstance(ds.features["image"], datasets.Image) and len(scene["F"]) > 0
+
+
+def test_a_one_class_test_set_is_named_not_left_blank(tmp_path, cache_dir, capsys):
+    """One object per scene and --exclude-background: every test pair is 'same', so balanced
+    accuracy and AUROC cannot be defined; the run says why instead of printing blanks."""
+    data = make_dataset(tmp_path / "single", n_train=24, n_val=8, n_test=8, image_size=64, n_colors=3, n_shapes=3,
+                        colors_per_scene=1, shapes_per_scene=1, n_objects=1, object_size=24, margin=2,
+                        val_fraction=0.25, test_fraction=0.25)
+    code, _, err = run(capsys, "evaluate", "--task", "issameobject", "--dataset", data, "--results", tmp_path / "r",
+                       "--model", "pixels:8", "--probes", "cosine", "--exclude-background")
+    assert code == 0, err
+    assert "hold one class only" in err and "--exclude-background drops every background pair" in err
+    rows = read_results(tmp_path / "r").to_pylist()
+    assert rows and all(r["status"] == "ok" and r["auroc"] is None for r in rows)
