@@ -1,4 +1,4 @@
-"""Scene codes: the feature code F and the object code O (DESIGN §3).
+"""Scene codes: the feature code F and the object code O (docs/ARCHITECTURE.md §1).
 
 A scene is a set of objects, each a conjunction of one value per feature group.
 O is multi-hot over all conjunctions (mixed radix, first group most significant);
@@ -144,7 +144,7 @@ class FeatureSpace:
         return ((o.astype(np.int32) @ self.conj_to_feature.astype(np.int32)) > 0).astype(np.uint8)
 
     def active_counts(self, f: np.ndarray) -> tuple[int, ...]:
-        """Number of active values per group of one F code: the `a` of DESIGN §4."""
+        """Number of active values per group of one F code: the `a` of the balanced distribution."""
         f = np.asarray(f)
         return tuple(int(f[off : off + s].sum()) for off, s in zip(self.offsets, self.sizes))
 

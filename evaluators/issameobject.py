@@ -1,4 +1,4 @@
-"""IsSameObject (DESIGN §8; Li et al., NeurIPS 2025): is "these two patches belong to the
+"""IsSameObject (docs/ARCHITECTURE.md §3; Li et al., NeurIPS 2025): is "these two patches belong to the
 same object" decodable from a layer's patch tokens?
 
 Pairs. Patch labels come from the instance masks at the backbone's grid

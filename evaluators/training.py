@@ -1,6 +1,6 @@
 """Training probes on cached activations: one pass over the data trains many probes.
 
-Activations live on disk (float16 memmaps, DESIGN §7). Batches are read with
+Activations live on disk (float16 memmaps, docs/ARCHITECTURE.md §2). Batches are read with
 positioned reads instead of through the memory map, so resident memory stays at a
 few batches whatever the dataset size (pages touched through a map count as RSS).
 Every batch read is shared by all probes of a (backbone, layer, view): the F-, O|F- and

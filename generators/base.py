@@ -31,12 +31,12 @@ class CommonConfig:
     n_test: int = 200
     seed: int = 0
     image_size: int = 256
-    #: fraction of F codes in val and test (train gets the rest); DESIGN §4: 522/131/131 of 784.
+    #: fraction of F codes in val and test (train gets the rest); the paper's balanced set: 522/131/131 of 784.
     val_fraction: float = 1 / 6
     test_fraction: float = 1 / 6
     #: salt of the hash that ranks F codes into splits.
     salt: str = "bindingbench"
-    #: rank F codes within strata of equal active-value counts (see DESIGN §4 trap).
+    #: rank F codes within strata of equal active-value counts (so that every split holds every complexity).
     stratify: bool = True
     #: drop the F code with every value active (it can carry a large share of the mass).
     exclude_full_f: bool = False

@@ -3,7 +3,7 @@
 Splits are disjoint in F (train, val and test), so a probe is always tested on
 feature combinations it never saw. F codes are ranked by a salted hash; ranking
 within strata of equal active-value counts keeps every split's mix of scene
-complexities alike (DESIGN §4, "trap").
+complexities alike.
 
 An F code is represented here as a tuple, per group, of the active value indices.
 """

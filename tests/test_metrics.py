@@ -1,4 +1,4 @@
-"""Binding metrics against hand-computed values (DESIGN §8)."""
+"""Binding metrics against hand-computed values (docs/ARCHITECTURE.md §3)."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def test_paper_balanced_test_split():
 
 
 def test_uniform_full_f_trap_mass():
-    """DESIGN §4: 7x7, ≤16 objects: the all-features-present F alone holds ~38% of the mass."""
+    """7x7, ≤16 objects: the all-features-present F alone holds ~38% of the mass."""
     active = [(a, b) for a in range(1, 8) for b in range(1, 8) for _ in range(math.comb(7, a) * math.comb(7, b))]
     p = uniform_priors(active, 1, 16)
     assert p.n_F_codes == 127 * 127
