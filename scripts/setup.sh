@@ -15,7 +15,12 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 PIP=".venv/bin/pip"
-pipq() { $PIP install -q --disable-pip-version-check "$@" 2>&1 | grep -vE '^WARNING: Location|dependency resolver|pyrender .* requires PyOpenGL' || true; }
+# Quiet: pip's notes on this machine's local index, pyrender's PyOpenGL pin (overridden on
+# purpose below) and setuptools' editable-install banner are noise here.
+pipq() {
+  $PIP install -q --disable-pip-version-check "$@" 2>&1 \
+    | grep -vE '^WARNING: Location|dependency resolver|pyrender .* requires PyOpenGL|BuildBackendWarning|^ *!!$|\*{20}|Please be careful|name as your package|precedence during imports|WheelFile\(wheel_path|^ *$' || true
+}
 # Re-running on a ready environment costs a second, not a reinstall.
 if .venv/bin/python -c "import torch, torchvision, transformers, pyrender, timm, open_clip, ray, datasets, bench" 2>/dev/null \
    && [ .venv/.setup-stamp -nt pyproject.toml ]; then
