@@ -14,6 +14,7 @@ from PIL import Image
 
 from bench.cli import main
 from bench.dataset import Dataset
+from bench.results import read_results
 
 CLEVR_COLORS = {"gray": (87, 87, 87), "red": (173, 35, 35), "blue": (42, 75, 215), "green": (29, 105, 20),
                 "brown": (129, 74, 25), "purple": (129, 38, 192), "cyan": (41, 208, 208), "yellow": (255, 238, 51)}
@@ -150,6 +151,16 @@ def write_ade20k(root: Path, n_train: int = 16, n_val: int = 8, seed: int = 2) -
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def _oracle_rows(dataset: Path, results: Path, capsys) -> tuple[dict, dict]:
+    """Binding rows of oracle:objects and oracle:features (linear) on an imported dataset; all
+    must be `prior: empirical` and ok."""
+    _ok(["evaluate", "--dataset", str(dataset), "--model", "oracle:objects", "--model", "oracle:features",
+         "--probes", "linear", "--epochs", "30", "--device", "cpu", "--results", str(results)], capsys)
+    rows = {r["backbone"]: r for r in read_results(results).to_pylist()}
+    assert all(r["prior"] == "empirical" and r["status"] == "ok" for r in rows.values())
+    return rows["oracle:objects"], rows["oracle:features"]
+
+
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     base = tmp_path_factory.mktemp("sources")
@@ -206,13 +217,7 @@ def test_clevr_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
     assert "H_O_given_F_rules" in _ok(["info", str(out), "--format", "csv"], capsys)
 
     results = tmp_path / "results"
-    _ok(["evaluate", "--dataset", str(out), "--model", "oracle:objects", "--model", "oracle:features",
-         "--probes", "linear", "--epochs", "30", "--device", "cpu", "--results", str(results)], capsys)
-    from bench.results import read_results
-
-    rows = {r["backbone"]: r for r in read_results(results).to_pylist()}
-    assert all(r["prior"] == "empirical" and r["status"] == "ok" for r in rows.values())
-    obj, feat = rows["oracle:objects"], rows["oracle:features"]
+    obj, feat = _oracle_rows(out, results, capsys)
     assert obj["B_star_lo"] > 1.0
     assert feat["B_star"] == pytest.approx(0.0, abs=1e-9)  # the reference reads F, as oracle:features' probe does
     assert obj["H_F"] == pytest.approx(card["splits"]["test"]["H_F"])
@@ -246,13 +251,7 @@ def test_vg_import_info_evaluate_leaderboard(sources, tmp_path, capsys):
     assert info["provenance"]["source"] == "Visual Genome" and info["provenance"]["mask"].startswith("boxes")
 
     results = tmp_path / "results"
-    _ok(["evaluate", "--dataset", str(out), "--model", "oracle:objects", "--model", "oracle:features",
-         "--probes", "linear", "--epochs", "30", "--device", "cpu", "--results", str(results)], capsys)
-    from bench.results import read_results
-
-    rows = {r["backbone"]: r for r in read_results(results).to_pylist()}
-    assert all(r["prior"] == "empirical" and r["status"] == "ok" for r in rows.values())
-    obj, feat = rows["oracle:objects"], rows["oracle:features"]
+    obj, feat = _oracle_rows(out, results, capsys)
     ref = obj["H_O_given_F"]  # empirical rows: the blind reference probe's test code length
     assert obj["B_star"] == pytest.approx(ref - obj["L_O_given_F"]) and obj["L_O_given_F"] < 0.3 * ref
     assert obj["B_star_lo"] > 1.0
@@ -347,8 +346,6 @@ def test_ade20k_issameobject_and_no_binding(sources, tmp_path, capsys):
     _ok(["evaluate", "--task", "issameobject", "--dataset", str(out), "--model", "pixels:8",
          "--probes", "diag-quadratic,majority", "--epochs", "3", "--device", "cpu", "--results", str(results)],
         capsys)
-    from bench.results import read_results
-
     rows = read_results(results).to_pylist()
     assert {r["probe"] for r in rows} == {"diag-quadratic", "majority"}
     assert all(r["status"] == "ok" and r["n_test"] > 0 for r in rows)
