@@ -5,8 +5,9 @@ that changes the numbers (backbone weights and preprocessing, input side, datase
 fingerprint and split, dtype, format version) and `selection` the layers and
 views stored. One `.npy` per (layer, view). An entry is complete exactly when its
 `entry.json` exists; it is written last, after every row, so a killed run never
-looks complete. While a run is going, `state.json` records how many rows are on
-disk, and a later run resumes from there.
+looks complete. While writers are going, `state.json` records which rows are on
+disk, and a later writer resumes from there; several writers may fill disjoint row
+ranges of one entry at once (`EntryWriter`).
 
 Rows are written with positioned writes, not through a writable memmap: mapped
 dirty pages count toward the writer's RSS, which would then grow with the dataset.
@@ -22,7 +23,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -34,6 +35,7 @@ FORMAT_VERSION = 1
 ENTRY_NAME = "entry.json"
 STATE_NAME = "state.json"
 LOCK_NAME = ".lock"
+STATE_LOCK_NAME = ".state.lock"
 DTYPE = np.float16
 
 
@@ -94,7 +96,17 @@ def open_array(entry: Path, layer: int, view: str) -> np.memmap:
 
 @dataclass
 class EntryWriter:
-    """Fills one entry's arrays row range by row range; resumes from `state.json`."""
+    """Fills one entry's arrays, row range by row range, alone or beside other writers.
+
+    A writer owns the rows `rows` (default: all). Several writers of one entry (Ray's row
+    shards, on one node or many) share it safely: each holds `.lock` shared for its whole
+    life (so `cache rm` refuses the entry), its own range's lock exclusively (so a second
+    writer of the same range waits, then finds the rows done), and takes `.state.lock`
+    only to create the arrays or record finished rows in `state.json` ("done": merged
+    [start, stop) ranges). Whichever writer completes the coverage writes `entry.json`,
+    once; until then nothing reads the entry as done. A killed writer's recorded rows stay,
+    and the next writer of its range resumes after them.
+    """
 
     path: Path
     material: dict[str, Any]
@@ -102,35 +114,73 @@ class EntryWriter:
     views: list[str]
     n: int
     row_shapes: dict[str, tuple[int, ...]]
-    n_done: int = 0
+    rows: tuple[int, int] | None = None
+    done: list[list[int]] = field(default_factory=list)
     _fds: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
-    _lock_fd: int | None = None
+    _lock_fds: list[int] = field(default_factory=list)
+
+    @property
+    def n_done(self) -> int:
+        """Rows of the entry on disk (all writers')."""
+        return sum(b - a for a, b in self.done)
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.rows or (0, self.n)
 
     def open(self) -> "EntryWriter":
-        """Lock the entry, then reuse its rows on disk if a previous run of the same key left some."""
-        while True:  # a concurrent run of the same key (or a `cache rm`) holds the lock: wait
+        """Lock the entry and this writer's rows, then reuse whatever rows earlier writers left."""
+        lo, hi = self.span
+        if not 0 <= lo < hi <= self.n:
+            raise ValueError(f"rows {lo}..{hi} are not inside the entry's 0..{self.n}")
+        while True:  # a `cache rm` holds the entry's lock: wait, and start afresh if it removed the entry
             self.path.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(self.path / LOCK_NAME, os.O_CREAT | os.O_RDWR)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            if _same_file(self._lock_fd, self.path / LOCK_NAME):
+            fd = os.open(self.path / LOCK_NAME, os.O_CREAT | os.O_RDWR)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if _same_file(fd, self.path / LOCK_NAME):
+                self._lock_fds.append(fd)
                 break
-            os.close(self._lock_fd)  # the entry was removed while we waited: start it afresh
-        if read_meta(self.path) is not None:  # finished by the run we waited for: leave it alone
-            self.n_done = self.n
-            return self
-        state = self._read_state()
-        if state is None:
-            self._create_arrays()
-            self.n_done = 0
-            self._write_state()
-        else:
-            self.n_done = int(state["n_done"])
+            os.close(fd)
+        self._lock_fds.append(_locked(self.path / f".rows-{lo}-{hi}.lock"))  # a writer of these rows: wait
+        with self._state_lock():
+            if read_meta(self.path) is not None:  # finished by a writer we waited for: leave it alone
+                self.done = [[0, self.n]]
+                return self
+            state = self._read_state()
+            if state is None:
+                self._create_arrays()
+                self.done = []
+                self._write_state()
+            else:
+                self.done = state["done"]
         for layer in self.layers:
             for view in self.views:
                 p = self.path / array_name(layer, view)
                 fd = os.open(p, os.O_RDWR)
                 self._fds[layer, view] = (fd, _data_offset(p))
         return self
+
+    def todo(self) -> list[tuple[int, int]]:
+        """This writer's rows not yet on disk, as [start, stop) runs in row order."""
+        lo, hi = self.span
+        out, at = [], lo
+        for a, b in self.done:
+            if b <= at or a >= hi:
+                continue
+            if a > at:
+                out.append((at, a))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+    @contextlib.contextmanager
+    def _state_lock(self) -> Iterator[None]:
+        fd = _locked(self.path / STATE_LOCK_NAME)
+        try:
+            yield
+        finally:
+            os.close(fd)
 
     def _read_state(self) -> dict[str, Any] | None:
         try:
@@ -139,7 +189,11 @@ class EntryWriter:
             return None
         same = state.get("n") == self.n and state.get("row_shapes") == {k: list(v) for k, v in self.row_shapes.items()}
         files = all((self.path / array_name(l, v)).is_file() for l in self.layers for v in self.views)
-        return state if same and files else None
+        if not (same and files):
+            return None
+        if "done" not in state:  # a single writer's state of an earlier version: the first n_done rows
+            state["done"] = [[0, int(state["n_done"])]] if state.get("n_done") else []
+        return state
 
     def _create_arrays(self) -> None:
         for layer in self.layers:
@@ -153,9 +207,10 @@ class EntryWriter:
                     f.truncate(f.tell() + int(np.prod(shape)) * np.dtype(DTYPE).itemsize)
 
     def _write_state(self) -> None:
-        write_json_atomic({"n_done": self.n_done, "n": self.n, "material": self.material, "layers": self.layers,
-                           "views": self.views, "row_shapes": {k: list(v) for k, v in self.row_shapes.items()},
-                           "updated": time.time()}, self.path / STATE_NAME)
+        write_json_atomic({"n_done": self.n_done, "done": self.done, "n": self.n, "material": self.material,
+                           "layers": self.layers, "views": self.views,
+                           "row_shapes": {k: list(v) for k, v in self.row_shapes.items()}, "updated": time.time()},
+                          self.path / STATE_NAME)
 
     def write(self, start: int, arrays: dict[tuple[int, str], np.ndarray]) -> None:
         """Write rows [start, start + len) of every array, then record them as done."""
@@ -166,24 +221,53 @@ class EntryWriter:
             row_bytes = int(np.prod(self.row_shapes[view])) * rows.itemsize
             _pwrite_all(fd, rows.data.cast("B"), offset + start * row_bytes)
             count = len(rows)
-        self.n_done = start + count
-        self._write_state()
+        with self._state_lock():  # other writers record their rows too: merge with what is on disk now
+            state = self._read_state()
+            self.done = _merged([*(state["done"] if state else self.done), [start, start + count]])
+            self._write_state()
 
-    def finish(self, meta: dict[str, Any]) -> None:
-        """Make the entry complete: flush the arrays, then write entry.json last."""
+    def finish(self, meta: dict[str, Any]) -> bool:
+        """Flush this writer's rows; if every row of the entry is now on disk, make the entry
+        complete (entry.json written last, once). True when the entry is complete."""
         for fd, _ in self._fds.values():
-            os.fsync(fd)
-        write_json_atomic({"format_version": FORMAT_VERSION, "material": self.material, "layers": self.layers,
-                           "views": self.views, "n": self.n, **meta}, self.path / ENTRY_NAME)
-        (self.path / STATE_NAME).unlink(missing_ok=True)
+            os.fsync(fd)  # before another writer (perhaps on another node) declares the entry complete
+        with self._state_lock():
+            if read_meta(self.path) is not None:
+                return True
+            state = self._read_state()
+            self.done = state["done"] if state else self.done
+            if self.done != [[0, self.n]]:
+                return False
+            write_json_atomic({"format_version": FORMAT_VERSION, "material": self.material, "layers": self.layers,
+                               "views": self.views, "n": self.n, **meta}, self.path / ENTRY_NAME)
+            (self.path / STATE_NAME).unlink(missing_ok=True)
+            return True
 
     def close(self) -> None:
         for fd, _ in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        for fd in reversed(self._lock_fds):
+            os.close(fd)  # releases the flocks
+        self._lock_fds.clear()
+
+
+def _locked(path: Path) -> int:
+    """A descriptor holding an exclusive flock on `path` (created if missing), waiting for it."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _merged(ranges: list[list[int]]) -> list[list[int]]:
+    """Sorted, disjoint [start, stop) ranges covering the same rows."""
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
 
 
 def _same_file(fd: int, path: Path) -> bool:

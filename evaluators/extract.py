@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from bench.dataset import Dataset, decode_png
@@ -30,6 +31,8 @@ from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
 VIEWS = ("cls", "mean", "all", "cls+mean")
 DTYPES = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
+#: Images a model sees at once (every executor: the same batches give the same bits).
+BATCH_SIZE = 32
 _DONE = object()
 
 
@@ -203,12 +206,13 @@ def extract_activations(
     views: Sequence[str] = ("cls",),
     device: str = "auto",
     dtype: str = "fp32",
-    batch_size: int = 32,
+    batch_size: int = BATCH_SIZE,
     resolution: str = "native",
     image_size: int | None = None,
     cache_dir: Path | None = None,
     progress: bool = True,
     limit: int | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> Activations:
     """Activations of a split, from the cache when an entry covers the request, else extracted now.
 
@@ -216,6 +220,9 @@ def extract_activations(
     `limit` extracts only the first N rows (an entry of its own, keyed by their fingerprint);
     a cached entry of the whole split serves it too, so its arrays may hold more rows than
     `limit`: readers take the first N.
+    `rows` (start, stop) extracts only that row shard into the split's entry, beside other
+    writers of other shards (`row_shards`); the entry returned is complete only once every
+    shard is (`is_complete`).
     """
     if dtype not in DTYPES:
         raise BenchError(f"dtype: unknown {dtype!r}; allowed: {', '.join(DTYPES)}")
@@ -237,22 +244,48 @@ def extract_activations(
                                     layer_ids, view_list)
     key, material = _entry_key(backbone, dataset, split, side, dtype, limit)
     found = found or cache.find_complete(cache_dir, key, layer_ids, view_list)
+    n = n if limit is None else limit
+    if rows is not None and not (0 <= rows[0] < rows[1] <= n and rows[0] % batch_size == 0):
+        raise BenchError(f"rows: {rows[0]}..{rows[1]} is not a row shard of {split}'s {n} rows starting on a batch "
+                         f"boundary (a multiple of {batch_size})")
     if found is None:
-        n = n if limit is None else limit
         found = cache.activations_dir(cache_dir) / key / cache.selection_key(layer_ids, view_list)
         row_shapes = _row_shapes(view_list, info.width, grid)
-        writer = cache.EntryWriter(found, material, layer_ids, view_list, n, row_shapes).open()
+        writer = cache.EntryWriter(found, material, layer_ids, view_list, n, row_shapes, rows=rows).open()
         try:
-            if cache.read_meta(found) is None:  # another run may have finished it while we waited
-                t0 = time.perf_counter()
-                _run(backbone.to(dev, dtype), dataset, split, side, layer_ids, view_list, batch_size, writer,
-                     progress)
-                writer.finish({"info": info.to_dict(), "grid": list(grid) if grid else None, "device": str(dev),
-                               "batch_size": batch_size, "wall_s": round(time.perf_counter() - t0, 3)})
+            t0 = time.perf_counter()
+            todo = writer.todo()  # empty when another writer finished these rows while we waited
+            if todo:
+                backbone = backbone.to(dev, dtype)
+            with ExitStack() as stack:
+                lo, hi = writer.span
+                advance = _progress(stack, progress and bool(todo), f"extract {info.spec} {split}", hi - lo,
+                                    hi - lo - sum(b - a for a, b in todo))
+                for start, stop in todo:
+                    _run(backbone, dataset, split, side, layer_ids, view_list, batch_size, writer, start, stop,
+                         advance)
+            complete = writer.finish({"info": info.to_dict(), "grid": list(grid) if grid else None,
+                                      "device": str(dev), "batch_size": batch_size,
+                                      "wall_s": round(time.perf_counter() - t0, 3)})
         finally:
             writer.close()
+        if not complete and rows is None:
+            raise RuntimeError(f"extraction of {info.spec} {split} left the cache entry incomplete")
     meta = cache.read_meta(found)
-    return Activations(info=info, layers=layer_ids, n=int(meta["n"]), grid=grid, views=list(meta["views"]), path=found)
+    views_stored = list(meta["views"]) if meta else view_list
+    return Activations(info=info, layers=layer_ids, n=n if meta is None else int(meta["n"]), grid=grid,
+                       views=views_stored, path=found)
+
+
+def row_shards(n: int, rows_per_shard: int, batch_size: int = BATCH_SIZE) -> list[tuple[int, int]]:
+    """[start, stop) shards of n rows, about `rows_per_shard` each, cut on batch boundaries."""
+    size = max(batch_size, -(-rows_per_shard // batch_size) * batch_size)
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def is_complete(acts: Activations) -> bool:
+    """Every row of the entry is on disk (a shard's writer returns it before the others finish)."""
+    return cache.read_meta(acts.path) is not None
 
 
 def _row_shapes(views: Sequence[str], width: int, grid: tuple[int, int] | None) -> dict[str, tuple[int, ...]]:
@@ -276,19 +309,18 @@ def token_views(h: torch.Tensor, info: BackboneInfo, views: Sequence[str], spati
 
 
 def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: list[int], views: list[str],
-         batch_size: int, writer: cache.EntryWriter, progress: bool) -> None:
-    """The three-stage pipeline: loader thread -> forward here -> writer thread."""
-    start = writer.n_done
+         batch_size: int, writer: cache.EntryWriter, start: int, stop: int, advance: Callable[[int], None]) -> None:
+    """Rows [start, stop) through the three-stage pipeline: loader thread -> forward here -> writer thread."""
     inputs: queue.Queue = queue.Queue(maxsize=2)
     outputs: queue.Queue = queue.Queue(maxsize=2)
     errors: list[BaseException] = []
-    stop = threading.Event()
+    halt = threading.Event()
     spatial = backbone.grid(side) is not None
 
     def load() -> None:
         try:
-            for offset, rows in _batches(dataset, split, backbone.columns, batch_size, skip=start, stop=writer.n):
-                if stop.is_set():
+            for offset, rows in _batches(dataset, split, backbone.columns, batch_size, skip=start, stop=stop):
+                if halt.is_set():
                     return
                 inputs.put((offset, backbone.prepare(rows, side)))
         except BaseException as e:  # surfaced in the main thread
@@ -306,32 +338,31 @@ def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: li
                 advance(len(next(iter(arrays.values()))))
             except BaseException as e:
                 errors.append(e)
-                stop.set()
+                halt.set()
 
-    with ExitStack() as stack:
-        advance = _progress(stack, progress, f"extract {backbone.info.spec} {split}", writer.n, start)
-        threads = [threading.Thread(target=load, daemon=True), threading.Thread(target=write, args=(advance,), daemon=True)]
+    threads = [threading.Thread(target=load, daemon=True), threading.Thread(target=write, args=(advance,), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        while (item := inputs.get()) is not _DONE and not halt.is_set():
+            offset, x = item
+            hs = backbone.hidden_states(x, layers)
+            arrays = {}
+            for layer, h in zip(layers, hs):
+                for view, t in token_views(h, backbone.info, views, spatial).items():
+                    arrays[layer, view] = t.to(torch.float16).cpu().numpy()
+            outputs.put((offset, arrays))
+    finally:
+        halt.set()
+        _drain(inputs)
+        outputs.put(_DONE)
         for t in threads:
-            t.start()
-        try:
-            while (item := inputs.get()) is not _DONE and not stop.is_set():
-                offset, x = item
-                hs = backbone.hidden_states(x, layers)
-                arrays = {}
-                for layer, h in zip(layers, hs):
-                    for view, t in token_views(h, backbone.info, views, spatial).items():
-                        arrays[layer, view] = t.to(torch.float16).cpu().numpy()
-                outputs.put((offset, arrays))
-        finally:
-            stop.set()
-            _drain(inputs)
-            outputs.put(_DONE)
-            for t in threads:
-                t.join()
+            t.join()
     if errors:
         raise errors[0]
-    if writer.n_done != writer.n:
-        raise RuntimeError(f"extraction wrote {writer.n_done} of {writer.n} rows")
+    missing = [r for r in writer.todo() if r[0] < stop and r[1] > start]
+    if missing:
+        raise RuntimeError(f"extraction of rows {start}..{stop} left rows {missing[0][0]}..{missing[0][1]} unwritten")
 
 
 def _drain(q: queue.Queue) -> None:
@@ -354,14 +385,29 @@ def _progress(stack: ExitStack, enabled: bool, description: str, total: int, don
 
 def _batches(dataset: Dataset, split: str, columns: Sequence[str], batch_size: int,
              skip: int = 0, stop: int | None = None) -> Iterator[tuple[int, dict[str, list]]]:
-    """(first row index, column -> values) batches in dataset order, rows `skip` to `stop`."""
-    offset = 0
+    """(first row index, column -> values) batches in dataset order, rows `skip` to `stop`.
+
+    Batches end at multiples of `batch_size` counted from the split's first row, whatever
+    the shard files' sizes: a row range that starts on such a multiple (a Ray row shard)
+    goes through the model in exactly the batches the whole split does, so its numbers
+    are the same to the bit."""
+    pending: pa.Table | None = None
+    first = skip  # row index of pending's first row
+    offset = 0  # row index of the next source batch's first row
     for batch in dataset.iter_batches(split, batch_size=batch_size, columns=list(columns)):
+        lo, hi = max(skip - offset, 0), batch.num_rows if stop is None else min(batch.num_rows, stop - offset)
+        offset += batch.num_rows
+        if lo < hi:
+            part = pa.Table.from_batches([batch.slice(lo, hi - lo)])
+            pending = part if pending is None else pa.concat_tables([pending, part])
+            while pending is not None and pending.num_rows >= (cut := (first // batch_size + 1) * batch_size - first):
+                yield first, _columns(pending.slice(0, cut), columns)
+                pending, first = pending.slice(cut), first + cut
         if stop is not None and offset >= stop:
-            return
-        size = batch.num_rows
-        if offset + size > skip:
-            lo = max(skip - offset, 0)
-            part = batch.slice(lo, None if stop is None else stop - offset - lo)
-            yield offset + lo, {c: part.column(c).to_pylist() for c in columns}
-        offset += size
+            break
+    if pending is not None and pending.num_rows:
+        yield first, _columns(pending, columns)
+
+
+def _columns(table: pa.Table, columns: Sequence[str]) -> dict[str, list]:
+    return {c: table.column(c).to_pylist() for c in columns}

@@ -641,6 +641,23 @@ def check_attention_qk(backbone: Any, probes: Sequence[str]) -> None:
                          f"(Hugging Face ViTs); {backbone.info.spec} has none")
 
 
+def wants_qk(probes: Sequence[str], attention_corr: bool = True) -> bool:
+    """The run needs the backbone's query/key projections (the model, not only its cached tokens)."""
+    return "attention-qk" in probes or (attention_corr and any(p in TRAINED_PROBES for p in probes))
+
+
+def pair_configs(device: str, epochs: int | None, exclude_background: bool, pair_config: PairConfig | None = None,
+                 train_config: PairTrainConfig | None = None) -> tuple[PairConfig, PairTrainConfig]:
+    """The pair sampling and probe training settings of a run, validated (every executor's)."""
+    pc = pair_config or PairConfig()
+    pc = replace(pc, exclude_background=exclude_background or pc.exclude_background)
+    pc.validate()
+    tc = replace(train_config or PairTrainConfig(), device=resolve_device(device))
+    if epochs is not None:
+        tc = replace(tc, epochs=epochs)
+    return pc, tc
+
+
 def evaluate_issameobject(
     spec: str | Any,
     dataset: Path | Dataset,
@@ -672,17 +689,12 @@ def evaluate_issameobject(
     from evaluators.extract import extract_activations  # the extraction stage is only needed here
 
     check_probes(probes)
-    want_qk = "attention-qk" in probes or (attention_corr and any(p in TRAINED_PROBES for p in probes))
+    want_qk = wants_qk(probes, attention_corr)
     if want_qk:  # needs the model's weights as well as its cached tokens
         spec = resolve_backbone(spec) if isinstance(spec, str) else spec
         check_attention_qk(spec, probes)
     ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
-    pc = pair_config or PairConfig()
-    pc = replace(pc, exclude_background=exclude_background or pc.exclude_background)
-    pc.validate()
-    tc = replace(train_config or PairTrainConfig(), device=resolve_device(device))
-    if epochs is not None:
-        tc = replace(tc, epochs=epochs)
+    pc, tc = pair_configs(device, epochs, exclude_background, pair_config, train_config)
     acts = {
         s: extract_activations(spec, ds, s, layers=layers, views=("all",), device=device, dtype=dtype, progress=progress,
                                limit=limit)

@@ -330,7 +330,7 @@ def run_evaluation(
     `train` overrides the binding training defaults (epochs and seed are still taken from
     `epochs` and `seeds`); `exclude_background` drops issameobject pairs that involve
     background patches; `unanchored` evaluates a dataset without exact priors (see
-    `binding_task`). `executor` "ray" runs the same units as Ray tasks (binding only; see
+    `binding_task`). `executor` "ray" runs the same units as Ray tasks (see
     `evaluators.ray_executor`), on the cluster at `address` with `gpus_per_task` GPUs a task.
     """
     if executor != "local":
@@ -369,7 +369,8 @@ def run_evaluation(
         return _run_issameobject(
             models, open_dataset(Path(dataset), need_codes=False), layers=layers, probes=probes, seeds=seeds,
             device=device, dtype=dtype, epochs=epochs, results_dir=results_dir, overwrite=overwrite, limit=limit,
-            progress=progress, exclude_background=exclude_background, on_skipped=on_skipped,
+            progress=progress, exclude_background=exclude_background, on_skipped=on_skipped, executor=executor,
+            address=address, gpus_per_task=gpus_per_task,
         )
     ds = open_dataset(Path(dataset))
     limit = _effective_limit(ds, limit)
@@ -542,8 +543,10 @@ def _run_issameobject(
     models: Sequence[str], ds: Dataset, *, layers: str | Sequence[int], probes: Sequence[str], seeds: Sequence[int],
     device: str, dtype: str, epochs: int | None, results_dir: Path, overwrite: bool, limit: int | None,
     progress: bool, exclude_background: bool, on_skipped: Callable[[int], None] | None = None,
+    executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
 ) -> Path | None:
-    """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding rows."""
+    """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding
+    rows; with `executor` "ray", every backbone's rows are computed by Ray tasks first."""
     task = "issameobject"
     limit = _effective_limit(ds, limit)
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device))
@@ -553,6 +556,18 @@ def _run_issameobject(
     if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):
         _say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
                        "96% against a 57% majority); compare backbones with pixels, not with the majority")
+    def work(plan: _Plan) -> tuple[list[int], list[str]]:  # the layers and probes it still owes
+        return (sorted({layer for layer, _, _, _ in plan.todo}),
+                [p for p in probes if any(p in fams for _, _, _, fams in plan.todo)])
+
+    computed: dict[str, Any] = {}
+    if executor == "ray":
+        from evaluators.ray_executor import run_issameobject
+
+        computed = run_issameobject([(p, *work(p)) for p in plans if p.todo], ds, seeds=seeds, device=device,
+                                    dtype=dtype, epochs=epochs, exclude_background=exclude_background, limit=limit,
+                                    results_dir=results_dir, run_id=run_id, progress=progress, address=address,
+                                    gpus_per_task=gpus_per_task)
     rows: list[dict[str, Any]] = []
     path = None
     for plan in plans:
@@ -563,10 +578,15 @@ def _run_issameobject(
             continue
         common = {**_common_columns(prov, spec, plan.backbone.info, ds.name, test_fp, task, limit), "tokens": "all"}
         try:
-            new = evaluate_issameobject(plan.backbone, ds, layers=sorted({k[5] for k in todo}),
-                                        probes=[p for p in probes if any(k[8] == p for k in todo)], seeds=seeds,
-                                        device=device, dtype=dtype, epochs=epochs,
-                                        exclude_background=exclude_background, limit=limit, progress=progress)
+            if spec in computed:
+                if isinstance(computed[spec], BaseException):
+                    raise computed[spec]
+                new = computed[spec]
+            else:
+                layer_ids, fams = work(plan)
+                new = evaluate_issameobject(plan.backbone, ds, layers=layer_ids, probes=fams, seeds=seeds, device=device,
+                                            dtype=dtype, epochs=epochs, exclude_background=exclude_background,
+                                            limit=limit, progress=progress)
         except BenchError:
             raise
         except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows

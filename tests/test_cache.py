@@ -184,3 +184,106 @@ def test_cache_ls_and_rm(ds, tmp_path, capsys, monkeypatch):
     with pytest.raises(BenchError):
         cache.select_entries([], ["x"])
     assert os.listdir(tmp_path / "activations") == []
+
+
+# -- row shards: several writers fill one entry (the Ray executor's extraction units) ------------
+
+
+@pytest.fixture(scope="module")
+def odd_files(tmp_path_factory) -> Dataset:
+    """A split stored in shard files of 7 rows, so file and batch boundaries disagree."""
+    from conftest import make_dataset
+
+    return Dataset(make_dataset(tmp_path_factory.mktemp("odd") / "ds", n_train=40, n_val=8, n_test=8,
+                                image_size=32, n_colors=3, n_shapes=3, colors_per_scene=2,
+                                shapes_per_scene=2, n_objects=3, object_size=8, margin=1, shard_size=7))
+
+
+def test_batches_are_cut_on_multiples_of_the_batch_size_whatever_the_files(odd_files):
+    from evaluators.extract import _batches
+
+    whole = [(o, len(c["image"])) for o, c in _batches(odd_files, "train", ["image"], 8)]
+    assert whole == [(0, 8), (8, 8), (16, 8), (24, 8), (32, 8)]
+    assert [(o, len(c["image"])) for o, c in _batches(odd_files, "train", ["image"], 8, skip=16, stop=37)] == [
+        (16, 8), (24, 8), (32, 5)]
+    assert [(o, len(c["image"])) for o, c in _batches(odd_files, "train", ["image"], 8, skip=13, stop=20)] == [
+        (13, 3), (16, 4)]
+
+
+def test_row_shards_in_any_order_fill_the_entry_a_whole_run_fills(odd_files, tmp_path):
+    from evaluators.extract import is_complete, row_shards
+
+    ckpt = tiny_checkpoint("dinov2-reg", tmp_path / "m")[1]
+    shards = row_shards(40, 12, batch_size=8)
+    assert shards == [(0, 16), (16, 32), (32, 40)]
+    store, kw = tmp_path / "shards", dict(split="train", views=("cls", "all"), batch_size=8)
+    first = extract(str(ckpt), odd_files, store, rows=shards[1], **kw)
+    assert not is_complete(first) and first.n == 40
+    state = json.loads((first.path / cache.STATE_NAME).read_text())
+    assert state["done"] == [[16, 32]] and state["n_done"] == 16
+    assert extract(str(ckpt), odd_files, store, rows=shards[2], **kw).path == first.path
+    assert [e.rows for e in cache.list_entries(store)] == ["24/40"]
+    last = extract(str(ckpt), odd_files, store, rows=shards[0], **kw)
+    assert is_complete(last) and not (last.path / cache.STATE_NAME).exists()
+    whole = extract(str(ckpt), odd_files, tmp_path / "whole", **kw)
+    for layer in (0, 2):
+        for view in ("cls", "all"):
+            assert np.array_equal(last.get(layer, view), whole.get(layer, view))  # the same batches, bit for bit
+    with pytest.raises(BenchError, match="batch boundary"):
+        extract(str(ckpt), odd_files, store, rows=(4, 16), **kw)
+    with pytest.raises(BenchError, match="row shard"):
+        extract(str(ckpt), odd_files, store, rows=(32, 48), **kw)
+
+
+def test_concurrent_shard_writers_share_one_entry(odd_files, tmp_path, monkeypatch):
+    """Two writers at once (threads: each holds its own locks, as two processes would); the
+    entry is complete exactly once, and `cache rm` refuses it while either writes."""
+    import threading
+
+    from evaluators.extract import is_complete
+
+    ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
+    store, kw = tmp_path / "cache", dict(split="train", views=("cls",), batch_size=8)
+    forward, both_writing, first = HFBackbone.hidden_states, threading.Barrier(2, timeout=60), threading.local()
+    refused = []
+
+    def slow(self, x, layers):
+        if not getattr(first, "done", False):  # each writer's first batch: wait until both write, then try rm
+            first.done = True
+            both_writing.wait()
+            entries = cache.list_entries(store)
+            with pytest.raises(BenchError, match="being written"):
+                cache.remove_entries(entries)
+            refused.append(len(entries))
+        time.sleep(0.05)
+        return forward(self, x, layers)
+
+    monkeypatch.setattr(HFBackbone, "hidden_states", slow)
+    out: dict = {}
+    threads = [threading.Thread(target=lambda r=r: out.setdefault(r, extract(str(ckpt), odd_files, store, rows=r, **kw)))
+               for r in [(0, 24), (24, 40)]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert refused and all(n == 1 for n in refused)
+    assert is_complete(out[0, 24]) and out[0, 24].path == out[24, 40].path
+    monkeypatch.setattr(HFBackbone, "hidden_states", forward)
+    whole = extract(str(ckpt), odd_files, tmp_path / "whole", **kw)
+    assert np.array_equal(out[0, 24].get(2, "cls"), whole.get(2, "cls"))
+
+
+def test_a_partial_entry_of_the_single_writer_format_resumes_after_its_rows(ds, tmp_path):
+    """state.json written before row shards existed held only `n_done`: its first rows are kept."""
+    writer = cache.EntryWriter(tmp_path / "e", {}, [0], ["cls"], 20, {"cls": (4,)}).open()
+    writer.write(0, {(0, "cls"): np.ones((6, 4))})
+    writer.close()
+    state = json.loads((tmp_path / "e" / cache.STATE_NAME).read_text())
+    del state["done"]
+    (tmp_path / "e" / cache.STATE_NAME).write_text(json.dumps(state))
+    again = cache.EntryWriter(tmp_path / "e", {}, [0], ["cls"], 20, {"cls": (4,)}, rows=(0, 20)).open()
+    try:
+        assert again.todo() == [(6, 20)] and again.n_done == 6
+        assert not again.finish({})
+    finally:
+        again.close()

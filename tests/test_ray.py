@@ -25,7 +25,8 @@ from tests.conftest import make_dataset
 
 ray = pytest.importorskip("ray")
 
-MODELS = ["oracle:objects", "random:dinov2-small"]
+#: The calibration's backbones: oracles whose binding is known exactly, and the no-learning controls.
+MODELS = ["oracle:objects", "oracle:features", "oracle:mix-0.5", "pixels", "random:dinov2-small"]
 GRID = dict(layers="0.5,last", probes=["linear", "dnn"], seeds=[0], epochs=3, progress=False)
 #: Columns that differ between any two runs of the same grid.
 RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "host", "package_versions"}
@@ -77,8 +78,9 @@ def test_ray_rows_equal_local_rows_and_logs_every_task(data, local_rows, local_r
     assert_same_rows(rows, local_rows)
     assert {r["status"] for r in rows} == {"ok"} and {r["layer"] for r in rows} == {0, 6, 12}
     logs = sorted(p.name for p in (results / "logs" / rows[0]["run_id"]).iterdir())
-    # 2 backbones x 3 splits of extraction, 1 + 2 (backbone, layer, view) training units
-    assert len(logs) == 1 + 6 + 3 and sum(n.startswith("train-") for n in logs) == 3 and "driver.log" in logs
+    # 5 backbones x 5 row shards (3 of train's 96 rows, 1 each of val and test); training units, one per
+    # (backbone, layer, view): 1 for each layer-less reference, 2 for the ViT
+    assert sum(n.startswith("extract-") for n in logs) == 25 and len(logs) == 1 + 25 + 6 and sum(n.startswith("train-") for n in logs) == 6 and "driver.log" in logs
     assert "trained" in (results / "logs" / rows[0]["run_id"] / logs[-1]).read_text()  # train-random:...L12
     # a second run skips every finished row, as locally
     assert run_evaluation(MODELS, data, results_dir=results, executor="ray", **GRID) is None
@@ -138,7 +140,6 @@ def test_generate_on_ray_writes_the_same_bytes(local_ray, tmp_path, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--executor", "dask"], "executor: unknown 'dask'"),
     (["--address", "auto"], "need --executor ray"),
-    (["--executor", "ray", "--task", "issameobject"], "--executor ray runs the binding task"),
     (["--executor", "ray", "--gpus-per-task", "-1"], "gpus-per-task: must be ≥ 0"),
 ])
 def test_bad_executor_options_exit_2_with_one_line(extra, message, data, tmp_path, capsys):
@@ -151,6 +152,56 @@ def test_the_local_path_does_not_import_ray():
     code = ("import sys, bench.cli, evaluators.run, bench.commands.evaluate; "
             "sys.exit('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
+
+
+def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
+    """Extraction in row shards, one task per (backbone, layer) with every probe and seed, rows in
+    the local order; the attention baseline and correlations need the model inside the task."""
+    from test_backbones import tiny_checkpoint
+
+    ckpt = str(tiny_checkpoint("dinov2", tmp_path / "m")[1])
+    grid = dict(task="issameobject", seeds=[0, 1], tokens=["all"], epochs=2, progress=False)
+    runs = [([ckpt], dict(layers="0,1", probes=["linear", "cosine", "attention-qk"])),
+            (["oracle:patches"], dict(probes=["linear", "cosine"]))]
+    local, got = [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i, (models, kw) in enumerate(runs):
+            local += pq.read_table(run_evaluation(models, data, results_dir=tmp_path / f"local{i}", **grid,
+                                                  **kw)).to_pylist()
+    finally:
+        torch.set_num_threads(threads)
+    for i, (models, kw) in enumerate(runs):
+        got += pq.read_table(run_evaluation(models, data, results_dir=tmp_path / f"ray{i}", executor="ray", **grid,
+                                            **kw)).to_pylist()
+    assert len(got) == 2 * 2 * 3 + 2 * 2 and {r["status"] for r in got} == {"ok"}
+    assert any(r["attention_r"] is not None for r in got)
+    assert_same_rows(got, local)
+
+
+def test_gpu_tasks_ask_for_their_share_and_share_a_gpu():
+    """No GPU here: a Ray started with two logical GPUs schedules the executor's task options,
+    four 0.5-GPU tasks at once on two devices (the packing `--gpus-per-task 0.5` asks for)."""
+    from evaluators.ray_executor import _slots, task_options
+
+    assert task_options(0.5)["num_gpus"] == 0.5 and task_options(0.0)["num_gpus"] == 0.0
+    assert task_options(0.5)["num_cpus"] == 1
+    code = f"""
+import logging, time, ray
+from evaluators.ray_executor import _slots, task_options
+ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+def held():
+    t0 = time.time(); time.sleep(1.0)
+    return ray.get_gpu_ids(), t0, time.time()
+out = ray.get([ray.remote(held).options(**task_options(0.5)).remote() for _ in range(4)])
+print(_slots(0.5), _slots(1.0), _slots(0.0), sorted(str(ids) for ids, _, _ in out),
+      max(t0 for _, t0, _ in out) < min(t1 for _, _, t1 in out))
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[0] == "4 2 4 ['[0]', '[0]', '[1]', '[1]'] True"
 
 
 def test_gpu_requests_follow_the_device():
