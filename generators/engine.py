@@ -272,7 +272,14 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _write_shard(out: Path, task: tuple[str, int, int, int], progress: Progress | None) -> list[str]:
-    gen = _WORKER["gen"]
+    return write_shard(_WORKER["gen"], out, task, progress)
+
+
+def write_shard(gen: SceneGenerator, out: Path, task: tuple[str, int, int, int],
+                progress: Progress | None = None) -> list[str]:
+    """Render one shard (split, shard, first row, end row) and write it atomically; its rows'
+    content hashes. Every scene is seeded from (seed, split, index), so the bytes do not depend
+    on which process, or machine, renders it."""
     split, shard, start, stop = task
     rows = []
     for index in range(start, stop):

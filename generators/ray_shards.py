@@ -48,10 +48,18 @@ def _work_problem(marker: str, digest: str) -> str | None:
     return None
 
 
+#: The generator this worker process last built: its shards of one dataset share it (a 3D
+#: generator holds a renderer and its meshes).
+_BUILT: dict[tuple[str, str], object] = {}
+
+
 def _render(name: str, config: CommonConfig, work: str, task: Task) -> list[str]:
     """One shard, in a Ray worker: the engine's own shard writer."""
-    from generators import engine
     from generators.base import get_generator
+    from generators.engine import write_shard
 
-    engine._WORKER["gen"] = get_generator(name)(config)
-    return engine._write_shard(Path(work), task, None)
+    key = (name, repr(config))
+    if key not in _BUILT:
+        _BUILT.clear()
+        _BUILT[key] = get_generator(name)(config)
+    return write_shard(_BUILT[key], Path(work), task)
