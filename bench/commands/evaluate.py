@@ -44,7 +44,7 @@ def evaluate(
     limit: Optional[int] = typer.Option(None, help="Use only the first N scenes of every split, to extract and to train (a trial run: its rows are kept apart from full runs)."),
     overwrite: bool = typer.Option(False, help="Re-run rows already present in the results directory."),
     exclude_background: bool = typer.Option(False, help="issameobject: drop patch pairs that involve background."),
-    executor: str = typer.Option("local", help="local (in this process) or ray (extraction and training as Ray tasks; binding only)."),
+    executor: str = typer.Option("local", help="local (in this process) or ray (extraction in row shards and training as Ray tasks)."),
     address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
     gpus_per_task: Optional[float] = typer.Option(None, help="--executor ray: GPUs per task, fractions allowed [1 on CUDA, 0 on CPU]."),
     fmt: Format = typer.Option(Format.table, "--format", help="Summary table format."),
