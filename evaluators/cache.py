@@ -131,7 +131,7 @@ class EntryWriter:
     def open(self) -> "EntryWriter":
         """Lock the entry and this writer's rows, then reuse whatever rows earlier writers left."""
         lo, hi = self.span
-        if not 0 <= lo < hi <= self.n:
+        if not 0 <= lo <= hi <= self.n:
             raise ValueError(f"rows {lo}..{hi} are not inside the entry's 0..{self.n}")
         while True:  # a `cache rm` holds the entry's lock: wait, and start afresh if it removed the entry
             self.path.mkdir(parents=True, exist_ok=True)
@@ -236,7 +236,7 @@ class EntryWriter:
                 return True
             state = self._read_state()
             self.done = state["done"] if state else self.done
-            if self.done != [[0, self.n]]:
+            if self.n_done != self.n:  # the ranges are merged and inside the entry: all rows iff n_done == n
                 return False
             write_json_atomic({"format_version": FORMAT_VERSION, "material": self.material, "layers": self.layers,
                                "views": self.views, "n": self.n, **meta}, self.path / ENTRY_NAME)
