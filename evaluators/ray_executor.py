@@ -1,14 +1,16 @@
 """`bench evaluate --executor ray`: the local run's units of work as Ray tasks.
 
-Only the binding task's two units move, unchanged: extraction, one task per (backbone, row
+The local path's units of work move, unchanged. Extraction: one task per (backbone, row
 shard) calling `extract_activations` on its rows (each split is one cache entry, which the
 shards' writers fill at once through the cache's own locked, resumable protocol: `entry.json`
 is written last, by whichever shard completes the entry, so an attempt killed mid-shard
 leaves rows that the retry resumes from and that nothing reads as done; shards start on
-batch boundaries, so every image goes through the model in the local path's batch), and training,
-one task per (backbone, layer, view) calling `run.binding_rows` for each of its seeds (all
-families of a seed share one pass over the cached rows). Training tasks take the extraction
-results as arguments, so Ray starts them as soon as their backbone's splits are cached.
+batch boundaries, so every image goes through the model in the local path's batch). Binding
+training: one task per (backbone, layer, view) calling `run.binding_rows` for each of its
+seeds (all families of a seed share one pass over the cached rows). IsSameObject: one task
+per (backbone, layer) calling `issameobject.evaluate_activations` on that layer. Training
+tasks take the extraction results as arguments, so Ray starts them as soon as their
+backbone's shards are cached.
 The driver plans, skips finished rows and writes `results/<run_id>.parquet` exactly as the
 local path does, in the local path's row order, so the file differs only in provenance and
 wall times.
@@ -152,13 +154,15 @@ def _extract(spec: str, run_id: str, dataset: str, split: str, rows: tuple[int, 
              gpus: float) -> tuple[Any, str]:
     """One extraction unit: a backbone's activations of one row shard, into the split's shared
     cache entry (see `cache.EntryWriter`: several shards' writers fill it at once)."""
+
     def body() -> Any:
         if _arm_fault("extract"):
             write = cache.EntryWriter.write
 
             def write_then_die(self: cache.EntryWriter, start: int, arrays: dict) -> None:
                 write(self, start, arrays)
-                print(f"fault injection: killing this worker after rows {start}..{start + len(next(iter(arrays.values())))}")
+                n = len(next(iter(arrays.values())))
+                print(f"fault injection: killing this worker after rows {start}..{start + n}")
                 _die()
 
             cache.EntryWriter.write = write_then_die  # this process only, and it is about to end
@@ -340,9 +344,9 @@ def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: di
             for item in plan.todo:  # (layer, view, seed, fams), layer-major as the local loop
                 groups.setdefault(item[:2], []).append(item)
             for (layer, view), todo in groups.items():
-                ref = train.remote(common, data_ref, layer, plan.shown(view), [(seed, fams) for _, _, seed, fams in todo],
-                                   base_train, dtype, limit, c.gpus, [len(shards[s]) for s in SPLITS],
-                                   *extracted[plan.spec])
+                seeds = [(seed, fams) for _, _, seed, fams in todo]
+                ref = train.remote(common, data_ref, layer, plan.shown(view), seeds, base_train, dtype, limit, c.gpus,
+                                   [len(shards[s]) for s in SPLITS], *extracted[plan.spec])
                 c.tasks[ref] = (f"train-{plan.spec}-L{layer}-{view}", plan.spec)
                 units[ref] = (plan, common, todo)
         rows_of: dict[Any, list[dict[str, Any]]] = {}

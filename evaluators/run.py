@@ -584,8 +584,8 @@ def _run_issameobject(
                 new = computed[spec]
             else:
                 layer_ids, fams = work(plan)
-                new = evaluate_issameobject(plan.backbone, ds, layers=layer_ids, probes=fams, seeds=seeds, device=device,
-                                            dtype=dtype, epochs=epochs, exclude_background=exclude_background,
+                new = evaluate_issameobject(plan.backbone, ds, layers=layer_ids, probes=fams, seeds=seeds,
+                                            device=device, dtype=dtype, epochs=epochs, exclude_background=exclude_background,
                                             limit=limit, progress=progress)
         except BenchError:
             raise

@@ -260,8 +260,10 @@ def test_concurrent_shard_writers_share_one_entry(odd_files, tmp_path, monkeypat
 
     monkeypatch.setattr(HFBackbone, "hidden_states", slow)
     out: dict = {}
-    threads = [threading.Thread(target=lambda r=r: out.setdefault(r, extract(str(ckpt), odd_files, store, rows=r, **kw)))
-               for r in [(0, 24), (24, 40)]]
+    def write(rows: tuple[int, int]) -> None:
+        out[rows] = extract(str(ckpt), odd_files, store, rows=rows, **kw)
+
+    threads = [threading.Thread(target=write, args=(r,)) for r in [(0, 24), (24, 40)]]
     for t in threads:
         t.start()
     for t in threads:
