@@ -25,6 +25,7 @@ import torch
 from bench.dataset import Dataset, decode_png
 from bench.errors import BenchError
 from bench.hashing import fingerprint
+from bench.results import check_writable
 from evaluators import cache
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
 
@@ -175,10 +176,12 @@ def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: S
 
 
 def check_cache_space(needed: int, cache_dir: Path | None = None, say: Callable[[str], None] | None = None) -> None:
-    """Say how much the cache will grow and refuse, before any work, when the disk cannot hold it."""
+    """Say how much the cache will grow and refuse, before any work, a cache the disk cannot hold or
+    this process cannot write."""
     if needed <= 0:
         return
     root = cache.cache_root(cache_dir)
+    check_writable(root, "cache ($BINDINGBENCH_CACHE)")  # else every backbone would fail into error rows
     probe = next(p for p in (root, *root.parents) if p.exists())
     free = shutil.disk_usage(probe).free
     where = f"activations cache {root}"

@@ -289,3 +289,13 @@ def test_a_partial_entry_of_the_single_writer_format_resumes_after_its_rows(ds, 
         assert not again.finish({})
     finally:
         again.close()
+
+
+def test_a_cache_that_cannot_be_written_is_refused_before_any_work(ds, tmp_path, monkeypatch, capsys):
+    """Not one error row per backbone after the fact: exit 2, one line, no results file."""
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "file" / "cache"))
+    code = main(["evaluate", "--model", "pixels", "--dataset", str(ds.path), "--results", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "cache ($BINDINGBENCH_CACHE): cannot write" in err
+    assert not list((tmp_path / "r").glob("*.parquet"))
