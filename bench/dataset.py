@@ -253,12 +253,22 @@ class Dataset:
         return pa.concat_tables(tables)
 
     def iter_batches(
-        self, split: str, batch_size: int = 256, columns: Sequence[str] | None = None
+        self, split: str, batch_size: int = 256, columns: Sequence[str] | None = None, start: int = 0
     ) -> Iterator[pa.RecordBatch]:
-        """Stream a split in record batches, one shard open at a time (bounded memory)."""
+        """Stream a split's rows from `start` on in record batches, one shard open at a time
+        (bounded memory); shards wholly before `start` are not read (a resumed or sharded
+        extraction does not re-read the rows before its own)."""
+        offset = 0
         for f in self.files(split):
             with _reading(f):
-                yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=columns)
+                shard = pq.ParquetFile(f)
+                if offset + shard.metadata.num_rows <= start:
+                    offset += shard.metadata.num_rows
+                    continue
+                for batch in shard.iter_batches(batch_size=batch_size, columns=columns):
+                    cut, offset = max(start - offset, 0), offset + batch.num_rows
+                    if cut < batch.num_rows:
+                        yield batch.slice(cut) if cut else batch
 
     def codes(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(F, O, H(O|F=f) per row) as arrays: F is N x n_features, O is N x n_conjunctions."""

@@ -396,17 +396,15 @@ def _batches(dataset: Dataset, split: str, columns: Sequence[str], batch_size: i
     are the same to the bit."""
     pending: pa.Table | None = None
     first = skip  # row index of pending's first row
-    offset = 0  # row index of the next source batch's first row
-    for batch in dataset.iter_batches(split, batch_size=batch_size, columns=list(columns)):
-        lo, hi = max(skip - offset, 0), batch.num_rows if stop is None else min(batch.num_rows, stop - offset)
-        offset += batch.num_rows
-        if lo < hi:
-            part = pa.Table.from_batches([batch.slice(lo, hi - lo)])
-            pending = part if pending is None else pa.concat_tables([pending, part])
-            while pending is not None and pending.num_rows >= (cut := (first // batch_size + 1) * batch_size - first):
-                yield first, _columns(pending.slice(0, cut), columns)
-                pending, first = pending.slice(cut), first + cut
-        if stop is not None and offset >= stop:
+    for batch in dataset.iter_batches(split, batch_size=batch_size, columns=list(columns), start=skip):
+        if stop is not None:
+            batch = batch.slice(0, max(0, stop - first - (pending.num_rows if pending is not None else 0)))
+        part = pa.Table.from_batches([batch])
+        pending = part if pending is None else pa.concat_tables([pending, part])
+        while pending.num_rows >= (cut := (first // batch_size + 1) * batch_size - first):
+            yield first, _columns(pending.slice(0, cut), columns)
+            pending, first = pending.slice(cut), first + cut
+        if stop is not None and first + pending.num_rows >= stop:
             break
     if pending is not None and pending.num_rows:
         yield first, _columns(pending, columns)

@@ -199,13 +199,20 @@ def odd_files(tmp_path_factory) -> Dataset:
                                 shapes_per_scene=2, n_objects=3, object_size=8, margin=1, shard_size=7))
 
 
-def test_batches_are_cut_on_multiples_of_the_batch_size_whatever_the_files(odd_files):
+def test_batches_are_cut_on_multiples_of_the_batch_size_whatever_the_files(odd_files, monkeypatch):
+    import pyarrow.parquet as pq
+
     from evaluators.extract import _batches
 
     whole = [(o, len(c["image"])) for o, c in _batches(odd_files, "train", ["image"], 8)]
     assert whole == [(0, 8), (8, 8), (16, 8), (24, 8), (32, 8)]
-    assert [(o, len(c["image"])) for o, c in _batches(odd_files, "train", ["image"], 8, skip=16, stop=37)] == [
-        (16, 8), (24, 8), (32, 5)]
+    whole_rows = [i for _, c in _batches(odd_files, "train", ["index"], 8) for i in c["index"]]
+    read, iter_batches = [], pq.ParquetFile.iter_batches
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda self, **kw: read.append(1) or iter_batches(self, **kw))
+    shard = list(_batches(odd_files, "train", ["index"], 8, skip=16, stop=37))
+    assert [(o, len(c["index"])) for o, c in shard] == [(16, 8), (24, 8), (32, 5)]
+    assert [i for _, c in shard for i in c["index"]] == whole_rows[16:37]
+    assert len(read) == 4  # the files of rows 14..20, 21..27, 28..34, 35..39: those before row 16 are not read
     assert [(o, len(c["image"])) for o, c in _batches(odd_files, "train", ["image"], 8, skip=13, stop=20)] == [
         (13, 3), (16, 4)]
 
