@@ -188,8 +188,9 @@ class EntryWriter:
         except (OSError, ValueError):
             return None
         same = state.get("n") == self.n and state.get("row_shapes") == {k: list(v) for k, v in self.row_shapes.items()}
-        files = all((self.path / array_name(l, v)).is_file() for l in self.layers for v in self.views)
-        if not (same and files):
+        files = all(_intact(self.path / array_name(l, v), (self.n, *self.row_shapes[v]))
+                    for l in self.layers for v in self.views)
+        if not (same and files):  # a damaged partial entry starts afresh rather than failing every run
             return None
         if "done" not in state:  # a single writer's state of an earlier version: the first n_done rows
             state["done"] = [[0, int(state["n_done"])]] if state.get("n_done") else []
@@ -283,6 +284,20 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
+
+
+def _intact(path: Path, shape: tuple[int, ...]) -> bool:
+    """An array file with this shape's header and all its bytes (a crash or a truncation leaves neither)."""
+    try:
+        with open(path, "rb") as f:
+            np.lib.format.read_magic(f)
+            stored, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            offset = f.tell()
+        size = path.stat().st_size
+    except (OSError, ValueError):
+        return False
+    nbytes = int(np.prod(shape)) * np.dtype(DTYPE).itemsize
+    return stored == shape and not fortran and dtype == np.dtype(DTYPE) and size >= offset + nbytes
 
 
 def _data_offset(path: Path) -> int:

@@ -306,3 +306,20 @@ def test_a_cache_that_cannot_be_written_is_refused_before_any_work(ds, tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "cache ($BINDINGBENCH_CACHE): cannot write" in err
     assert not list((tmp_path / "r").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("damage", ["array", "state"])
+def test_a_damaged_partial_entry_starts_afresh(damage, odd_files, tmp_path):
+    """A truncated array (or state.json) in a partial entry: the next extraction rewrites every
+    row instead of failing on it run after run, and equals an undamaged run."""
+    from evaluators.extract import is_complete
+
+    ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
+    store, kw = tmp_path / "cache", dict(split="train", views=("cls",), batch_size=8)
+    part = extract(str(ckpt), odd_files, store, rows=(0, 16), **kw)
+    victim = next(part.path.glob("*.npy")) if damage == "array" else part.path / cache.STATE_NAME
+    victim.write_bytes(victim.read_bytes()[:20])
+    full = extract(str(ckpt), odd_files, store, **kw)
+    assert is_complete(full) and full.path == part.path
+    fresh = extract(str(ckpt), odd_files, tmp_path / "fresh", **kw)
+    assert np.array_equal(full.get(2, "cls"), fresh.get(2, "cls"))
