@@ -556,6 +556,7 @@ def _run_issameobject(
     if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):
         _say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
                        "96% against a 57% majority); compare backbones with pixels, not with the majority")
+
     def work(plan: _Plan) -> tuple[list[int], list[str]]:  # the layers and probes it still owes
         return (sorted({layer for layer, _, _, _ in plan.todo}),
                 [p for p in probes if any(p in fams for _, _, _, fams in plan.todo)])
@@ -585,8 +586,8 @@ def _run_issameobject(
             else:
                 layer_ids, fams = work(plan)
                 new = evaluate_issameobject(plan.backbone, ds, layers=layer_ids, probes=fams, seeds=seeds,
-                                            device=device, dtype=dtype, epochs=epochs, exclude_background=exclude_background,
-                                            limit=limit, progress=progress)
+                                            device=device, dtype=dtype, epochs=epochs,
+                                            exclude_background=exclude_background, limit=limit, progress=progress)
         except BenchError:
             raise
         except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
