@@ -28,11 +28,13 @@ from bench.versions import package_versions
 #: 2: the chain-rule estimator on prior-anchored probes (β* = 1 - L_O|F / H(O|F)) is the
 #: headline; the paper's two-probe estimator moved to `*_paper` columns; β*_cond is gone.
 #: 3: `limit` (the `--limit` a run used, null for whole splits) is a column and part of the key.
-RESULTS_SCHEMA_VERSION = 3
+#: 4: probes fitted in stages with settings chosen on validation and guarded against the prior;
+#: `control` in the key; validation numbers, sensitivity and the paired-comparison columns.
+RESULTS_SCHEMA_VERSION = 4
 
 #: The key: a row is identified by these (re-runs skip keys already present).
-KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "limit", "split", "layer", "tokens", "task", "probe",
-               "seed")
+KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "limit", "control", "split", "layer", "tokens", "task",
+               "probe", "seed")
 
 _F = pa.float64()
 _METRICS = [
@@ -42,6 +44,8 @@ _METRICS = [
     # the paper's estimator (unanchored direct O- and F-probes), for published comparisons
     "L_O_paper", "L_F_paper", "B_O_paper", "beta_O_paper", "B_F_paper", "B_star_paper", "beta_star_paper",
     "bit_accuracy", "exact_accuracy",
+    # the share of a planted, known binding (true β* known exactly) the same probe recovers here
+    "sensitivity",
     # issameobject task
     "accuracy", "balanced_accuracy", "auroc", "majority_accuracy",
 ]
@@ -61,6 +65,8 @@ RESULT_SCHEMA = pa.schema(
         ("dataset", pa.string()),  # dataset name (directory name)
         ("dataset_fingerprint", pa.string()),  # fingerprint of the evaluated split (its first `limit` rows)
         ("limit", pa.int64()),  # `--limit`: the first N scenes of every split were used; null = whole splits
+        # a control null (`--control`): "resampled-o" = every O redrawn from p(O|F); null = the real O
+        ("control", pa.string()),
         ("split", pa.string()),
         ("layer", pa.int32()),  # 0 = embeddings, L = last block
         ("n_layers", pa.int32()),
@@ -85,6 +91,10 @@ RESULT_SCHEMA = pa.schema(
         ("converged_paper", pa.bool_()),
         # binding: effective number of test F codes, 1/Σ P(f)², the bootstrap's real sample size
         ("n_F_eff", _F),
+        # binding, validation: mean code lengths of the chosen probes, the SE of the headline ones over
+        # validation F codes, and the validation scenes' prior references (`evaluators.metrics.validation_metric`)
+        *[(c, _F) for c in ("val_L_F", "val_L_O_given_F", "val_L_O_paper", "val_L_F_paper", "val_H_F",
+                            "val_H_O_given_F", "val_L_F_se", "val_L_O_given_F_se")],
         *[(m, _F) for m in _METRICS],
         *[(f"{m}_lo", _F) for m in _METRICS],
         *[(f"{m}_hi", _F) for m in _METRICS],
@@ -97,6 +107,10 @@ RESULT_SCHEMA = pa.schema(
         ("scene_bits_O_given_F", pa.list_(pa.float32())),
         ("scene_bits_O_paper", pa.list_(pa.float32())),
         ("scene_bits_F_paper", pa.list_(pa.float32())),
+        # per test scene: its F-code group (paired bootstraps resample the same groups) and its prior references
+        ("scene_groups", pa.list_(pa.int32())),
+        ("scene_ref_F", pa.list_(pa.float32())),
+        ("scene_ref_O_given_F", pa.list_(pa.float32())),
     ],
     metadata={b"bindingbench_results_schema_version": str(RESULTS_SCHEMA_VERSION).encode()},
 )

@@ -29,6 +29,7 @@ percentile bootstraps, resampling all per-scene arrays together (whole F codes w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -181,6 +182,47 @@ def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:
     return checks
 
 
+def group_labels(groups: np.ndarray | None, n: int) -> np.ndarray:
+    """0..G-1 labels of n scenes' groups (rows of `groups`, e.g. each scene's F code); every
+    scene its own group when `groups` is None."""
+    if groups is None:
+        return np.arange(n)
+    return np.unique(np.asarray(groups).reshape(n, -1), axis=0, return_inverse=True)[1].reshape(-1)
+
+
+def mean_se(values: np.ndarray, groups: np.ndarray | None = None) -> float:
+    """Standard error of the mean of per-scene `values`, resampling whole `groups` (the
+    cluster-robust SE, the bootstrap's resampling unit); inf with fewer than two groups."""
+    v = np.asarray(values, dtype=np.float64)
+    labels = group_labels(groups, len(v))
+    g = int(labels.max()) + 1 if len(v) else 0
+    if g < 2:
+        return math.inf
+    sums = np.bincount(labels, weights=v - v.mean(), minlength=g)
+    return float(math.sqrt(g / (g - 1) * np.square(sums).sum()) / len(v))
+
+
+#: A row's validation statistics (`val_*` columns) by the per-scene statistic they average.
+VALIDATION_STATS = {"L_F": "val_L_F", "L_O_given_F": "val_L_O_given_F", "L_O_paper": "val_L_O_paper",
+                    "L_F_paper": "val_L_F_paper", "h_F": "val_H_F", "h_O_given_F": "val_H_O_given_F"}
+
+
+def validation_metric(row: Mapping[str, Any], name: str) -> float | None:
+    """A results row's metric `name` measured on validation instead of test (None where the row
+    lacks what it needs): layers are chosen on it, so the test number reported for the chosen
+    layer is not the maximum of several noisy test numbers."""
+    means = {stat: row.get(col) for stat, col in VALIDATION_STATS.items()}
+    if all(means[k] is None for k in ("L_F", "L_O_given_F", "L_O_paper", "L_F_paper")):
+        return None
+    means.update(bit_accuracy=None, exact_accuracy=None)
+    values = {k: (None if v is None else np.asarray(float(v))) for k, v in means.items()}
+    h_f, h_of = values["h_F"], values["h_O_given_F"]
+    if h_f is None or h_of is None:
+        return None
+    value = _derived(Priors(float(h_f + h_of), float(h_f), float(h_of)), values).get(name)
+    return None if value is None else float(value)
+
+
 def _columns(means: np.ndarray, present: list[str]) -> dict[str, np.ndarray | None]:
     """Means (m,) or bootstrap means (n_boot, m) keyed by statistic (None where absent)."""
     return {k: (means[..., present.index(k)] if k in present else None) for k in _STATS}
@@ -196,8 +238,7 @@ def _bootstrap_means(matrix: np.ndarray, n_boot: int, seed: int, groups: np.ndar
     to hold.
     """
     rng = np.random.default_rng(seed)
-    labels = np.arange(len(matrix)) if groups is None else np.unique(np.asarray(groups), return_inverse=True, axis=0)[1]
-    labels = labels.reshape(-1)
+    labels = group_labels(groups, len(matrix))
     g = int(labels.max()) + 1 if len(labels) else 0
     out = []
     for start in range(0, n_boot, chunk):

@@ -37,10 +37,10 @@ from evaluators.extract import (check_cache_space, check_views, extract_activati
                                 pending_bytes, split_fingerprint)
 from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
 from evaluators.issameobject import check_attention_qk, check_probes, evaluate_issameobject
-from evaluators.metrics import Priors, binding_metrics
+from evaluators.metrics import TARGET_STATS, Priors, binding_metrics, group_labels, mean_se
 from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
-from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of
+from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of, resample_o
 from generators.importers.common import EMPIRICAL
 
 TASKS = ("binding", "issameobject")
@@ -54,6 +54,14 @@ TARGETS = ("F", "O|F", "O_paper", "F_paper")
 UNANCHORED_TARGETS = ("F", "O|F", "O_paper")
 #: Real images: the O|F reference probe reads F alone (its input image is blanked).
 EMPIRICAL_TARGETS = ("F", "O|F", "O|F_ref", "O_paper")
+#: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
+#: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
+CONTROLS = ("resampled-o",)
+#: The planted binding behind every row's sensitivity: its share of scenes, and the seeds of its
+#: O′ draws and of the scenes that carry it (fixed: every backbone meets the same plant).
+PLANT_Q = 0.5
+PLANT_SEED = 1
+CONTROL_SEED = 0
 
 Codes = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (F, O)
 
@@ -79,6 +87,14 @@ class BindingTask:
     #: against a reference O|F-probe of the same family that sees F but not the image, and
     #: ref_F is the test split's plug-in -log2 p̂(f).
     empirical: bool = False
+    #: The validation scenes' own prior code lengths (as `ref_F`, `ref_O_given_F` for test):
+    #: validation metrics, on which layers are chosen, are measured from them.
+    val_ref_F: np.ndarray | None = None
+    val_ref_O_given_F: np.ndarray | None = None
+    #: The control this task is (`CONTROLS`), None for the real O.
+    control: str | None = None
+    #: The planted binding every family is also trained on, for its sensitivity (exact priors only).
+    plant: "Plant | None" = None
 
     @property
     def prior(self) -> str:
@@ -88,12 +104,39 @@ class BindingTask:
     def targets(self) -> tuple[str, ...]:
         if self.empirical:
             return EMPIRICAL_TARGETS
-        return UNANCHORED_TARGETS if self.anchors is None else TARGETS
+        if self.anchors is None:
+            return UNANCHORED_TARGETS
+        return TARGETS + (("O|F_planted",) if self.plant is not None else ())
+
+    def first_train(self, n: int) -> "BindingTask":
+        """The same task with only the first `n` training scenes (a smaller training set)."""
+        cut = {"train": slice(0, n)}
+        plant = self.plant and replace(self.plant, **{f: {s: a[cut.get(s, slice(None))] for s, a in
+                                                          getattr(self.plant, f).items()}
+                                                      for f in ("features", "codes", "anchors")})
+        return replace(self, codes={**self.codes, "train": tuple(c[:n] for c in self.codes["train"])},
+                       anchors=self.anchors and {**self.anchors, "train": tuple(a[:n] for a in self.anchors["train"])},
+                       plant=plant)
 
     @property
     def paper_targets(self) -> tuple[str, ...]:
         """The probes behind the `*_paper` columns (unanchored, F serves as the paper's F-probe)."""
         return ("O_paper", "F") if self.anchors is None else ("O_paper", "F_paper")
+
+
+@dataclass
+class Plant:
+    """A known binding planted in the backbone's own space: the probe of target "O|F_planted"
+    reads [z, m·O′, m] (per token for spatial probes) and predicts O′, where O′ is each scene's
+    O drawn afresh from the exact p(O | F) and m is 1 for a `PLANT_Q` share of scenes. O′ is
+    independent of the image given F, so the representation's true β* for O′ is exactly the
+    carrying scenes' share of Σ H(O|F=f) (`share`, on test), whatever z is: the β* a probe
+    reads there, over `share`, is its sensitivity on this dataset at this size."""
+
+    features: dict[str, np.ndarray]  # split -> N x (n_O + 1) float32: [m·O′, m]
+    codes: dict[str, np.ndarray]  # split -> O′
+    anchors: dict[str, np.ndarray]  # split -> prior logits of O′ given F
+    share: float
 
 
 def prior_logits(p: np.ndarray) -> np.ndarray:
@@ -168,31 +211,56 @@ def plugin_code_lengths(f: np.ndarray) -> np.ndarray:
     return -np.log2(counts[inverse.reshape(-1)] / len(f))
 
 
-def binding_task(ds: Dataset, limit: int | None = None, unanchored: bool = False) -> BindingTask:
-    """The codes, exact priors (unless `unanchored`, see `check_priors`) and test references
-    of a dataset's binding evaluation, on the first `limit` rows of every split."""
+def binding_task(ds: Dataset, limit: int | None = None, unanchored: bool = False, control: str | None = None,
+                 plant: bool = True) -> BindingTask:
+    """The codes, exact priors (unless `unanchored`, see `check_priors`) and test and validation
+    references of a dataset's binding evaluation, on the first `limit` rows of every split.
+
+    `control` "resampled-o" replaces every O by a draw from p(O | F) (exact priors only);
+    `plant` adds the planted binding of `Plant` (exact priors only)."""
     n_eff = check_priors(ds, unanchored)
     empirical = ds.card.get("priors") == EMPIRICAL
-    codes, anchors = {}, {}
-    ref_f = None
+    if control is not None and (empirical or unanchored):
+        raise BenchError(f"control: {control} draws O from the generator's exact p(O|F); {ds.path} has no exact "
+                         "priors")
+    exact = not (empirical or unanchored)
+    codes, anchors, refs, planted = {}, {}, {}, {}
     for split in SPLITS:
         f, o, h = ds.codes(split)
-        codes[split] = (f[:limit], o[:limit])
-        if split == "test":
-            ref_o_given_f = h[:limit]
+        f, o, h = f[:limit], o[:limit], h[:limit]
+        keys = ds.table(split, ["scene_id"])["scene_id"].to_pylist()[:limit] if exact else []
+        if control == "resampled-o":
+            o = resample_o(ds.card, f, keys, seed=CONTROL_SEED)
+        codes[split] = (f, o)
         if empirical:
-            if split == "test":
-                ref_f = plugin_code_lengths(codes[split][0])
+            refs[split] = (plugin_code_lengths(f), h)
             continue
-        if unanchored:
+        if unanchored:  # no per-scene prior: validation uses the split's analytic H(F)
+            refs[split] = (None if split == "test" else np.full(len(f), ds.split_info(split)["H_F"]), h)
             continue
-        p_f, p_o = bit_priors(ds.card, split, *codes[split])
+        p_f, p_o = bit_priors(ds.card, split, f, o)
         anchors[split] = (prior_logits(p_f), prior_logits(p_o))
-        if split == "test":
-            with np.errstate(divide="ignore"):
-                ref_f = -np.log2(np.where(codes[split][0].astype(bool), p_f, 1.0 - p_f)).sum(axis=1)
+        with np.errstate(divide="ignore"):
+            refs[split] = (-np.log2(np.where(f.astype(bool), p_f, 1.0 - p_f)).sum(axis=1), h)
+        if plant:
+            planted[split] = _plant_split(ds, split, f, keys)
+    plant_data = None
+    if plant and exact:
+        m = planted["test"][0][:, -1]
+        plant_data = Plant({s: p[0] for s, p in planted.items()}, {s: p[1] for s, p in planted.items()},
+                           {s: p[2] for s, p in planted.items()},
+                           float((m * refs["test"][1]).sum() / refs["test"][1].sum()))
     return BindingTask(ds.feature_space, codes, Priors.from_split_info(ds.split_info("test")),
-                       None if unanchored or empirical else anchors, ref_f, ref_o_given_f, n_eff, empirical)
+                       anchors if exact else None, refs["test"][0], refs["test"][1], n_eff, empirical,
+                       val_ref_F=refs["val"][0], val_ref_O_given_F=refs["val"][1], control=control, plant=plant_data)
+
+
+def _plant_split(ds: Dataset, split: str, f: np.ndarray, keys: Sequence[str]) -> tuple[np.ndarray, ...]:
+    """(features [m·O′, m], O′, prior logits of O′ given F) of one split's planted binding."""
+    o_planted = resample_o(ds.card, f, keys, seed=PLANT_SEED)
+    m = np.array([derive_seed("plant", PLANT_SEED, k) / 2.0**63 < PLANT_Q for k in keys], dtype=np.float32)
+    features = np.concatenate([o_planted * m[:, None], m[:, None]], axis=1).astype(np.float32)
+    return features, o_planted, prior_logits(bit_priors(ds.card, split, f, o_planted)[1])
 
 
 def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
@@ -210,28 +278,36 @@ def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
     for target in task.targets if targets is None else targets:
         name = f"{family}/{target}"
         init = derive_seed("probe-init", seed, name)
+        cond, prior = None, None
         if target == "F" and anchored:
             model = build_probe(family, in_dim, space.n_features, seed=init, anchored=True)
-            jobs.append(ProbeJob(name, model, f_codes, prior={s: a[0] for s, a in anchored.items()}))
+            codes, prior = f_codes, {s: a[0] for s, a in anchored.items()}
         elif target in ("F", "F_paper"):
-            jobs.append(ProbeJob(name, build_probe(family, in_dim, space.n_features, seed=init), f_codes))
+            model, codes = build_probe(family, in_dim, space.n_features, seed=init), f_codes
         elif target == "O|F" and anchored:
             # F enters through the exact prior p(o_k | o_<k, f): the residual reads only Z
             model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init, anchored=True)
-            jobs.append(ProbeJob(name, model, o_codes, prior={s: a[1] for s, a in anchored.items()}))
+            codes, prior = o_codes, {s: a[1] for s, a in anchored.items()}
         elif target == "O|F":
             model = build_probe(family, in_dim, space.n_conjunctions, cond_dim=space.n_features, factors=factors,
                                 seed=init)
-            jobs.append(ProbeJob(name, model, o_codes, cond=f_codes))
+            codes, cond = o_codes, f_codes
         elif target == "O|F_ref":
             model = build_probe(family, space.n_features, space.n_conjunctions, cond_dim=space.n_features,
                                 factors=factors, seed=init)
-            jobs.append(ProbeJob(name, BlindProbe(model, f_codes["train"]), o_codes, cond=f_codes))
+            model, codes, cond = BlindProbe(model, f_codes["train"]), o_codes, f_codes
         elif target == "O_paper":
-            model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init)
-            jobs.append(ProbeJob(name, model, o_codes))
+            model, codes = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init), o_codes
+        elif target == "O|F_planted" and task.plant is not None:
+            plant = task.plant
+            model = build_probe(family, in_dim + plant.features["train"].shape[1], space.n_conjunctions,
+                                factors=factors, seed=init, anchored=True)
+            model, codes = PlantedProbe(model, plant.features["train"]), plant.codes
+            cond, prior = plant.features, plant.anchors
         else:
             raise ValueError(f"unknown probe target {target!r}; allowed: {', '.join(TARGETS)}")
+        # one target's probes share their linear stage across families
+        jobs.append(ProbeJob(name, model, codes, cond=cond, prior=prior, linear_key=target))
     return jobs
 
 
@@ -254,9 +330,43 @@ class BlindProbe(torch.nn.Module):
     def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
         """The image's statistics do not apply: the input is F, standardised at construction."""
 
+    def linear_parameters(self) -> list[torch.nn.Parameter]:
+        return self.probe.linear_parameters()
+
+    def nonlinear_parameters(self) -> list[torch.nn.Parameter]:
+        return self.probe.nonlinear_parameters()
+
     def forward(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
         z = cond.to(x.dtype)
         return self.probe(z.unsqueeze(1) if x.dim() == 3 else z, target, cond)  # one token for token probes
+
+
+class PlantedProbe(torch.nn.Module):
+    """A probe of `Plant`'s task: it reads z with the planted features [m·O′, m] appended (to
+    every token of a spatial input), which reach it through the job's condition. The planted
+    features are standardised with their own training statistics, z with z's."""
+
+    def __init__(self, probe: torch.nn.Module, planted_train: np.ndarray) -> None:
+        super().__init__()
+        self.probe = probe
+        self.lr, self.weight_decay = probe.lr, probe.weight_decay
+        self.planted_mean, self.planted_std = planted_train.mean(0), planted_train.std(0)
+
+    def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
+        self.probe.set_standardization(np.concatenate([mean, self.planted_mean]),
+                                       np.concatenate([std, self.planted_std]))
+
+    def linear_parameters(self) -> list[torch.nn.Parameter]:
+        return self.probe.linear_parameters()
+
+    def nonlinear_parameters(self) -> list[torch.nn.Parameter]:
+        return self.probe.nonlinear_parameters()
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
+        extra = cond.to(x.dtype)
+        if x.dim() == 3:
+            extra = extra[:, None, :].expand(-1, x.shape[1], -1)
+        return self.probe(torch.cat([x, extra], dim=-1), target, None)
 
 
 @dataclass
@@ -269,6 +379,8 @@ class BindingResult:
     best_epoch: int | None
     error: str | None = None
     fits: dict[str, FitResult] | None = None
+    #: the test scenes' O|F references: H(O|F=f), or on real images the blind reference probe's bits
+    ref_O_given_F: np.ndarray | None = None
 
 
 def evaluate_binding(
@@ -283,12 +395,12 @@ def evaluate_binding(
     targets = tuple(task.targets if targets is None else targets)
     in_dim = inputs["train"].row_shape[-1]
     jobs = [j for fam in families for j in binding_jobs(fam, in_dim, task, train.seed, targets)]
-    fits = fit_probes(jobs, inputs, train, progress)
+    fits = fit_probes(jobs, inputs, train, progress, groups=task.codes["val"][0])
     out = {}
     for fam in families:
         mine = {t: fits[f"{fam}/{t}"] for t in targets}
         errors = [f"{t}-probe: {r.error}" for t, r in mine.items() if r.error]
-        bits = {t: r.scene_bits for t, r in mine.items()}
+        bits = {t: r.scene_bits for t, r in mine.items() if t != "O|F_planted"}
         if task.anchors is None and "F" in bits:
             bits["F_paper"] = bits["F"]  # unanchored: the F-probe is the paper's F-probe
         if errors:
@@ -304,8 +416,45 @@ def evaluate_binding(
         metrics.update(prior=task.prior, n_F_eff=task.n_F_eff,
                        converged=all(r.converged for t, r in mine.items() if t in ("F", "O|F", "O|F_ref")),
                        converged_paper=all(r.converged for t, r in mine.items() if t in task.paper_targets))
-        out[fam] = BindingResult(fam, metrics, bits, None if given_f is None else given_f.best_epoch, None, mine)
+        metrics.update(validation_columns(task, mine))
+        if "O|F_planted" in mine:
+            metrics.update(sensitivity_columns(task, mine["O|F_planted"], n_boot, train.seed))
+        out[fam] = BindingResult(fam, metrics, bits, None if given_f is None else given_f.best_epoch, None, mine,
+                                 ref_o_given_f)
     return out
+
+
+def validation_columns(task: BindingTask, fits: dict[str, FitResult]) -> dict[str, float | None]:
+    """The validation numbers a row keeps: each headline and paper probe's mean validation code
+    length and its standard error over validation F codes, and the validation scenes' own prior
+    references, from which `evaluators.metrics.validation_metric` derives any metric on
+    validation (layers are chosen there, never on test)."""
+    groups = task.codes["val"][0]
+    out: dict[str, float | None] = {}
+    for target, stat in TARGET_STATS.items():
+        fit = fits.get(target) or (fits.get("F") if target == "F_paper" and task.anchors is None else None)
+        bits = None if fit is None else fit.val_scene_bits
+        out[f"val_{stat}"] = None if bits is None else float(np.mean(bits))
+        if target in ("F", "O|F"):
+            out[f"val_{stat}_se"] = None if bits is None else mean_se(bits, groups)
+    ref_o = task.val_ref_O_given_F
+    if task.empirical and fits.get("O|F_ref") is not None:
+        ref_o = fits["O|F_ref"].val_scene_bits
+    out["val_H_F"] = None if task.val_ref_F is None else float(np.mean(task.val_ref_F))
+    out["val_H_O_given_F"] = None if ref_o is None else float(np.mean(ref_o))
+    return out
+
+
+def sensitivity_columns(task: BindingTask, fit: FitResult, n_boot: int, seed: int) -> dict[str, float | None]:
+    """The share of the planted binding (`Plant`) the family's probe recovers on test, with its
+    interval: β* of the planted task over the share the plant truly carries."""
+    if fit.error is not None or fit.scene_bits is None:
+        return {"sensitivity": None, "sensitivity_lo": None, "sensitivity_hi": None}
+    m = binding_metrics(task.priors, {"O|F": fit.scene_bits}, ref_O_given_F=task.ref_O_given_F, n_boot=n_boot,
+                        seed=seed, groups=task.codes["test"][0])
+    share = task.plant.share
+    return {"sensitivity": m["beta_star"] / share, "sensitivity_lo": m["beta_star_lo"] / share,
+            "sensitivity_hi": m["beta_star_hi"] / share}
 
 
 def run_evaluation(
@@ -317,6 +466,7 @@ def run_evaluation(
     progress: bool = True, train: TrainConfig | None = None, exclude_background: bool = False,
     unanchored: bool = False, on_skipped: Callable[[int], None] | None = None,
     executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
+    control: str | None = None,
 ) -> Path | None:
     """Evaluate backbones on a dataset; returns the results file written (None if nothing to do).
 
@@ -332,7 +482,12 @@ def run_evaluation(
     background patches; `unanchored` evaluates a dataset without exact priors (see
     `binding_task`). `executor` "ray" runs the same units as Ray tasks (see
     `evaluators.ray_executor`), on the cluster at `address` with `gpus_per_task` GPUs a task.
+    `control` (binding only, `CONTROLS`) evaluates a control null instead of the real O.
     """
+    if control is not None and control not in CONTROLS:
+        raise BenchError(f"control: unknown {control!r}; allowed: {', '.join(CONTROLS)}")
+    if control is not None and task != "binding":
+        raise BenchError(f"control: {control} is a binding control; --task {task} has none")
     if executor != "local":
         from evaluators.ray_executor import check_options
 
@@ -378,10 +533,13 @@ def run_evaluation(
     if epochs is not None:
         base_train = replace(base_train, epochs=epochs)
     check_priors(ds, unanchored)
+    if control is not None and (unanchored or ds.card.get("priors") == EMPIRICAL):
+        raise BenchError(f"control: {control} draws O from the generator's exact p(O|F); {Path(dataset)} has no "
+                         "exact priors")
     task_data: BindingTask | None = None  # built when the first row needs training
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device)
     plans = _plan(models, ds, task=task, layers=layers, views=views, probes=probes, seeds=seeds, done=done,
-                  test_fp=test_fp, limit=limit, progress=progress)
+                  test_fp=test_fp, limit=limit, progress=progress, control=control)
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if executor == "ray":
         from evaluators.ray_executor import run_binding
@@ -395,7 +553,7 @@ def run_evaluation(
         if not plan.todo:
             continue
         backbone = plan.backbone
-        task_data = task_data or binding_task(ds, limit, unanchored)
+        task_data = task_data or binding_task(ds, limit, unanchored, control)
         common = binding_common(prov, plan, ds, test_fp, limit, task_data)
         try:
             acts = {s: extract_activations(backbone, ds, s, layers=plan.layers, views=plan.views, device=device,
@@ -417,6 +575,7 @@ def binding_common(prov: dict[str, Any], plan: _Plan, ds: Dataset, test_fp: str,
                    task_data: BindingTask) -> dict[str, Any]:
     """The columns every binding row of one backbone shares."""
     return {**_common_columns(prov, plan.spec, plan.backbone.info, ds.name, test_fp, "binding", limit),
+            "control": task_data.control,
             "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
 
 
@@ -442,7 +601,7 @@ def binding_rows(common: dict[str, Any], acts: dict[str, Any], task_data: Bindin
     wall = (time.perf_counter() - t0) / len(fams)
     rows = []
     for fam in fams:
-        columns = _result_columns(results[fam], cfg, wall, dtype, limit)
+        columns = _result_columns(results[fam], cfg, wall, dtype, limit, task_data)
         rows += [_row(common, layer, v, fam, seed, columns) for v in shown]
     return rows
 
@@ -475,7 +634,7 @@ class _Plan:
 
 def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequence[int], views: Sequence[str],
           probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str, limit: int | None,
-          progress: bool) -> list[_Plan]:
+          progress: bool, control: str | None = None) -> list[_Plan]:
     """Resolve every backbone and check it against the task, views and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training."""
     plans = []
@@ -497,7 +656,7 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
         trained = [v for v in views if not any(v in a for a in aliases.values())]
 
         def key(layer: int, view: str, fam: str, seed: int) -> tuple:
-            return (spec, ds.name, test_fp, limit, "test", layer, view, task, fam, seed)
+            return (spec, ds.name, test_fp, limit, control, "test", layer, view, task, fam, seed)
 
         todo, skipped = [], 0
         for layer in layer_ids:
@@ -573,7 +732,7 @@ def _run_issameobject(
     path = None
     for plan in plans:
         spec = plan.spec
-        todo = {(spec, ds.name, test_fp, limit, "test", layer, "all", task, fam, seed)
+        todo = {(spec, ds.name, test_fp, limit, None, "test", layer, "all", task, fam, seed)
                 for layer, _, seed, fams in plan.todo for fam in fams}
         if not todo:
             continue
@@ -592,9 +751,10 @@ def _run_issameobject(
             raise
         except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
             message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
-            new = [{"layer": k[5], "probe": k[8], "seed": k[9], "status": "error", "error": message} for k in sorted(todo)]
+            new = [{"layer": k[6], "probe": k[9], "seed": k[10], "status": "error", "error": message}
+                   for k in sorted(todo, key=str)]
         mine = [{**r, **common, "backbone": spec} for r in new
-                if (spec, ds.name, test_fp, limit, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
+                if (spec, ds.name, test_fp, limit, None, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
         if any(r["status"] == "ok" and r.get("auroc") is None for r in mine):
             _say(progress, f"warning: {spec}: some test pair sets hold one class only (all 'same' or all 'different'"
                            f"{'; --exclude-background drops every background pair' if exclude_background else ''}), "
@@ -625,19 +785,30 @@ def _row(common: dict[str, Any], layer: int, view: str, fam: str, seed: int, ext
     return {**common, "layer": layer, "tokens": view, "probe": fam, "seed": seed, **extra}
 
 
-def _result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str, limit: int | None) -> dict[str, Any]:
+#: What a row's config records of each probe's fit but its hash leaves out: the outcome of
+#: training (best epoch, the settings chosen on validation, the guard), not the request.
+_OUTCOME_KEYS = ("best_epochs", "chosen")
+
+
+def _result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str, limit: int | None,
+                    task: BindingTask) -> dict[str, Any]:
+    fits = r.fits or {}
     config = {"probe": r.family, "hparams": DEFAULTS[r.family], "train": asdict(cfg), "dtype": dtype,
-              "resolution": "native", "limit": limit,
-              "best_epochs": {t: f.best_epoch for t, f in (r.fits or {}).items()}}
-    cols: dict[str, Any] = {"config": json.dumps(config, sort_keys=True),
-                            "config_hash": config_hash({k: v for k, v in config.items() if k != "best_epochs"}),
+              "resolution": "native", "limit": limit, "control": task.control,
+              "best_epochs": {t: f.best_epoch for t, f in fits.items()},
+              "chosen": {t: {**f.setting, "guard": f.guard, "val_saving_se": f.val_saving_se}
+                         for t, f in fits.items()}}
+    cols: dict[str, Any] = {"config": json.dumps(config, sort_keys=True, default=float),
+                            "config_hash": config_hash({k: v for k, v in config.items() if k not in _OUTCOME_KEYS}),
                             "wall_time_s": wall, "best_epoch": r.best_epoch}
     if r.error:
         return {**cols, "status": "error", "error": r.error}
-    bits = {"scene_bits_F": r.scene_bits.get("F"), "scene_bits_O_given_F": r.scene_bits.get("O|F"),
-            "scene_bits_O_paper": r.scene_bits.get("O_paper"), "scene_bits_F_paper": r.scene_bits.get("F_paper")}
+    per_scene = {"scene_bits_F": r.scene_bits.get("F"), "scene_bits_O_given_F": r.scene_bits.get("O|F"),
+                 "scene_bits_O_paper": r.scene_bits.get("O_paper"), "scene_bits_F_paper": r.scene_bits.get("F_paper"),
+                 "scene_ref_F": task.ref_F, "scene_ref_O_given_F": r.ref_O_given_F}
     return {**cols, **r.metrics, "status": "ok", "error": None,
-            **{k: (None if v is None else v.astype(np.float32).tolist()) for k, v in bits.items()}}
+            "scene_groups": group_labels(task.codes["test"][0], len(task.codes["test"][0])).astype(np.int32).tolist(),
+            **{k: (None if v is None else np.asarray(v, dtype=np.float32).tolist()) for k, v in per_scene.items()}}
 
 
 @contextmanager

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import typing
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
@@ -51,8 +52,9 @@ import numpy as np
 
 from bench.codes import FeatureSpace
 from bench.errors import BenchError
-from bench.hashing import stable_json
-from generators.priors import CoveringSets, ListedSets, grid_completions
+from bench.hashing import derive_seed, stable_json
+from generators.priors import CoveringSets, ListedSets, coverage_count, grid_completions
+from generators.sampling import choose_weighted, sample_covering_cells
 
 #: rows handled between two progress reports.
 _CHUNK = 1000
@@ -165,6 +167,49 @@ def bit_priors(card: Mapping[str, Any], split: str, F: np.ndarray, O: np.ndarray
     pF = _f_priors(gen, split, F)
     pO = _o_priors(gen, split, F, O, progress)
     return pF, pO
+
+
+def resample_o(card: Mapping[str, Any], F: np.ndarray, keys: Sequence[str], seed: int = 0) -> np.ndarray:
+    """Object codes drawn afresh from the generator's exact p(O | F = f), one per row, independent
+    of everything else about the scene (N x n_O uint8).
+
+    The control null of a binding evaluation: with each scene's O replaced by such a draw, the
+    image says nothing about O beyond its F, so every backbone's true β* is exactly 0, in its own
+    representation space and at any width. Row i's draw depends only on (`seed`, `keys[i]`, its
+    F), so it is the same whichever rows are drawn beside it. Raises PriorsUnavailable as
+    `bit_priors` does.
+    """
+    gen = generator_of(card)
+    space = gen.feature_space
+    F = (np.asarray(F) != 0).astype(np.uint8)
+    if F.ndim != 2 or F.shape[1] != space.n_features or len(F) != len(keys):
+        raise BenchError(f"codes: expected {len(keys)} x {space.n_features} F, got {F.shape}")
+    draw = _o_sampler(space, gen.o_given_f())
+    out = np.zeros((len(F), space.n_conjunctions), dtype=np.uint8)
+    for i, (f, key) in enumerate(zip(F, keys)):
+        rng = random.Random(derive_seed("resampled-o", seed, key))
+        out[i, draw(f, rng)] = 1
+    return out
+
+
+def _o_sampler(space: FeatureSpace, model: CoveringSets | ListedSets) -> Callable[[np.ndarray, random.Random], list[int]]:
+    """A function drawing the conjunction ids of one O uniformly from Ω(f), for a generator's model."""
+    if isinstance(model, CoveringSets):
+        def covering(f: np.ndarray, rng: random.Random) -> list[int]:
+            a, ids = _active_grid(space, f)
+            ks = list(range(model.k_min, model.k_max + 1))
+            k = ks[choose_weighted(rng, [coverage_count(k, a) for k in ks])]
+            return [int(ids[np.ravel_multi_index(cell, a)]) for cell in sample_covering_cells(rng, a, k)]
+
+        return covering
+    by_f: dict[bytes, list[tuple[int, ...]]] = {}
+    for s in model.sets:
+        by_f.setdefault(space.o_to_f(space.encode_o(s)).tobytes(), []).append(tuple(s))
+
+    def listed(f: np.ndarray, rng: random.Random) -> list[int]:
+        return list(rng.choice(by_f[np.asarray(f, dtype=np.uint8).tobytes()]))
+
+    return listed
 
 
 def effective_f_codes(card: Mapping[str, Any], split: str) -> float:

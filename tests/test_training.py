@@ -1,4 +1,4 @@
-"""Training to convergence: plateau stopping, the `converged` flag, per-family learning rates."""
+"""Fitting probes: the linear stage's L2 path, the gradient stage's plateau stopping, the guard."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from evaluators.probes import DEFAULTS, LR_WIDTH, build_probe, probe_lr
-from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes
+from evaluators.training import ProbeJob, RowReader, TrainConfig, class_directions, fit_probes, saving_and_se
 
 N = {"train": 2000, "val": 500, "test": 500}
 K, D = 16, 32
@@ -28,6 +29,17 @@ def _splits(informative: bool, seed: int = 0) -> tuple[dict, dict, dict]:
     return inputs, targets, prior
 
 
+def _xor_splits(seed: int = 0) -> tuple[dict, dict, dict]:
+    """Bit k = [z_2k · z_2k+1 > 0]: a sign product no linear function of z reads (p = 1/2 per bit)."""
+    rng = np.random.default_rng(seed)
+    inputs, targets, prior = {}, {}, {}
+    for s, n in N.items():
+        z = rng.normal(size=(n, D)).astype(np.float32)
+        o = (z[:, 0:2 * K:2] * z[:, 1:2 * K:2] > 0).astype(np.uint8)
+        inputs[s], targets[s], prior[s] = RowReader(z), o, np.zeros((n, K), dtype=np.float32)
+    return inputs, targets, prior
+
+
 def _prior_bits(targets: np.ndarray) -> np.ndarray:
     p = np.where(targets > 0, 0.3, 0.7)
     return -np.log2(p).sum(1)
@@ -37,32 +49,66 @@ def test_an_uninformative_input_stops_after_patience_and_keeps_the_prior():
     inputs, targets, prior = _splits(informative=False)
     config = TrainConfig()
     res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior)], inputs, config)["dnn"]
-    assert res.error is None and res.best_epoch == 0 and res.converged
-    assert len(res.history) - 1 == config.patience  # stopped on the plateau, not the budget
-    np.testing.assert_allclose(res.scene_bits, _prior_bits(targets["test"]), rtol=1e-5)
+    assert res.error is None and res.converged and res.guard == "prior"
+    assert len(res.history) - 1 == config.patience  # the gradient stage stopped on its plateau, not the budget
+    np.testing.assert_allclose(res.scene_bits, _prior_bits(targets["test"]), rtol=1e-6)
+    assert res.val_bits == pytest.approx(_prior_bits(targets["val"]).mean(), rel=1e-6)
 
 
-@pytest.mark.parametrize("family", ["linear", "dnn"])
-def test_a_copy_task_converges_well_inside_the_budget(family):
+def test_without_the_guard_a_noise_fit_moves_the_zero():
+    """The guard is what keeps an uninformative input at exactly the prior: with it off, the
+    validation-selected fit of pure noise codes test differently from the prior."""
+    inputs, targets, prior = _splits(informative=False, seed=3)
+    off = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs,
+                     TrainConfig(guard_se=-math.inf))["l"]
+    on = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs, TrainConfig())["l"]
+    prior_test = _prior_bits(targets["test"])
+    assert off.guard == "fit" and abs(off.scene_bits.mean() - prior_test.mean()) > 1e-3
+    assert on.guard == "prior" and np.array_equal(on.scene_bits.astype(np.float64).round(4), prior_test.round(4))
+
+
+def test_the_linear_stage_solves_a_copy_task_on_its_l2_path():
     inputs, targets, prior = _splits(informative=True)
-    config = TrainConfig()
-    res = fit_probes([ProbeJob(family, build_probe(family, D, K), targets, prior=prior)], inputs, config)[family]
-    epochs_run = len(res.history) - 1
-    assert res.error is None and res.converged
-    assert 0 < res.best_epoch <= 0.9 * config.epochs
-    assert epochs_run == res.best_epoch + config.patience < config.epochs
-    prior_bits = _prior_bits(targets["test"]).mean()
-    assert res.scene_bits.mean() < 0.2 * prior_bits
-    val = [v for _, v in res.history]
-    assert res.val_bits == val[res.best_epoch] and min(val) >= res.val_bits - config.min_delta
+    res = fit_probes([ProbeJob("linear", build_probe("linear", D, K), targets, prior=prior)], inputs)["linear"]
+    assert res.error is None and res.converged and res.guard == "fit"
+    assert res.best_epoch == 0 and len(res.history) == 1  # no gradient stage: the L-BFGS solution is the fit
+    assert len(res.l2_path) == len(TrainConfig().l2_path)
+    assert res.scene_bits.mean() < 0.12 * _prior_bits(targets["test"]).mean()  # ~ the noise's Bayes rate
+    assert res.setting["l2_min"] <= res.setting["l2"] <= res.setting["l2_max"]
+    assert res.val_bits == pytest.approx(res.val_scene_bits.mean())
+
+
+def test_the_l2_path_keeps_the_strength_best_on_validation():
+    inputs, targets, prior = _splits(informative=True)
+    res = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs)["l"]
+    path = dict(res.l2_path)
+    assert path[res.setting["l2"]] == min(path.values()) == pytest.approx(res.val_bits)
+    assert path[res.setting["l2"]] < path[max(path)] - 1.0  # the strongest penalty is far from it
+
+
+def test_jobs_with_one_linear_key_share_the_linear_solution():
+    inputs, targets, prior = _splits(informative=True)
+    jobs = [ProbeJob(f, build_probe(f, D, K, seed=i), targets, prior=prior, linear_key="O")
+            for i, f in enumerate(("linear", "quadratic", "dnn"))]
+    fit_probes(jobs, inputs, TrainConfig(epochs=1))
+    ref = jobs[0].model.w.weight
+    for j in jobs[1:]:
+        torch.testing.assert_close(j.model.w.weight, ref)  # frozen through the gradient stage
+
+
+def test_the_gradient_stage_learns_what_the_linear_stage_cannot():
+    inputs, targets, prior = _xor_splits()
+    res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior)], inputs)["dnn"]
+    start = res.history[0][1]  # the linear stage's solution: no better than the prior on a sign product
+    assert start > 0.95 * K and res.best_epoch > 0 and res.val_bits < 0.7 * start
 
 
 def test_a_budget_too_small_is_not_converged():
-    inputs, targets, prior = _splits(informative=True)
-    config = TrainConfig(epochs=3)
-    res = fit_probes([ProbeJob("linear", build_probe("linear", D, K), targets, prior=prior)], inputs, config)["linear"]
+    inputs, targets, prior = _xor_splits()
+    res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior)], inputs,
+                     TrainConfig(epochs=3))["dnn"]
     assert res.error is None and res.best_epoch == 3 and not res.converged
-    assert len(res.history) == 4  # epoch 0 (the prior) and the three trained epochs
+    assert len(res.history) == 4  # epoch 0 (the linear solution) and the three trained epochs
 
 
 def test_per_family_learning_rates_scale_with_input_width():
@@ -71,13 +117,37 @@ def test_per_family_learning_rates_scale_with_input_width():
         assert build_probe(family, 4 * LR_WIDTH, 4).lr == pytest.approx(hp["lr"] / 2)
     assert build_probe("dnn", 16, 4, lr=0.5).lr == 0.5
     assert probe_lr(1e-2, 1024) == pytest.approx(2.5e-3)
-    assert DEFAULTS["dnn"]["lr"] < DEFAULTS["linear"]["lr"]  # the dnn peaked at epoch 1 at the linear rate
 
 
 def test_an_explicit_learning_rate_overrides_the_familys():
-    inputs, targets, prior = _splits(informative=True)
-    slow = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs,
-                      TrainConfig(epochs=2, lr=1e-6))["l"]
-    fast = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs,
-                      TrainConfig(epochs=2))["l"]
-    assert slow.val_bits > fast.val_bits + 1.0
+    inputs, targets, prior = _xor_splits()
+    slow = fit_probes([ProbeJob("d", build_probe("dnn", D, K), targets, prior=prior)], inputs,
+                      TrainConfig(epochs=6, lr=1e-7))["d"]
+    fast = fit_probes([ProbeJob("d", build_probe("dnn", D, K), targets, prior=prior)], inputs,
+                      TrainConfig(epochs=6))["d"]
+    best = {r.setting["lr"]: min(v for _, v in r.history) for r in (slow, fast)}
+    assert best[1e-7] > best[DEFAULTS["dnn"]["lr"] * math.sqrt(LR_WIDTH / D) if D > LR_WIDTH else
+                             DEFAULTS["dnn"]["lr"]] + 0.5
+
+
+def test_the_savings_standard_error_resamples_whole_groups():
+    d = np.array([1.0, 1.0, 3.0, 3.0])
+    groups = np.array([[0], [0], [1], [1]])
+    mean, se = saving_and_se(d, np.zeros(4), groups)
+    # two groups with sums -2 and +2 about the mean 2: SE = sqrt(2/1 * 8) / 4
+    assert mean == 2.0 and se == pytest.approx(math.sqrt(16) / 4)
+    assert saving_and_se(d, np.zeros(4), np.zeros((4, 1)))[1] == math.inf  # one group: no SE
+
+
+def test_class_directions_find_a_planted_quadratic_direction():
+    """Bit k is 1 where (p_k · z)² > 1: the class covariances differ along p_k only."""
+    rng = np.random.default_rng(0)
+    p = np.linalg.qr(rng.normal(size=(D, 4)))[0].T  # 4 orthonormal directions
+    z = rng.normal(size=(4000, D)).astype(np.float32)
+    o = ((z @ p.T) ** 2 > 1).astype(np.uint8)
+    model = build_probe("quadratic", D, 4)
+    model.set_standardization(z.mean(0), z.std(0))
+    job = ProbeJob("q", model, {"train": o})
+    top = class_directions(RowReader(z), job, dims=D, rank=2).numpy()  # 4 x 2 x D
+    cosines = np.abs((top[:, 0] * p).sum(1))
+    assert (cosines > 0.95).all()
