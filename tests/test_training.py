@@ -74,7 +74,6 @@ def test_the_linear_stage_solves_a_copy_task_on_its_l2_path():
     assert res.best_epoch == 0 and len(res.history) == 1  # no gradient stage: the L-BFGS solution is the fit
     assert len(res.l2_path) == len(TrainConfig().l2_path)
     assert res.scene_bits.mean() < 0.12 * _prior_bits(targets["test"]).mean()  # ~ the noise's Bayes rate
-    assert res.setting["l2_min"] <= res.setting["l2"] <= res.setting["l2_max"]
     assert res.val_bits == pytest.approx(res.val_scene_bits.mean())
 
 
