@@ -9,12 +9,16 @@ codes. The zero of β* must not move with the training-set size; β*_paper's doe
 
     .venv/bin/python benchmarks/calibration.py [--sizes 500,2000] [--families linear,quadratic,quadratic-shared,dnn]
         [--models oracle:features,oracle:objects,oracle:mix-0.5,pixels,random:dinov2-small] [--out DIR]
+        [--control] [--attention pixels,oracle:patches]
+
+`--control` adds every backbone under the control null (each scene's O redrawn from p(O|F): truth 0
+for any backbone); `--attention` measures those backbones' patch tokens with the attention family.
+Each row also gives the probe's sensitivity (the share of a planted binding it recovers).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 import time
@@ -49,6 +53,8 @@ def main() -> None:
     ap.add_argument("--families", default="linear,quadratic,quadratic-shared,dnn")
     ap.add_argument("--models", default="oracle:features,oracle:objects,oracle:mix-0.5,pixels,random:dinov2-small")
     ap.add_argument("--out", type=Path, default=None, help="keep the dataset here (default: a temp dir)")
+    ap.add_argument("--control", action="store_true", help="also measure every backbone under the control null")
+    ap.add_argument("--attention", default="", help="backbones whose patch tokens the attention family reads")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     families = args.families.split(",")
@@ -60,29 +66,35 @@ def main() -> None:
         generate(gen, build_config(gen, "balanced", dict(n_train=max(sizes), n_val=500, n_test=500, image_size=128)),
                  data)
     ds = Dataset(data)
-    full = binding_task(ds)
+    tasks = {None: binding_task(ds)}
+    if args.control:
+        tasks["resampled-o"] = binding_task(ds, control="resampled-o")
+    full = tasks[None]
     print(f"balanced preset at 128 px, test {len(full.codes['test'][0])} scenes, "
           f"n_F_eff {full.n_F_eff:.0f}, H(O|F) {full.ref_O_given_F.mean():.2f} bits\n")
-    print("| backbone | truth % | n_train | probe | β* % [95% CI] | β*_paper % [95% CI] | best epochs (F, O|F) | s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for spec in args.models.split(","):
-        acts = {s: extract_activations(spec, ds, s, layers="last", views=("cls",), progress=False) for s in SPLITS}
-        for n in sizes:
-            task = dataclasses.replace(
-                full, codes={**full.codes, "train": tuple(c[:n] for c in full.codes["train"])},
-                anchors={**full.anchors, "train": tuple(a[:n] for a in full.anchors["train"])})
-            inputs = {s: RowReader(a.get(a.layers[0], "cls"), n if s == "train" else None) for s, a in acts.items()}
-            t0 = time.perf_counter()
-            results = evaluate_binding(inputs, task, families, train=TrainConfig(), n_boot=1000)
-            wall = time.perf_counter() - t0
-            truth = TRUTH.get(spec, mixed_share(ds, spec) if spec.startswith("oracle:mix-") else None)
-            for fam, r in results.items():
-                m = r.metrics
-                epochs = f"{r.fits['F'].best_epoch}, {r.fits['O|F'].best_epoch}"
-                print(f"| {spec} | {'—' if truth is None else f'{100 * truth:.1f}'} | {n} | {fam} | "
-                      f"{_interval(m, 'beta_star')} | {_interval(m, 'beta_star_paper')} | {epochs} | "
-                      f"{wall / len(families):.0f} |", flush=True)
-
+    print("| backbone | control | truth % | n_train | probe | β* % [95% CI] | β*_paper % [95% CI] | sensitivity % | "
+          "β_F % | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    runs = [(spec, "cls", families) for spec in args.models.split(",")]
+    runs += [(spec, "all", ["attention"]) for spec in (args.attention.split(",") if args.attention else [])]
+    for spec, view, fams in runs:
+        acts = {s: extract_activations(spec, ds, s, layers="last", views=(view,), progress=False) for s in SPLITS}
+        for control, whole in tasks.items():
+            for n in sizes:
+                task = whole.first_train(n)
+                inputs = {s: RowReader(a.get(a.layers[0], view), n if s == "train" else None) for s, a in acts.items()}
+                t0 = time.perf_counter()
+                results = evaluate_binding(inputs, task, fams, train=TrainConfig(), n_boot=1000)
+                wall = time.perf_counter() - t0
+                truth = 0.0 if control else TRUTH.get(spec, mixed_share(ds, spec) if spec.startswith("oracle:mix-")
+                                                      else None)
+                for fam, r in results.items():
+                    m = r.metrics
+                    sens = "—" if m.get("sensitivity") is None else \
+                        f"{100 * m['sensitivity']:.0f} [{100 * m['sensitivity_lo']:.0f}, {100 * m['sensitivity_hi']:.0f}]"
+                    print(f"| {spec} ({view}) | {control or '—'} | {'—' if truth is None else f'{100 * truth:.1f}'} | "
+                          f"{n} | {fam} | {_interval(m, 'beta_star')} | {_interval(m, 'beta_star_paper')} | {sens} | "
+                          f"{100 * m['beta_F']:.1f} | {wall / len(fams):.0f} |", flush=True)
 
 if __name__ == "__main__":
     main()

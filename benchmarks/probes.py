@@ -1,4 +1,12 @@
-"""Benchmark: the one-pass masked `dnn` probe vs one independent MLP per output bit.
+"""Benchmarks of the probes: what each family costs to fit, the one-pass `dnn` against one MLP
+per bit, and memory that does not grow with the data.
+
+Family costs: every family fitted as `bench evaluate` fits it (all its probes, the evaluator's
+default settings, one torch thread) on the cached activations of one backbone; run it on two
+checkouts to compare them (`PYTHONPATH=OTHER_CHECKOUT python benchmarks/probes.py --costs-only`):
+it uses only the evaluator's public functions.
+
+The one-pass dnn against the reference:
 
 The reference is the design the paper's code uses: K separate MLPs (same hidden width
 and depth), bit k reading [z, o_<k]. Both train through the same loop on the same
@@ -10,7 +18,8 @@ dnn <= reference + 1 bit). Then trains the dnn probe on synthetic memmapped
 activations of two sizes (4x apart), each in a fresh process, and reports their peak
 RSS (target: no growth with dataset size).
 
-    .venv/bin/python benchmarks/probes.py [--n-train 4000] [--epochs 20] [--hidden 256]
+    .venv/bin/python benchmarks/probes.py [--n-train 4000] [--epochs 20] [--hidden 256] [--costs-only]
+        [--cost-models oracle:objects,pixels] [--cost-train 2000]
 """
 
 from __future__ import annotations
@@ -107,6 +116,32 @@ def rss_by_size(root: Path, sizes: tuple[int, ...], dim: int) -> list[dict]:
     return out
 
 
+def family_costs(root: Path, models: list[str], n_train: int, families: tuple[str, ...]) -> None:
+    """Seconds to fit each family (all of its probes) on each backbone's cls activations, and on
+    pixels' patch tokens for the attention family, at one torch thread."""
+    from evaluators.run import SPLITS, binding_task, evaluate_binding
+
+    torch.set_num_threads(1)
+    gen = get_generator("colorshape")
+    generate(gen, build_config(gen, "small", {"n_train": n_train, "image_size": 128}), root / "small")
+    ds = Dataset(root / "small")
+    task = binding_task(ds)
+    print(f"family costs: balanced small preset at 128 px, {n_train}/500/500 scenes, one torch thread")
+    for spec in models:
+        for view, fams in (("cls", tuple(f for f in families if f != "attention")),
+                           ("all", tuple(f for f in families if f == "attention"))):
+            if not fams or (view == "all" and spec.startswith("oracle:") and spec != "oracle:patches"):
+                continue
+            acts = {s: extract_activations(spec, ds, s, layers="last", views=(view,), progress=False) for s in SPLITS}
+            inputs = {s: RowReader(a.get(a.layers[0], view)) for s, a in acts.items()}
+            for fam in fams:
+                t0 = time.perf_counter()
+                r = evaluate_binding(inputs, task, [fam], train=TrainConfig(), n_boot=200)[fam]
+                wall = time.perf_counter() - t0
+                print(f"  {spec:16s} {view:4s} {fam:17s} {wall:7.1f} s   beta* {r.metrics.get('beta_star', float('nan')):+.4f}",
+                      flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n-train", type=int, default=4000)
@@ -115,9 +150,18 @@ def main() -> None:
     ap.add_argument("--rss-dim", type=int, default=1024)
     ap.add_argument("--rss-rows", type=int, default=50_000)
     ap.add_argument("--rss-child")
+    ap.add_argument("--costs-only", action="store_true", help="only time each family's fit")
+    ap.add_argument("--cost-models", default="oracle:objects,pixels")
+    ap.add_argument("--cost-train", type=int, default=2000)
+    ap.add_argument("--families", default="linear,quadratic,quadratic-shared,dnn,attention")
     args = ap.parse_args()
     if args.rss_child:
         rss_child(args.rss_child, 1)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["BINDINGBENCH_CACHE"] = str(Path(tmp) / "cache")
+        family_costs(Path(tmp), args.cost_models.split(","), args.cost_train, tuple(args.families.split(",")))
+    if args.costs_only:
         return
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:

@@ -141,6 +141,43 @@ def binding_metrics(
     return out
 
 
+def paired_difference(a: Mapping[str, np.ndarray | None], b: Mapping[str, np.ndarray | None], metric: str, *,
+                      groups: np.ndarray | None = None, n_boot: int = 1000, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float, float] | None:
+    """metric(a) − metric(b) on the same test scenes, with a paired bootstrap interval.
+
+    `a` and `b` map per-scene statistics (`_STATS` names: "L_F", "L_O_given_F", ..., "h_F",
+    "h_O_given_F") to arrays over the same scenes in the same order. Both are resampled with
+    the same weights — whole `groups` (each scene's F code) at a time — so what the two
+    share (which scenes are hard, which F codes the test split drew) cancels, and the
+    interval is that of the difference, far narrower than two overlapping marginal ones.
+    None when the metric cannot be computed for both.
+    """
+    names = [k for k in _STATS if a.get(k) is not None and b.get(k) is not None]
+    if not names:
+        return None
+    left = np.stack([np.asarray(a[k], dtype=np.float64) for k in names], axis=1)
+    right = np.stack([np.asarray(b[k], dtype=np.float64) for k in names], axis=1)
+    if left.shape != right.shape:
+        raise ValueError(f"paired_difference: {left.shape[0]} and {right.shape[0]} scenes; pairs need the same scenes")
+    both = np.concatenate([left, right], axis=1)
+    point = _columns(both.mean(axis=0), names + [f"b:{k}" for k in names])
+    boot = _columns(_bootstrap_means(both, n_boot, seed, groups), names + [f"b:{k}" for k in names])
+    fallback = Priors(math.nan, math.nan, math.nan)
+
+    def value(means: Mapping[str, Any], side: str) -> np.ndarray | None:
+        stats = {k: means.get(f"{side}{k}") for k in _STATS}
+        return _derived(fallback, stats).get(metric)
+
+    diff, samples = value(point, ""), value(boot, "")
+    other, other_samples = value(point, "b:"), value(boot, "b:")
+    if diff is None or other is None or samples is None or other_samples is None:
+        return None
+    d = samples - other_samples
+    tail = (1 - level) / 2 * 100
+    return float(diff - other), float(np.percentile(d, tail)), float(np.percentile(d, 100 - tail))
+
+
 def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:
     """The inequalities a row's probes break, so that its `metric` cannot be read as binding;
     empty when nothing shows a failure. `m` is a results row or `binding_metrics` output.
@@ -224,8 +261,11 @@ def validation_metric(row: Mapping[str, Any], name: str) -> float | None:
 
 
 def _columns(means: np.ndarray, present: list[str]) -> dict[str, np.ndarray | None]:
-    """Means (m,) or bootstrap means (n_boot, m) keyed by statistic (None where absent)."""
-    return {k: (means[..., present.index(k)] if k in present else None) for k in _STATS}
+    """Means (m,) or bootstrap means (n_boot, m) keyed by statistic (None where absent); names
+    in `present` beyond the statistics (a paired bootstrap's second side) are kept as given."""
+    out = {k: (means[..., present.index(k)] if k in present else None) for k in _STATS}
+    out.update({k: means[..., i] for i, k in enumerate(present) if k not in out})
+    return out
 
 
 def _bootstrap_means(matrix: np.ndarray, n_boot: int, seed: int, groups: np.ndarray | None = None,

@@ -62,7 +62,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "quadratic": {"rank": 8, "lr": 1e-2},
     "quadratic-shared": {"rank": 8, "lr": 2e-2, "weight_decay": 0.1},
     "dnn": {"hidden": 256, "depth": 1, "lr": 1e-3},
-    "attention": {"heads": 2, "key_dim": 32, "rank": 8, "lr": 1e-2},
+    "attention": {"heads": 2, "key_dim": 32, "rank": 8, "width": 256, "lr": 3e-3, "weight_decay": 0.05, "ema": 0.998},
 }
 LR_WIDTH = 64
 
@@ -100,6 +100,19 @@ def conjunction_factors(sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]
     return conj // n_rest, conj % n_rest
 
 
+def conjunction_members(sizes: tuple[int, ...]) -> np.ndarray:
+    """M (n_conjunctions x n_features): M[k, v] = 1 iff conjunction k has feature value v (one
+    per group, group-major like F), the feature values an O bit is made of."""
+    conj = np.arange(math.prod(sizes))
+    members = np.zeros((len(conj), sum(sizes)), dtype=np.float32)
+    offset, rest = 0, math.prod(sizes)
+    for size in sizes:
+        rest //= size
+        members[conj, offset + (conj // rest) % size] = 1.0
+        offset += size
+    return members
+
+
 def zero_residual(layer: nn.Linear) -> nn.Linear:
     """A layer whose output reaches the logits, initialised at zero: the probe starts at its prior."""
     nn.init.zeros_(layer.weight)
@@ -119,6 +132,10 @@ class Probe(nn.Module):
     #: overrides them; `build_probe` sets the family's from `DEFAULTS`.
     lr = 1e-2
     weight_decay = 1e-4
+    #: Decay of the exponential moving average of the weights that validation scores and the
+    #: fit keeps (None: the raw weights). Adam's noise at a rate high enough to learn quickly
+    #: kept an attention probe's validation bits ~2x above what the averaged weights reach.
+    ema: float | None = None
     #: The parameters of the probe's part that is linear in z (and in t_<k and the condition):
     #: `fit_probes` fits them first, by L-BFGS along an L2 path chosen on validation (a convex
     #: problem: no learning rate to tune, and every family starts from the same tuned linear
@@ -269,52 +286,63 @@ class MadeProbe(Probe):
 
 
 class AttentionProbe(Probe):
-    """Per-bit attention over spatial tokens with a quadratic readout of the pooled value.
+    """Per-bit attention over spatial tokens, after a shared per-token encoder, with a quadratic
+    readout of the pooled value.
 
-    Bit k's query = a learned bit embedding + a masked linear map of t_<k (+ cond), so
-    it can look for "the token that is both red and a square". Values pooled by softmax
-    over tokens are scored by a per-bit linear + low-rank symmetric quadratic form, which
-    can test that two attributes come from the same attended token.
+    Every token first goes through one non-linear encoder shared by all bits (h_t = GELU(E x_t)),
+    and keys and values are linear maps of h_t: with keys and values linear in the raw token, as
+    the paper's probe has them, raw pixels read β* 0.07 although every object's colour and shape
+    is in them (oracle:patches reads 1.0); the encoder lifted that to 0.57.
+
+    Queries and readouts are shared across the feature values a bit is made of: bit k's query
+    is Σ_v M_kv Q_v over its features v (one colour and one shape for an O bit, the feature
+    itself for an F bit) plus a per-bit correction, and so are its readout vector and quadratic
+    directions. "Is there a red square" then reuses what "is there a red circle" learned about
+    red: 0.57 → 0.73 on raw pixels. Softmax over tokens pools values; the readout scores the
+    pooled value by a linear and a low-rank symmetric quadratic form.
     """
 
     spatial = True
     linear_names = None  # its readout is linear in pooled values, not in z: no linear stage
 
     def __init__(self, in_dim: int, n_bits: int, cond_dim: int = 0, heads: int = 2, key_dim: int = 32,
-                 rank: int = 8) -> None:
+                 rank: int = 8, width: int = 256, members: np.ndarray | None = None) -> None:
         super().__init__(in_dim, n_bits, cond_dim)
         self.heads, self.key_dim, self.rank = heads, key_dim, rank
         hd = heads * key_dim
-        self.keys = nn.Linear(in_dim, hd, bias=False)
-        self.values = nn.Linear(in_dim, hd, bias=False)
-        self.query = nn.Parameter(torch.randn(n_bits, hd) / math.sqrt(hd))
-        self.query_t = nn.Parameter(torch.zeros(n_bits, hd))
+        self.encoder = nn.Linear(in_dim, width)
+        self.keys = nn.Linear(width, hd, bias=False)
+        self.values = nn.Linear(width, hd, bias=False)
+        m = torch.eye(n_bits) if members is None else torch.as_tensor(np.asarray(members), dtype=torch.float32)
+        self.register_buffer("members", m)  # K x V: bit k is made of feature values v with M_kv = 1
+        n_values = m.shape[1]
+        self.query = nn.Parameter(torch.randn(n_values, hd) / math.sqrt(hd))
+        self.query_bit = nn.Parameter(torch.zeros(n_bits, hd))
         self.query_c = nn.Linear(cond_dim, hd, bias=False) if cond_dim else None
-        self.w = nn.Parameter(torch.zeros(n_bits, hd))
-        self.p = nn.Parameter(torch.randn(n_bits, rank, hd) / math.sqrt(hd))
+        self.w = nn.Parameter(torch.zeros(n_values, hd))
+        self.w_bit = nn.Parameter(torch.zeros(n_bits, hd))
+        self.p = nn.Parameter(torch.randn(n_values, rank, hd) / math.sqrt(hd))
         self.s = nn.Parameter(torch.zeros(n_bits, rank))
-
-    def queries(self, t: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
-        q = self.query + torch.einsum("bj,kj,jd->bkd", t, self.tril, self.query_t)
-        if self.query_c is not None:
-            q = q + self.query_c(cond)[:, None, :]
-        return q
 
     def attend(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(pooled values B x K x heads·d, attention B x K x heads x T)."""
         b, n_tok, _ = x.shape
         h, d = self.heads, self.key_dim
-        q = self.queries(t, cond).view(b, self.n_bits, h, d)
-        keys = self.keys(x).view(b, n_tok, h, d)
-        vals = self.values(x).view(b, n_tok, h, d)
-        attn = torch.softmax(torch.einsum("bkhd,bthd->bkht", q, keys) / math.sqrt(d), dim=-1)
+        q = (self.members @ self.query + self.query_bit).expand(b, -1, -1)
+        if self.query_c is not None:
+            q = q + self.query_c(cond)[:, None, :]
+        e = F.gelu(self.encoder(x))
+        keys = self.keys(e).view(b, n_tok, h, d)
+        vals = self.values(e).view(b, n_tok, h, d)
+        attn = torch.softmax(torch.einsum("bkhd,bthd->bkht", q.view(b, self.n_bits, h, d), keys) / math.sqrt(d), dim=-1)
         pooled = torch.einsum("bkht,bthd->bkhd", attn, vals).reshape(b, self.n_bits, h * d)
         return pooled, attn
 
     def readout(self, x, t, cond):
         pooled, _ = self.attend(x, t, cond)
-        proj = torch.einsum("bkd,krd->bkr", pooled, self.p)
-        return (pooled * self.w).sum(-1) + (self.s * proj.square()).sum(-1)
+        w = self.members @ self.w + self.w_bit
+        proj = torch.einsum("bkd,kv,vrd->bkr", pooled, self.members, self.p)
+        return (pooled * w).sum(-1) + (self.s * proj.square()).sum(-1)
 
     @torch.no_grad()
     def attention_maps(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
@@ -332,9 +360,14 @@ _CLASSES: dict[str, type[Probe]] = {
 }
 
 
+#: Families whose learning rate is not scaled down with the input width (`probe_lr`): their
+#: inputs pass through a learned encoder first, whose width, not the input's, sets the step.
+_RAW_LR = ("attention",)
+
+
 def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
-                factors: tuple[np.ndarray, np.ndarray] | None = None, seed: int = 0, anchored: bool = False,
-                **hparams: Any) -> Probe:
+                factors: tuple[np.ndarray, np.ndarray] | None = None, members: np.ndarray | None = None,
+                seed: int = 0, anchored: bool = False, **hparams: Any) -> Probe:
     """A probe of `family` over inputs of width `in_dim` (per token for `attention`)
     predicting `n_bits` bits, optionally also given a `cond_dim`-bit condition (F).
 
@@ -351,14 +384,17 @@ def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
     if family not in _CLASSES:
         raise BenchError(f"probe: unknown {family!r}; allowed: {', '.join(FAMILIES)}")
     params = {**DEFAULTS[family], **hparams}
-    lr = probe_lr(params.pop("lr"), in_dim)
+    lr = probe_lr(params.pop("lr"), in_dim) if family not in _RAW_LR else params.pop("lr")
     weight_decay = params.pop("weight_decay", Probe.weight_decay)
+    ema = params.pop("ema", None)
     if family == "quadratic-shared":
         params["factors"] = factors
+    if family == "attention":
+        params["members"] = members
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         probe = _CLASSES[family](in_dim, n_bits, cond_dim, **params)
-    probe.lr, probe.weight_decay = lr, weight_decay
+    probe.lr, probe.weight_decay, probe.ema = lr, weight_decay, ema
     if anchored:
         frozen = probe.context.detach()
         del probe.context

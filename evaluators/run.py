@@ -38,7 +38,7 @@ from evaluators.extract import (check_cache_space, check_views, extract_activati
 from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
 from evaluators.issameobject import check_attention_qk, check_probes, evaluate_issameobject
 from evaluators.metrics import TARGET_STATS, Priors, binding_metrics, group_labels, mean_se
-from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors
+from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors, conjunction_members
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
 from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of, resample_o
 from generators.importers.common import EMPIRICAL
@@ -54,6 +54,8 @@ TARGETS = ("F", "O|F", "O_paper", "F_paper")
 UNANCHORED_TARGETS = ("F", "O|F", "O_paper")
 #: Real images: the O|F reference probe reads F alone (its input image is blanked).
 EMPIRICAL_TARGETS = ("F", "O|F", "O|F_ref", "O_paper")
+#: Families whose other probes start from their O|F-probe's token encoder (`binding_jobs`).
+WARM_STARTED = ("attention",)
 #: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
 #: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
 CONTROLS = ("resampled-o",)
@@ -271,11 +273,13 @@ def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
     "O_paper" and "F_paper" never are."""
     space = task.space
     factors = conjunction_factors(space.sizes)
+    members = conjunction_members(space.sizes) if family == "attention" else None
     f_codes = {s: c[0] for s, c in task.codes.items()}
     o_codes = {s: c[1] for s, c in task.codes.items()}
     anchored = task.anchors or {}
     jobs = []
-    for target in task.targets if targets is None else targets:
+    targets_ = tuple(task.targets if targets is None else targets)
+    for target in targets_:
         name = f"{family}/{target}"
         init = derive_seed("probe-init", seed, name)
         cond, prior = None, None
@@ -286,28 +290,33 @@ def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
             model, codes = build_probe(family, in_dim, space.n_features, seed=init), f_codes
         elif target == "O|F" and anchored:
             # F enters through the exact prior p(o_k | o_<k, f): the residual reads only Z
-            model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init, anchored=True)
+            model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, members=members, seed=init,
+                                anchored=True)
             codes, prior = o_codes, {s: a[1] for s, a in anchored.items()}
         elif target == "O|F":
             model = build_probe(family, in_dim, space.n_conjunctions, cond_dim=space.n_features, factors=factors,
-                                seed=init)
+                                members=members, seed=init)
             codes, cond = o_codes, f_codes
         elif target == "O|F_ref":
             model = build_probe(family, space.n_features, space.n_conjunctions, cond_dim=space.n_features,
-                                factors=factors, seed=init)
+                                factors=factors, members=members, seed=init)
             model, codes, cond = BlindProbe(model, f_codes["train"]), o_codes, f_codes
         elif target == "O_paper":
-            model, codes = build_probe(family, in_dim, space.n_conjunctions, factors=factors, seed=init), o_codes
+            model = build_probe(family, in_dim, space.n_conjunctions, factors=factors, members=members, seed=init)
+            codes = o_codes
         elif target == "O|F_planted" and task.plant is not None:
             plant = task.plant
             model = build_probe(family, in_dim + plant.features["train"].shape[1], space.n_conjunctions,
-                                factors=factors, seed=init, anchored=True)
+                                factors=factors, members=members, seed=init, anchored=True)
             model, codes = PlantedProbe(model, plant.features["train"]), plant.codes
             cond, prior = plant.features, plant.anchors
         else:
             raise ValueError(f"unknown probe target {target!r}; allowed: {', '.join(TARGETS)}")
-        # one target's probes share their linear stage across families
-        jobs.append(ProbeJob(name, model, codes, cond=cond, prior=prior, linear_key=target))
+        # one target's probes share their linear stage across families; an attention probe's other
+        # targets start from the token encoder its O|F-probe learned (an F-probe trained alone
+        # on raw pixels read β_F 0.63, from the O|F-probe's encoder 0.96)
+        warm = f"{family}/O|F" if family in WARM_STARTED and target != "O|F" and "O|F" in targets_ else None
+        jobs.append(ProbeJob(name, model, codes, cond=cond, prior=prior, linear_key=target, warm_start=warm))
     return jobs
 
 
@@ -401,6 +410,11 @@ def evaluate_binding(
         mine = {t: fits[f"{fam}/{t}"] for t in targets}
         errors = [f"{t}-probe: {r.error}" for t, r in mine.items() if r.error]
         bits = {t: r.scene_bits for t, r in mine.items() if t != "O|F_planted"}
+        # a probe the guard kept at its exact prior codes each test scene in exactly its prior code
+        # length: the reference itself, not its float32 re-computation (β* is then 0.0, not 1e-8)
+        for t, ref in (("F", task.ref_F), ("O|F", task.ref_O_given_F)):
+            if t in mine and mine[t].guard == "prior" and ref is not None:
+                bits[t] = np.asarray(ref, dtype=np.float64)
         if task.anchors is None and "F" in bits:
             bits["F_paper"] = bits["F"]  # unanchored: the F-probe is the paper's F-probe
         if errors:

@@ -68,6 +68,8 @@ class TrainConfig:
     #: A fit replaces the exact prior only when its validation saving exceeds this many
     #: standard errors (`fit_probes`, the guard).
     guard_se: float = 2.0
+    #: The weights' moving-average decay for every probe (None: each probe's own, `Probe.ema`).
+    ema: float | None = None
 
 
 def auto_batch_size(n_train: int) -> int:
@@ -151,7 +153,9 @@ class ProbeJob:
 
     Jobs with the same `linear_key` solve the same linear problem (the same targets, prior
     and condition, and probes whose linear parts have the same shape, e.g. one target's
-    probes across families): its L2 path is fitted once and copied into each of them."""
+    probes across families): its L2 path is fitted once and copied into each of them.
+    `warm_start` names another job whose fitted parameters this one starts from where names
+    and shapes agree (`warm_start_from`): it is trained after that job."""
 
     name: str
     model: Probe
@@ -159,6 +163,7 @@ class ProbeJob:
     cond: dict[str, np.ndarray] | None = None
     prior: dict[str, np.ndarray] | None = None
     linear_key: str | None = None
+    warm_start: str | None = None
 
 
 @dataclass
@@ -252,8 +257,12 @@ def fit_probes(
     _linear_stage([j for j in active.values() if _has_linear(j)], inputs, config, device, results, active)
     _moment_stage([j for j in active.values() if hasattr(j.model, "init_from_moments")], inputs["train"], device,
                   results, active)
-    _gradient_stage([j for j in active.values() if _has_nonlinear(j)], inputs, config, device, results, active,
-                    progress)
+    first = [j for j in active.values() if _has_nonlinear(j) and j.warm_start not in active]
+    _gradient_stage(first, inputs, config, device, results, active, progress)
+    later = [j for j in active.values() if _has_nonlinear(j) and all(j is not f for f in first)]
+    for j in later:
+        warm_start_from(j.model, active[j.warm_start].model)
+    _gradient_stage(later, inputs, config, device, results, active, progress)
     finished = [j for j in jobs if results[j.name].error is None]
     for j in finished:
         if j.name in prior_states:
@@ -264,6 +273,28 @@ def fit_probes(
         else:
             results[name].scene_bits, results[name].bits_correct = scored
     return results
+
+
+@torch.no_grad()
+def warm_start_from(model: torch.nn.Module, source: torch.nn.Module) -> None:
+    """Copy `source`'s parameters into `model` wherever the names agree and the shapes agree, or
+    differ only in a wider last (input) dimension of `model` (its leading inputs get the
+    source's weights, the extra ones keep their own). Residual terms that start at zero in
+    `model` are not copied, so it still starts at its prior: only what reads the input (an
+    attention probe's token encoder, keys and values) carries over."""
+    theirs = dict(source.named_parameters())
+    for name, p in model.named_parameters():
+        q = theirs.get(name)
+        if q is None or not name.startswith(WARM_START_PARTS):
+            continue
+        if q.shape == p.shape:
+            p.copy_(q)
+        elif q.dim() == p.dim() and q.shape[:-1] == p.shape[:-1] and q.shape[-1] < p.shape[-1]:
+            p[..., : q.shape[-1]] = q
+
+
+#: The parameters `warm_start_from` carries over: those that turn tokens into keys and values.
+WARM_START_PARTS = ("encoder.", "keys.", "values.", "probe.encoder.", "probe.keys.", "probe.values.")
 
 
 def _has_linear(job: ProbeJob) -> bool:
@@ -421,7 +452,7 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
         return
     n_train = len(inputs["train"])
     rng = np.random.default_rng(config.seed)
-    states, optims, schedules = {}, {}, {}
+    states, optims, schedules, trained_params, emas, decays = {}, {}, {}, {}, {}, {}
     stale = {j.name: 0 for j in jobs}
     running = {j.name: j for j in jobs}
     for j in jobs:
@@ -433,11 +464,14 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
         decay = config.weight_decay if config.weight_decay is not None else getattr(j.model, "weight_decay",
                                                                                      Probe.weight_decay)
         optims[j.name] = torch.optim.AdamW(trained, lr=lr, weight_decay=decay)
+        trained_params[j.name] = trained
+        decays[j.name] = config.ema if config.ema is not None else getattr(j.model, "ema", None)
+        emas[j.name] = [p.detach().clone() for p in trained] if decays[j.name] else []
         schedules[j.name] = torch.optim.lr_scheduler.ReduceLROnPlateau(
             optims[j.name], mode="min", factor=config.lr_factor, patience=config.lr_patience,
             threshold=config.min_delta, threshold_mode="abs")
         r = results[j.name]
-        r.setting.update(lr=lr, weight_decay=decay)
+        r.setting.update(lr=lr, weight_decay=decay, ema=decays[j.name])
     # Epoch 0 is the stage's start (the linear stage's solution, or the untrained probe).
     for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():
         r = results[name]
@@ -465,11 +499,26 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
                     optims[name].zero_grad(set_to_none=True)
                     loss.backward()
                     optims[name].step()
+                    if decays[name]:
+                        with torch.no_grad():
+                            for e, p in zip(emas[name], trained_params[name]):
+                                e.lerp_(p, 1 - decays[name])
                     train_sum[name] += loss.item() * len(idx)
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
                     _fail(results[name], e, active, name)
                     running.pop(name, None)
+        averaged = [name for name in running if decays[name]]
+        raw = {name: [p.detach().clone() for p in trained_params[name]] for name in averaged}
+        with torch.no_grad():  # validate (and keep) the averaged weights; train on from the raw ones
+            for name in averaged:
+                for e, p in zip(emas[name], trained_params[name]):
+                    p.copy_(e)
         val = _score(list(running.values()), inputs["val"], "val", device, config.batch_size)
+        keep = {name: copy.deepcopy(running[name].model.state_dict()) for name in averaged}
+        with torch.no_grad():
+            for name in averaged:
+                for r_, p in zip(raw[name], trained_params[name]):
+                    p.copy_(r_)
         for name in list(running):
             r = results[name]
             if isinstance(val[name], Exception):
@@ -485,7 +534,7 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
             schedules[name].step(v)
             if v < r.val_bits - config.min_delta:
                 r.val_bits, r.val_scene_bits, r.best_epoch, stale[name] = v, val[name][0], epoch, 0
-                states[name] = copy.deepcopy(running[name].model.state_dict())
+                states[name] = keep.get(name) or copy.deepcopy(running[name].model.state_dict())
             else:
                 stale[name] += 1
                 if stale[name] >= config.patience:

@@ -16,19 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.errors import BenchError
 from bench.results import KEY_COLUMNS, RESULT_SCHEMA, read_results
 
-#: Per-scene bit arrays: large and not needed to tabulate or plot metrics.
-_BULK_COLUMNS = tuple(c for c in RESULT_SCHEMA.names if c.startswith("scene_bits_"))
+#: Per-scene columns (test bits, F-code groups, prior references): kept as numpy arrays, which
+#: paired comparisons read, never as Python lists (a row holds thousands of them).
+PER_SCENE_COLUMNS = tuple(c for c in RESULT_SCHEMA.names if c.startswith("scene_"))
 STATUSES = ("ok", "error")
 
 
 def load_results(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Validated rows (dicts, bulk per-scene columns dropped) of every run in a directory."""
+    """Validated rows (dicts; per-scene columns as numpy arrays) of every run in a directory."""
     d = Path(results_dir)
     try:
         table = read_results(d)
@@ -36,9 +38,23 @@ def load_results(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
         raise BenchError(_schema_mismatch(d)) from None
     if table.schema.remove_metadata() != RESULT_SCHEMA.remove_metadata():
         raise BenchError(_schema_mismatch(d))
-    rows = table.drop_columns(list(_BULK_COLUMNS)).to_pylist()
+    rows = table.drop_columns(list(PER_SCENE_COLUMNS)).to_pylist()
+    for column in PER_SCENE_COLUMNS:
+        for row, values in zip(rows, per_row_arrays(table.column(column))):
+            row[column] = values
     check_rows(rows)
     return rows
+
+
+def per_row_arrays(column: pa.ChunkedArray) -> list[np.ndarray | None]:
+    """A list column as one numpy view per row (None for a null cell), without Python floats."""
+    out: list[np.ndarray | None] = []
+    for chunk in column.chunks:
+        values = chunk.flatten().to_numpy(zero_copy_only=False)
+        offsets = chunk.offsets.to_numpy() - chunk.offsets[0].as_py()
+        valid = chunk.is_valid().to_numpy(zero_copy_only=False)
+        out += [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(chunk))]
+    return out
 
 
 def check_rows(rows: Iterable[dict[str, Any]]) -> None:

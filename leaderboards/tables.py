@@ -3,8 +3,16 @@
 A cell is the metric at one layer, averaged over seeds, with the bootstrap 95% interval
 (the envelope of the seeds' intervals, so seed-to-seed spread is never hidden). These
 rules keep the table honest:
-- ranks tie when intervals overlap: a backbone's rank is 1 + the number of backbones
-  whose whole interval lies beyond its own, so a lead within the noise earns nothing;
+- ranks come from paired comparisons: two backbones measured on the same test scenes differ
+  by a paired difference with a bootstrap interval over the same F codes, and a backbone's
+  rank is 1 + the number of others whose difference from it lies wholly beyond 0, so a lead
+  within the noise earns nothing (rows without per-scene bits fall back to comparing the
+  two marginal intervals);
+- a control null (`control` "resampled-o": O redrawn from p(O|F), true β* = 0) is shown as a
+  row of its own and never ranked;
+- a cell whose interval holds 0 shows its probe's sensitivity beside it: the share of a planted,
+  known binding the same probe recovers on that dataset at that size, so a reader knows what
+  a 0 means;
 - a cell is empty unless every seed run for that column finished (no partial means);
 - a backbone is ranked by its best unflagged cell among the columns shown: empty, error
   and ‡ cells neither rank it nor unrank it (an oracle that cannot run one probe still
@@ -19,8 +27,10 @@ rules keep the table honest:
   is marked † and ranked only among such backbones: its β* is not comparable with anchored rows;
 - binding intervals resample whole test F codes, so the notes give each dataset's effective
   number of test F codes (`n_F_eff`), the intervals' real sample size;
-- `best` layer is chosen per cell on the reported (test) metric, so it is an optimistic,
-  per-column choice: the layer is printed beside the value to make that visible.
+- `best` layer is chosen per cell on validation (`evaluators.metrics.validation_metric`) and
+  the test number of that layer is reported, so the choice does not pick the luckiest of
+  several noisy test numbers; metrics without validation numbers (IsSameObject) choose on
+  test, and the table says so.
 """
 
 from __future__ import annotations
@@ -28,14 +38,16 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 from rich.markup import escape
 
+import numpy as np
+
 from bench.commands.common import Format, render_table
 from bench.errors import BenchError
-from evaluators.metrics import metric_checks
+from evaluators.metrics import metric_checks, paired_difference, validation_metric
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,21 @@ class Cell:
     error: str | None = None
     checks: tuple[str, ...] = ()  # why the value is a failed probe's, not binding
     prior: str | None = None  # the rows' `prior`: "exact", "none" (unanchored), several joined by ","
+    #: the probe's sensitivity on this dataset (share of a planted binding it recovers), over seeds
+    sensitivity: float | None = None
+    sensitivity_lo: float | None = None
+    sensitivity_hi: float | None = None
+    #: "validation" when `best` chose this layer on validation numbers, "test" when it had none
+    chosen_on: str | None = None
+    #: per-scene statistics averaged over seeds (`evaluators.metrics` names) and the scenes'
+    #: F-code groups: what a paired comparison with another cell on the same scenes needs
+    per_scene: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
+    groups: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def holds_zero(self) -> bool:
+        """Whether 0 lies in the cell's interval (no binding found beyond noise)."""
+        return self.lo is not None and self.hi is not None and self.lo <= 0 <= self.hi
 
     @property
     def unanchored(self) -> bool:
@@ -157,6 +184,11 @@ class BoardRow:
     cells: dict[tuple[str, str], Cell | None]
     rank: int | None = None
     score: Cell | None = None  # the cell the rank is based on
+    control: str | None = None  # a control null's rows (never ranked)
+
+    @property
+    def label(self) -> str:
+        return self.backbone if self.control is None else f"{self.backbone} (control: {self.control})"
 
 
 @dataclass
@@ -229,17 +261,18 @@ def build_leaderboard(
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         expected[(r["dataset"], r["probe"], r["tokens"])].add(r["seed"])
-        groups[(r["dataset"], r["backbone"], r["probe"], r["tokens"])].append(r)
+        groups[(r["dataset"], r["backbone"], r.get("control"), r["probe"], r["tokens"])].append(r)
     board = Leaderboard(task, m, layer, columns)
     if task == "binding":
         for ds in sorted({r["dataset"] for r in rows}):
             board.n_F_eff[ds] = tuple(sorted({float(r["n_F_eff"]) for r in rows if r["dataset"] == ds
                                               and r.get("n_F_eff") is not None and math.isfinite(r["n_F_eff"])}))
-    for ds, backbone in sorted({(r["dataset"], r["backbone"]) for r in rows}):
+    for ds, backbone, control in sorted({(r["dataset"], r["backbone"], r.get("control")) for r in rows},
+                                        key=lambda k: (k[0], k[1], k[2] or "")):
         cells = {
-            col: _cell(groups.get((ds, backbone, *col), []), m, layer, expected[(ds, *col)]) for col in columns
+            col: _cell(groups.get((ds, backbone, control, *col), []), m, layer, expected[(ds, *col)]) for col in columns
         }
-        board.rows.append(BoardRow(ds, backbone, cells))
+        board.rows.append(BoardRow(ds, backbone, cells, control=control))
     _rank(board)
     return board
 
@@ -290,9 +323,39 @@ def _cell(rows: list[dict], m: Metric, layer: str | int, seeds: set[int]) -> Cel
     ok = [c for c in cells if c.status == "ok"]
     if ok:
         sign = 1 if m.higher_is_better else -1
-        return max(ok, key=lambda c: (not c.checks, sign * c.value, -c.layer))
+        if layer != "best" or len(ok) == 1:
+            return max(ok, key=lambda c: (not c.checks, sign * c.value, -c.layer))
+        on_val = {c.layer: _validation_value(by_layer[c.layer], m) for c in ok}
+        if all(v is not None for v in on_val.values()):
+            best = max(ok, key=lambda c: (not c.checks, sign * on_val[c.layer], -c.layer))
+            return replace(best, chosen_on="validation")
+        return replace(max(ok, key=lambda c: (not c.checks, sign * c.value, -c.layer)), chosen_on="test")
     errors = [c for c in cells if c.status == "error"]
     return errors[0] if errors else (cells[0] if cells else None)
+
+
+def _validation_value(rows: list[dict], m: Metric) -> float | None:
+    """The metric on validation at one layer, averaged over seeds (None without validation numbers)."""
+    values = [validation_metric(r, m.name) for r in rows] if m.task == "binding" else [None]
+    return None if any(v is None for v in values) else sum(values) / len(values)
+
+
+#: Per-scene result columns by the `evaluators.metrics` statistic they hold.
+PER_SCENE_STATS = {"L_F": "scene_bits_F", "L_O_given_F": "scene_bits_O_given_F", "L_O_paper": "scene_bits_O_paper",
+                   "L_F_paper": "scene_bits_F_paper", "h_F": "scene_ref_F", "h_O_given_F": "scene_ref_O_given_F"}
+
+
+def _per_scene(rows: list[dict]) -> tuple[dict[str, np.ndarray] | None, np.ndarray | None]:
+    """Per-scene statistics averaged over the rows' seeds, and the scenes' groups (None if absent)."""
+    groups = rows[0].get("scene_groups")
+    if groups is None or any(r.get("scene_groups") is None or len(r["scene_groups"]) != len(groups) for r in rows):
+        return None, None
+    stats = {}
+    for stat, column in PER_SCENE_STATS.items():
+        arrays = [r.get(column) for r in rows]
+        if all(a is not None and len(a) == len(groups) for a in arrays):
+            stats[stat] = np.mean([np.asarray(a, dtype=np.float64) for a in arrays], axis=0)
+    return stats or None, np.asarray(groups)
 
 
 def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
@@ -309,13 +372,21 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
     hi = max(his) if None not in his else None
     checks = tuple(dict.fromkeys(c for r in rows for c in metric_checks(r, m.name))) if m.screened else ()
     priors = sorted({r["prior"] for r in rows if r.get("prior") is not None})
+    sens = [r.get("sensitivity") for r in rows]
+    has_sens = m.task == "binding" and all(v is not None and math.isfinite(v) for v in sens)
+    per_scene, groups = _per_scene(rows) if m.task == "binding" else (None, None)
     return Cell("ok", sum(values) / len(values), lo, hi, layer, n_layers, len(rows), checks=checks,
-                prior=",".join(priors) or None)
+                prior=",".join(priors) or None,
+                sensitivity=sum(sens) / len(sens) if has_sens else None,
+                sensitivity_lo=min(r["sensitivity_lo"] for r in rows) if has_sens else None,
+                sensitivity_hi=max(r["sensitivity_hi"] for r in rows) if has_sens else None,
+                per_scene=per_scene, groups=groups)
 
 
 def _rank(board: Leaderboard) -> None:
-    """Rank backbones per dataset by their best unflagged cell among the columns shown;
-    overlapping intervals tie; a backbone without such a cell is unranked.
+    """Rank backbones per dataset by their best unflagged cell among the columns shown: rank =
+    1 + the number of others better beyond doubt (`beats`); a backbone without such a cell,
+    and every control row, is unranked.
 
     Backbones with unanchored (†) cells are ranked among themselves, below the anchored ones:
     their headline numbers are not comparable with anchored rows."""
@@ -323,16 +394,37 @@ def _rank(board: Leaderboard) -> None:
     apart = {id(r): _unanchored_row(r, board.metric) for r in board.rows}
     for ds in board.datasets:
         for unanchored in (False, True):
-            rows = [r for r in board.rows if r.dataset == ds and apart[id(r)] == unanchored]
+            rows = [r for r in board.rows if r.dataset == ds and apart[id(r)] == unanchored and r.control is None]
             ranked = [r for r in rows if _rankable(r)]
             for r in ranked:
                 r.score = max(_rankable(r), key=lambda c: sign * c.value)
-            ranks = rank_with_ties([(r.score.value, r.score.lo, r.score.hi) for r in ranked],
-                                   board.metric.higher_is_better)
-            for r, k in zip(ranked, ranks):
-                r.rank = k
-    board.rows.sort(key=lambda r: (r.dataset, apart[id(r)], r.rank is None, r.rank or 0,
-                                   -sign * r.score.value if r.score else 0.0, r.backbone))
+            for r in ranked:
+                r.rank = 1 + sum(beats(o.score, r.score, board.metric) for o in ranked if o is not r)
+    board.rows.sort(key=lambda r: (r.dataset, r.control is not None, apart[id(r)], r.rank is None, r.rank or 0,
+                                   -sign * r.score.value if r.score else 0.0, r.backbone, r.control or ""))
+
+
+def beats(a: Cell, b: Cell, m: Metric, *, n_boot: int = 1000, seed: int = 0) -> bool:
+    """Whether cell `a` is better than `b` beyond doubt: their paired difference's 95% interval
+    lies wholly on `a`'s side of 0 (both measured on the same scenes with per-scene bits), else
+    `a`'s whole interval lies beyond `b`'s."""
+    paired = paired_cells(a, b, m, n_boot=n_boot, seed=seed)
+    if paired is not None:
+        _, lo, hi = paired
+        return lo > 0 if m.higher_is_better else hi < 0
+    a_lo, a_hi = (a.lo if a.lo is not None else a.value), (a.hi if a.hi is not None else a.value)
+    b_lo, b_hi = (b.lo if b.lo is not None else b.value), (b.hi if b.hi is not None else b.value)
+    return a_lo > b_hi if m.higher_is_better else a_hi < b_lo
+
+
+def paired_cells(a: Cell, b: Cell, m: Metric, *, n_boot: int = 1000,
+                 seed: int = 0) -> tuple[float, float, float] | None:
+    """metric(a) − metric(b) with its paired bootstrap interval, None when the two cells were not
+    measured on the same scenes or lack per-scene statistics for the metric."""
+    if a.per_scene is None or b.per_scene is None or a.groups is None or b.groups is None \
+            or len(a.groups) != len(b.groups) or not np.array_equal(a.groups, b.groups):
+        return None
+    return paired_difference(a.per_scene, b.per_scene, m.name, groups=a.groups, n_boot=n_boot, seed=seed)
 
 
 def _rankable(row: BoardRow) -> list[Cell]:
@@ -345,21 +437,11 @@ def _unanchored_row(row: BoardRow, m: Metric) -> bool:
     return not m.paper and any(c is not None and c.unanchored for c in row.cells.values())
 
 
-def rank_with_ties(scores: Sequence[tuple[float, float | None, float | None]], higher_is_better: bool = True) -> list[int]:
-    """Rank = 1 + how many others are better beyond doubt (their interval clears this one's).
-
-    (value, lo, hi) triples; a missing bound counts as the value itself.
-    """
-    bounds = [(lo if lo is not None else v, hi if hi is not None else v) for v, lo, hi in scores]
-    if higher_is_better:
-        return [1 + sum(lo_j > hi_i for lo_j, _ in bounds) for _, hi_i in bounds]
-    return [1 + sum(hi_j < lo_i for _, hi_j in bounds) for lo_i, _ in bounds]
-
-
 # -- rendering ----------------------------------------------------------------------------
 
-TIDY_COLUMNS = ("rank", "dataset", "backbone", "probe", "tokens", "metric", "value", "lo", "hi",
-                "half_width", "layer", "n_layers", "n_seeds", "status", "checks", "prior", "n_F_eff", "error")
+TIDY_COLUMNS = ("rank", "dataset", "backbone", "control", "probe", "tokens", "metric", "value", "lo", "hi",
+                "half_width", "layer", "layer_chosen_on", "n_layers", "n_seeds", "status", "checks", "prior",
+                "sensitivity", "sensitivity_lo", "sensitivity_hi", "n_F_eff", "error")
 
 
 def column_name(col: tuple[str, str]) -> str:
@@ -375,11 +457,13 @@ def tidy_records(board: Leaderboard) -> list[dict[str, Any]]:
         for col, c in row.cells.items():
             c = c or Cell("missing")
             out.append({
-                "rank": row.rank, "dataset": row.dataset, "backbone": row.backbone, "probe": col[0],
-                "tokens": col[1], "metric": board.metric.name, "value": c.value, "lo": c.lo, "hi": c.hi,
-                "half_width": c.half_width, "layer": c.layer, "n_layers": c.n_layers, "n_seeds": c.n_seeds,
-                "status": c.status, "checks": "; ".join(c.checks) or None, "prior": c.prior,
-                "n_F_eff": n_eff[0], "error": c.error,
+                "rank": row.rank, "dataset": row.dataset, "backbone": row.backbone, "control": row.control,
+                "probe": col[0], "tokens": col[1], "metric": board.metric.name, "value": c.value, "lo": c.lo,
+                "hi": c.hi, "half_width": c.half_width, "layer": c.layer, "layer_chosen_on": c.chosen_on,
+                "n_layers": c.n_layers, "n_seeds": c.n_seeds, "status": c.status,
+                "checks": "; ".join(c.checks) or None, "prior": c.prior, "sensitivity": c.sensitivity,
+                "sensitivity_lo": c.sensitivity_lo, "sensitivity_hi": c.sensitivity_hi, "n_F_eff": n_eff[0],
+                "error": c.error,
             })
     return out
 
@@ -415,7 +499,7 @@ def _render_board(board: Leaderboard, markdown: bool, fmt: Format) -> str:
     lines = []
     for row in board.rows:
         line = {"rank": "" if row.rank is None else str(row.rank), "dataset": row.dataset,
-                "backbone": row.backbone if markdown else escape(row.backbone)}
+                "backbone": row.label if markdown else escape(row.label)}
         for col, name in zip(board.columns, names):
             line[name] = format_cell(row.cells[col], board.metric, markdown)
         lines.append(line)
@@ -423,9 +507,12 @@ def _render_board(board: Leaderboard, markdown: bool, fmt: Format) -> str:
 
 
 FOOTNOTE = ("rank: each backbone by its best sound cell among the columns shown (empty, error and failed-check "
-            "cells neither rank nor unrank it), backbones whose intervals overlap sharing a rank; ± is half the "
-            "bootstrap 95% interval; L12 after a value: the layer it comes from (hidden state 12, 0 = embeddings); "
-            "empty = not run or incomplete")
+            "cells neither rank nor unrank it): 1 + the number of backbones better beyond doubt, i.e. whose paired "
+            "difference on the same test scenes (bootstrap over F codes) has a 95% interval wholly above 0; ± is half "
+            "the bootstrap 95% interval; L12 after a value: the layer it comes from (hidden state 12, 0 = "
+            "embeddings), under --layer best chosen on validation; s after a value whose interval holds 0: the "
+            "probe's sensitivity, the share of a planted binding of known size it recovers on this dataset at this "
+            "size; control rows (O redrawn from p(O|F), true value 0) are never ranked; empty = not run or incomplete")
 #: What each `metric_checks` reason means, in the order the ‡ note lists them.
 CHECK_MEANINGS = {
     "L_F > H(F)": "the F-probe coded the test F codes in more bits than their prior",
@@ -490,7 +577,8 @@ def title(board: Leaderboard) -> str:
     m = board.metric
     unit = " (%)" if m.unit == "%" else " (bits)"
     where = ", ".join(board.datasets) or "no results"
-    layer = {"best": "best layer per cell", "last": "last layer"}.get(board.layer, f"layer {board.layer}")
+    on = "on validation" if m.task == "binding" else "on test"
+    layer = {"best": f"best layer per cell ({on})", "last": "last layer"}.get(board.layer, f"layer {board.layer}")
     return f"{m.label}{unit} — {where} — {layer}"
 
 
@@ -507,8 +595,59 @@ def format_cell(cell: Cell | None, m: Metric, markdown: bool = False) -> str:
         text += f" ± {cell.half_width * scale:.{digits}f}"
     if cell.n_layers:  # oracles and pixels have only layer 0: nothing to note
         text += f" <sub>L{cell.layer}</sub>" if markdown else f" [dim]L{cell.layer}[/dim]"
+    if cell.holds_zero and cell.sensitivity is not None:  # what this 0 is worth
+        sens = f"s {cell.sensitivity * 100:.0f}%"
+        text += f" <sub>{sens}</sub>" if markdown else f" [dim]{sens}[/dim]"
     if cell.unanchored and not m.paper:
         text += " †" if markdown else " [cyan]†[/cyan]"
     if cell.checks:
         text += " ‡" if markdown else " [yellow]‡[/yellow]"
     return text
+
+
+# -- paired comparison of two backbones ------------------------------------------------------
+
+#: The metrics `compare_backbones` reports when none is named: the headline and its parts.
+COMPARE_METRICS = ("beta_star", "B_star", "beta_O", "beta_F", "beta_star_paper")
+COMPARE_COLUMNS = ("dataset", "probe", "tokens", "metric", "a", "a_layer", "b", "b_layer", "difference", "lo", "hi",
+                   "verdict")
+
+
+def compare_backbones(rows: Iterable[dict[str, Any]], a: str, b: str, *, metrics: Sequence[str] = (),
+                      dataset: str | None = None, probes: Sequence[str] = (), tokens: Sequence[str] = (),
+                      layer: str | int = "best") -> list[dict[str, Any]]:
+    """metric(a) − metric(b) per dataset, probe column and metric, with the paired bootstrap
+    interval over the test scenes both were measured on (BenchError when either backbone has no
+    rows, or the two were not measured on the same scenes)."""
+    rows = [r for r in rows if r["task"] == "binding" and r.get("control") is None]
+    present = sorted({r["backbone"] for r in rows})
+    for name in (a, b):
+        if name not in present:
+            raise BenchError(f"backbone: no binding results for {name!r}; present: {', '.join(present) or 'none'}")
+    out = []
+    for metric in metrics or COMPARE_METRICS:
+        board = build_leaderboard(rows, dataset=dataset, task="binding", metric=metric, probes=probes, tokens=tokens,
+                                  layer=layer)
+        for ds in board.datasets:
+            mine = {r.backbone: r for r in board.rows if r.dataset == ds and r.backbone in (a, b)}
+            if len(mine) < 2:
+                continue
+            for col in board.columns:
+                ca, cb = mine[a].cells[col], mine[b].cells[col]
+                if ca is None or cb is None or ca.status != "ok" or cb.status != "ok":
+                    continue
+                paired = paired_cells(ca, cb, board.metric)
+                if paired is None:
+                    raise BenchError(f"compare: {a} and {b} on {ds} were not measured on the same test scenes with "
+                                     "per-scene bits (results from before this BindingBench, or different data)")
+                diff, lo, hi = paired
+                better = lo > 0 if board.metric.higher_is_better else hi < 0
+                worse = hi < 0 if board.metric.higher_is_better else lo > 0
+                verdict = f"{a} better" if better else f"{b} better" if worse else "no difference beyond noise"
+                out.append({"dataset": ds, "probe": col[0], "tokens": col[1], "metric": board.metric.name,
+                            "a": ca.value, "a_layer": ca.layer, "b": cb.value, "b_layer": cb.layer,
+                            "difference": diff, "lo": lo, "hi": hi, "verdict": verdict})
+    if not out:
+        raise BenchError(f"compare: {a} and {b} share no finished cell (dataset, probe, tokens); "
+                         "evaluate both on the same dataset with the same probes")
+    return out

@@ -23,8 +23,10 @@ from generators.conditionals import (
     _ie_probs,
     _row_dp_probs,
     bit_priors,
+    _active_grid,
     effective_f_codes,
     generator_of,
+    resample_o,
 )
 from generators.engine import generate
 from generators.priors import omega_size
@@ -48,6 +50,18 @@ def f_probability(gen, split: str, f_row: np.ndarray) -> float:
             bits[[off + v for v in vals]] = 1
         weights[bits.tobytes()] = w
     return weights[f_row.astype(np.uint8).tobytes()] / sum(weights.values())
+
+
+def fcodes_of(gen, split: str) -> list[np.ndarray]:
+    """The split's F codes as bit rows, largest |Ω(f)| first (the richest test of a sampler)."""
+    space = gen.feature_space
+    rows = []
+    for code, w in sorted(gen.f_support(split), key=lambda cw: -cw[1]):
+        bits = np.zeros(space.n_features, dtype=np.uint8)
+        for off, vals in zip(space.offsets, code):
+            bits[[off + v for v in vals]] = 1
+        rows.append(bits)
+    return rows
 
 
 def card_of(gen) -> dict:
@@ -330,3 +344,42 @@ def test_effective_f_codes_uniform_by_hand():
     assert effective_f_codes(card, "test") == 1.0
     del card["splits"]["train"]["n_F_eff"]
     assert effective_f_codes(card, "train") == 169 / 55
+
+
+# -- the control null's resampler --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("colorshape", dict(distribution="uniform", n_colors=3, n_shapes=2, min_objects=2, max_objects=4)),
+    ("colorshape", dict(distribution="balanced", n_colors=3, n_shapes=3, colors_per_scene=2, shapes_per_scene=2,
+                        n_objects=3)),
+])
+def test_resampled_o_is_uniform_over_omega(name, overrides):
+    """Draws for one F code cover exactly Ω(f), each code about equally often (|Ω(f)| codes,
+    12,000 draws: every frequency within 5 standard errors of 1/|Ω|)."""
+    cls = get_generator(name)
+    gen = cls(build_config(cls, "uniform", overrides))
+    space = gen.feature_space
+    f = next(iter(fcodes_of(gen, "test")))
+    n = 12_000
+    drawn = resample_o(card_of(gen), np.repeat(f[None, :], n, axis=0), [f"scene-{i}" for i in range(n)])
+    assert (space.o_to_f(drawn) == f).all()
+    a, _ = _active_grid(space, f)
+    model = gen.o_given_f()
+    omega = enumerate_omega(a, model.k_min, model.k_max)
+    codes, counts = np.unique(drawn, axis=0, return_counts=True)
+    assert len(codes) == len(omega)
+    p = 1 / len(omega)
+    assert np.abs(counts / n - p).max() <= 5 * math.sqrt(p * (1 - p) / n)
+
+
+def test_resampled_o_depends_on_the_scene_key_and_seed_only():
+    gen = get_generator("toys")(build_config(get_generator("toys"), "identical-cars-distractors", {}))
+    space = gen.feature_space
+    f = next(iter(fcodes_of(gen, "test")))
+    F = np.repeat(f[None, :], 50, axis=0)
+    keys = [f"k{i}" for i in range(50)]
+    once = resample_o(card_of(gen), F, keys)
+    assert (once == resample_o(card_of(gen), F[::-1], keys[::-1])[::-1]).all()  # order-free
+    assert (space.o_to_f(once) == F).all()
+    assert not (once == resample_o(card_of(gen), F, keys, seed=1)).all()

@@ -16,7 +16,7 @@ from bench.commands.common import Format
 from bench.errors import BenchError
 from bench.results import provenance, write_run
 from leaderboards.store import latest, load_results, select_rows
-from leaderboards.tables import (build_leaderboard, rank_with_ties, render_leaderboard, render_leaderboards,
+from leaderboards.tables import (Cell, beats, build_leaderboard, render_leaderboard, render_leaderboards,
                                  resolve_metric, tidy_records)
 
 
@@ -56,13 +56,17 @@ def run_cli(args, capsys):
     return code, out.out, out.err
 
 
-def test_rank_with_ties_overlapping_intervals_share_a_rank():
-    scores = [(0.90, 0.85, 0.95), (0.88, 0.80, 0.96), (0.50, 0.45, 0.55), (0.70, 0.52, 0.79)]
-    # A and B overlap; D overlaps C but not A/B; C is beaten beyond doubt by A and B only
-    assert rank_with_ties(scores) == [1, 1, 3, 3]
-    # lower is better (code lengths): mirror image
-    assert rank_with_ties([(1.0, 0.9, 1.1), (1.05, 0.95, 1.2), (3.0, 2.9, 3.1)], higher_is_better=False) == [1, 1, 3]
-    assert rank_with_ties([(0.5, None, None), (0.4, None, None)]) == [1, 2]
+def test_without_per_scene_bits_a_cell_beats_another_only_when_the_intervals_part():
+    beta, length = resolve_metric("beta_star", "binding"), resolve_metric("L_O_given_F", "binding")
+
+    def cell(v, lo, hi):
+        return Cell("ok", v, lo, hi)
+
+    assert beats(cell(0.90, 0.85, 0.95), cell(0.50, 0.45, 0.55), beta)
+    assert not beats(cell(0.90, 0.85, 0.95), cell(0.88, 0.80, 0.96), beta)  # overlapping: no one wins
+    assert not beats(cell(0.50, 0.45, 0.55), cell(0.90, 0.85, 0.95), beta)
+    assert beats(cell(1.0, 0.9, 1.1), cell(3.0, 2.9, 3.1), length)  # lower is better: mirror image
+    assert beats(cell(0.5, None, None), cell(0.4, None, None), beta)
 
 
 def test_leaderboard_ranks_ties_and_ranks_a_backbone_on_the_cells_it_has():
@@ -137,7 +141,7 @@ def test_checks_follow_the_metric_shown():
     assert (a_star.score.value, a_paper.score.value) == (pytest.approx(0.35), pytest.approx(0.02))  # 290% never ranks
     assert [r.backbone for r in star.rows] == ["A", "B"] and [r.backbone for r in paper.rows] == ["B", "A"]
     md = render_leaderboard(paper, Format.markdown)
-    assert "**β*_paper (%) — cs — best layer per cell**" in md and "290.0 ± 5.0 ‡" in md
+    assert "**β*_paper (%) — cs — best layer per cell (on validation)**" in md and "290.0 ± 5.0 ‡" in md
     note = next(line for line in md.splitlines() if line.startswith("_‡"))
     assert "paper's difference of two unanchored probes" in note and "L_O < L_F (the direct O-probe beat" in note
     assert "‡" not in render_leaderboard(star, Format.markdown)
@@ -207,7 +211,7 @@ def test_best_layer_skips_a_layer_whose_probe_failed():
 
 
 MARKDOWN_SNAPSHOT = """\
-**β* (%) — cs — best layer per cell**
+**β* (%) — cs — best layer per cell (on validation)**
 
 | rank | backbone | linear / cls | dnn / cls |
 |---|---|---|---|
@@ -217,8 +221,12 @@ MARKDOWN_SNAPSHOT = """\
 | 4 | D | 20.0 ± 2.0 |  |
 
 _rank: each backbone by its best sound cell among the columns shown (empty, error and failed-check cells \
-neither rank nor unrank it), backbones whose intervals overlap sharing a rank; ± is half the bootstrap 95% \
-interval; L12 after a value: the layer it comes from (hidden state 12, 0 = embeddings); empty = not run or incomplete_
+neither rank nor unrank it): 1 + the number of backbones better beyond doubt, i.e. whose paired difference on the \
+same test scenes (bootstrap over F codes) has a 95% interval wholly above 0; ± is half the bootstrap 95% interval; \
+L12 after a value: the layer it comes from (hidden state 12, 0 = embeddings), under --layer best chosen on \
+validation; s after a value whose interval holds 0: the probe's sensitivity, the share of a planted binding of \
+known size it recovers on this dataset at this size; control rows (O redrawn from p(O|F), true value 0) are never \
+ranked; empty = not run or incomplete_
 
 _intervals resample whole test F codes; effective number of test F codes (n_F_eff = 1/ΣP(f)²): 4.1_"""
 
@@ -409,3 +417,75 @@ def test_generators_and_info_honour_json(balanced_small, capsys):
     assert code == 0 and any(r["generator"] == "colorshape" and r["preset"] == "balanced" and r["default"] is True for r in rows)
     code, out, _ = run_cli(["info", balanced_small, "--format", "json"], capsys)
     assert code == 0 and json.loads(out)["splits"]["test"]["n"] == 20
+
+
+def per_scene_rows(backbone: str, bits_o_given_f, *, layer: int = 0, n_layers: int = 0, val_bits: float | None = None,
+                   control: str | None = None, sensitivity: float | None = None, seed: int = 0) -> dict:
+    """A binding row whose β* and interval come from real per-scene bits on 60 test scenes in 20 F
+    codes with H(O|F=f) = 10 bits each (the evaluator's own metric code)."""
+    import numpy as np
+
+    from evaluators.metrics import Priors, binding_metrics
+
+    h = np.full(60, 10.0)
+    groups = np.repeat(np.arange(20), 3)
+    bits = np.asarray(bits_o_given_f, dtype=np.float64)
+    m = binding_metrics(Priors(20.0, 10.0, 10.0), {"O|F": bits}, ref_O_given_F=h, groups=groups[:, None], n_boot=500)
+    row = result_row(backbone, "linear", m["beta_star"], layer=layer, n_layers=n_layers, seed=seed)
+    row.update({k: m[k] for k in ("beta_star_lo", "beta_star_hi", "L_O_given_F", "H_O_given_F")})
+    row.update(control=control, scene_bits_O_given_F=bits.astype(np.float32), scene_ref_O_given_F=h.astype(np.float32),
+               scene_groups=groups.astype(np.int32), val_L_O_given_F=val_bits, val_H_O_given_F=10.0,
+               val_L_F=0.0, val_H_F=5.0, sensitivity=sensitivity,
+               sensitivity_lo=None if sensitivity is None else sensitivity - 0.1,
+               sensitivity_hi=None if sensitivity is None else sensitivity + 0.1)
+    return row
+
+
+def test_paired_differences_rank_what_overlapping_intervals_cannot():
+    """B codes every test scene 0.3 bits worse than A, whose own bits vary a lot from scene to
+    scene: their marginal intervals overlap (the old rule tied them), their paired difference
+    does not hold 0, so A ranks above B. C is A plus noise of either sign: it ties with A and, like
+    A, beats B beyond doubt (so B ranks third)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.uniform(2.0, 9.0, 60)
+    rows = [per_scene_rows("A", a), per_scene_rows("B", a + 0.3), per_scene_rows("C", a + rng.normal(0, 0.5, 60))]
+    board = build_leaderboard(rows)
+    cells = {r.backbone: r.score for r in board.rows}
+    assert cells["A"].lo <= cells["B"].hi  # the marginal intervals overlap...
+    assert {r.backbone: r.rank for r in board.rows} == {"A": 1, "B": 3, "C": 1}  # ...the paired ones decide
+
+
+def test_best_layer_is_chosen_on_validation_and_reports_its_test_number():
+    """Layer 2 is best on validation, layer 3 on test (a lucky test draw): `best` shows layer 2's
+    test value, never layer 3's."""
+    import numpy as np
+
+    flat = np.full(60, 6.0)
+    rows = [per_scene_rows("V", flat + d, layer=layer, n_layers=4, val_bits=v)
+            for layer, d, v in [(1, 1.0, 7.0), (2, 0.5, 5.0), (3, 0.0, 6.0)]]
+    board = build_leaderboard(rows, layer="best")
+    cell = board.rows[0].cells[("linear", "cls")]
+    assert cell.layer == 2 and cell.chosen_on == "validation"
+    assert cell.value == pytest.approx(1 - 6.5 / 10)
+    assert "best layer per cell (on validation)" in render_leaderboard(board, Format.markdown)
+
+
+def test_control_rows_are_shown_apart_and_never_ranked_and_a_zero_shows_its_sensitivity():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    rows = [per_scene_rows("A", rng.uniform(2, 9, 60), sensitivity=0.9),
+            per_scene_rows("A", np.full(60, 10.0), control="resampled-o", sensitivity=0.8),
+            per_scene_rows("Z", np.full(60, 10.0), sensitivity=0.42)]
+    board = build_leaderboard(rows)
+    ranked = {(r.backbone, r.control): r.rank for r in board.rows}
+    assert ranked == {("A", None): 1, ("Z", None): 2, ("A", "resampled-o"): None}
+    assert board.rows[-1].label == "A (control: resampled-o)"
+    text = render_leaderboard(board, Format.markdown)
+    assert "| 2 | Z | 0.0 ± 0.0 <sub>s 42%</sub> |" in text  # a 0, and what this probe could have found
+    assert "|  | A (control: resampled-o) | 0.0 ± 0.0 <sub>s 80%</sub> |" in text
+    records = tidy_records(board)
+    assert {(r["backbone"], r["control"], r["sensitivity"]) for r in records} == {
+        ("A", None, 0.9), ("A", "resampled-o", 0.8), ("Z", None, 0.42)}

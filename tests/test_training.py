@@ -113,7 +113,8 @@ def test_a_budget_too_small_is_not_converged():
 def test_per_family_learning_rates_scale_with_input_width():
     for family, hp in DEFAULTS.items():
         assert build_probe(family, LR_WIDTH // 2, 4).lr == hp["lr"]  # narrow inputs: the family's rate
-        assert build_probe(family, 4 * LR_WIDTH, 4).lr == pytest.approx(hp["lr"] / 2)
+        wide = hp["lr"] if family == "attention" else hp["lr"] / 2  # attention reads a learned encoder's width
+        assert build_probe(family, 4 * LR_WIDTH, 4).lr == pytest.approx(wide)
     assert build_probe("dnn", 16, 4, lr=0.5).lr == 0.5
     assert probe_lr(1e-2, 1024) == pytest.approx(2.5e-3)
 
@@ -150,3 +151,29 @@ def test_class_directions_find_a_planted_quadratic_direction():
     top = class_directions(RowReader(z), job, dims=D, rank=2).numpy()  # 4 x 2 x D
     cosines = np.abs((top[:, 0] * p).sum(1))
     assert (cosines > 0.95).all()
+
+
+def test_a_warm_started_job_trains_after_its_source_and_starts_from_its_encoder():
+    """An attention probe's other targets start from the token encoder its O|F-probe learned:
+    they are trained after it, and still start at their prior (only encoder, keys and values carry over)."""
+    from evaluators.training import warm_start_from
+
+    rng = np.random.default_rng(0)
+    n = {"train": 64, "val": 32, "test": 32}
+    x = {s: RowReader(rng.normal(size=(k, 5, 6)).astype(np.float32)) for s, k in n.items()}
+    targets = {s: (rng.random((k, 3)) < 0.5).astype(np.uint8) for s, k in n.items()}
+    prior = {s: np.zeros((k, 3), dtype=np.float32) for s, k in n.items()}
+    source = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, prior=prior)
+    wide = build_probe("attention", 9, 3, seed=2)  # three more input dims (a planted probe's)
+    before = wide.encoder.weight.detach().clone()
+    fit_probes([source], x, TrainConfig(epochs=1))
+    warm_start_from(wide, source.model)
+    torch.testing.assert_close(wide.encoder.weight[:, :6], source.model.encoder.weight)
+    torch.testing.assert_close(wide.encoder.weight[:, 6:], before[:, 6:])
+    torch.testing.assert_close(wide.keys.weight, source.model.keys.weight)
+    assert not torch.equal(wide.query, source.model.query) and (wide.s == 0).all()  # its own queries, zero readout
+    order = []
+    job = ProbeJob("a/F", build_probe("attention", 6, 3, seed=3), targets, prior=prior, warm_start="a/O|F")
+    fresh = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, prior=prior)
+    fit_probes([job, fresh], x, TrainConfig(epochs=1), progress=lambda _: order.append(len(order)))
+    assert len(order) == 2  # one epoch of the source, then one of the warm-started job

@@ -9,12 +9,13 @@ from typing import Any, Optional
 import typer
 from rich.text import Text
 
-from bench.commands.common import Format, echo, stderr
+from bench.commands.common import Format, echo, render_table, stderr
 from bench.errors import BenchError
 
 
 def register(app: typer.Typer) -> None:
     app.command("leaderboard")(leaderboard)
+    app.command("compare")(compare)
     app.command("plot")(plot)
 
 
@@ -76,6 +77,31 @@ def leaderboard(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(Text.from_ansi(text).plain + "\n")
     stderr.print(f"wrote {out}")
+
+
+def compare(
+    a: str = typer.Argument(..., help="A backbone (as in the results' backbone column)."),
+    b: str = typer.Argument(..., help="The backbone to compare it with."),
+    results_dir: Path = typer.Option(Path("results"), "--results", help="Results directory (every *.parquet in it)."),
+    dataset: Optional[str] = _DATASET,
+    metric: list[str] = typer.Option([], "--metric", help="Metrics to compare (repeatable) [beta_star, B_star, beta_O, beta_F, beta_star_paper]."),
+    probe: list[str] = _PROBE,
+    tokens: list[str] = _TOKENS,
+    layer: str = _LAYER,
+    fingerprint: Optional[str] = _FINGERPRINT,
+    include_limited: bool = _INCLUDE_LIMITED,
+    fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json."),
+) -> None:
+    """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
+    from leaderboards.store import load_selected
+    from leaderboards.tables import COMPARE_COLUMNS, compare_backbones
+
+    selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
+    if selected.note:
+        stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
+    records = compare_backbones(selected.rows, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens,
+                                layer=layer)
+    echo(render_table(records, COMPARE_COLUMNS, fmt, title=f"{a} − {b} (paired, 95% interval over test F codes)"))
 
 
 class PlotKind(str, Enum):
