@@ -332,7 +332,7 @@ class BlindProbe(torch.nn.Module):
     def __init__(self, probe: torch.nn.Module, f_train: np.ndarray) -> None:
         super().__init__()
         self.probe = probe
-        self.lr, self.weight_decay = probe.lr, probe.weight_decay
+        self.lr, self.weight_decay, self.ema = probe.lr, probe.weight_decay, probe.ema
         f = np.asarray(f_train, dtype=np.float64)
         probe.set_standardization(f.mean(0), f.std(0))
 
@@ -358,7 +358,7 @@ class PlantedProbe(torch.nn.Module):
     def __init__(self, probe: torch.nn.Module, planted_train: np.ndarray) -> None:
         super().__init__()
         self.probe = probe
-        self.lr, self.weight_decay = probe.lr, probe.weight_decay
+        self.lr, self.weight_decay, self.ema = probe.lr, probe.weight_decay, probe.ema
         self.planted_mean, self.planted_std = planted_train.mean(0), planted_train.std(0)
 
     def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
@@ -560,7 +560,8 @@ def run_evaluation(
 
         return run_binding([p for p in plans if p.todo], ds, unanchored=unanchored, prov=prov, test_fp=test_fp,
                            base_train=base_train, device=device, dtype=dtype, limit=limit, results_dir=results_dir,
-                           run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task)
+                           run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task,
+                           control=control)
     rows: list[dict[str, Any]] = []
     path = None
     for plan in plans:

@@ -453,6 +453,7 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
     n_train = len(inputs["train"])
     rng = np.random.default_rng(config.seed)
     states, optims, schedules, trained_params, emas, decays = {}, {}, {}, {}, {}, {}
+    steps = {j.name: 0 for j in jobs}
     stale = {j.name: 0 for j in jobs}
     running = {j.name: j for j in jobs}
     for j in jobs:
@@ -500,9 +501,13 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
                     loss.backward()
                     optims[name].step()
                     if decays[name]:
+                        steps[name] += 1
+                        # warmed up (as TensorFlow's moving averages are): early on the average follows
+                        # the weights instead of lagging ~1/(1 - decay) steps behind them
+                        decay = min(decays[name], (1 + steps[name]) / (10 + steps[name]))
                         with torch.no_grad():
                             for e, p in zip(emas[name], trained_params[name]):
-                                e.lerp_(p, 1 - decays[name])
+                                e.lerp_(p, 1 - decay)
                     train_sum[name] += loss.item() * len(idx)
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
                     _fail(results[name], e, active, name)
