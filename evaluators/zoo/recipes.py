@@ -39,10 +39,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from bench.hashing import config_hash
+
+#: The scenes every recipe renders, and the demo scores the zoo on: the `zoo` preset of ColorShape
+#: drawn at 64 px with 24-px objects (the preset's own 128 px and 32-px objects at half the cost).
+SCENES: dict[str, Any] = dict(image_size=64, object_size=24)
 #: The shared architecture (ViTConfig keywords). No dropout: training is deterministic
 #: without an RNG stream inside the model.
 ARCHITECTURE: dict[str, Any] = dict(
-    image_size=128, patch_size=16, num_channels=3, hidden_size=64, num_hidden_layers=4,
+    image_size=SCENES["image_size"], patch_size=16, num_channels=3, hidden_size=64, num_hidden_layers=4,
     num_attention_heads=4, intermediate_size=256, hidden_act="gelu", layer_norm_eps=1e-6,
     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, qkv_bias=True,
 )
@@ -67,7 +72,7 @@ class Recipe:
     architecture: dict[str, Any] = field(default_factory=lambda: dict(ARCHITECTURE))
     data_preset: str = DATA_PRESET
     #: overrides of the data preset's parameters (tests render a few scenes only)
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=lambda: dict(SCENES, n_train=6_000))
 
     def with_(self, **changes: Any) -> "Recipe":
         return replace(self, **changes)
@@ -75,10 +80,16 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def folder(self) -> str:
+        """`NAME-<hash of everything above>`: a changed recipe (or seed, or steps) trains into a
+        folder of its own, so nothing trained earlier is overwritten or mistaken for it."""
+        return f"{self.name}-{config_hash(self.to_dict())[:12]}"
+
 
 RECIPES: dict[str, Recipe] = {
-    "conjunctions": Recipe("conjunctions", "conjunctions", steps=800),
-    "features": Recipe("features", "features", steps=800),
-    "masked": Recipe("masked", "masked", steps=800),
+    "conjunctions": Recipe("conjunctions", "conjunctions", steps=3000),
+    "features": Recipe("features", "features", steps=3000),
+    "masked": Recipe("masked", "masked", steps=3000),
     "untrained": Recipe("untrained", "untrained", steps=0),
 }
