@@ -68,6 +68,19 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     assert {r["value"] for r in records if r["backbone"] == CONTROL_MODEL} == {0.0}
 
 
+@pytest.mark.parametrize("bad, message", [
+    (["--n-train", "0"], "n_train: must be ≥ 1, got 0"),
+    (["--n-test", "-1"], "n_test: must be ≥ 1, got -1"),
+    (["--image-size", "0"], "image_size"),
+])
+def test_bad_sizes_exit_2_before_any_training(tmp_path, capsys, bad, message):
+    assert main(["demo", "--out", str(tmp_path / "demo"), *bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and err[-1].startswith("bench: error: ") and "Traceback" not in "".join(err)
+    zoo = Path(os.environ[ZOO_ENV])
+    assert not any(zoo.iterdir()) and not (tmp_path / "demo" / "results").exists()
+
+
 def test_a_zoo_training_error_in_the_second_process_exits_2(tmp_path, capsys, monkeypatch):
     """The zoo trains in a spawned process: its error comes back as the demo's one line (exit 2), after
     the backbones it did not hold up were evaluated, and the models it did train stay trained."""

@@ -51,6 +51,9 @@ def demo(
 ) -> None:
     """Run the whole pipeline offline in minutes: train the zoo, generate, evaluate eight backbones and a control null, rank."""
     t0 = time.perf_counter()
+    for name, n in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
+        if n < 1:  # probes need all three splits: refused now, not after the zoo has trained
+            raise BenchError(f"{name}: must be ≥ 1, got {n}")
     work = out or Path(tempfile.mkdtemp(prefix="bindingbench-demo-"))
     if out is not None:
         from bench.results import check_writable
@@ -61,7 +64,7 @@ def demo(
         from evaluators.zoo.recipes import SCENES
         from leaderboards.tables import render_leaderboards
 
-        side = image_size or SCENES["image_size"]
+        side = SCENES["image_size"] if image_size is None else image_size
         stderr.print(f"[bold]1/4[/bold] generating the zoo's kind of ColorShape scenes ({n_train}/{n_val}/{n_test}, "
                      f"{side} px)")
         _demo_dataset(data, n_train, n_val, n_test, side)
