@@ -64,8 +64,8 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     records = json.loads(capsys.readouterr().out)
     assert code == 0 and len(records) == (len(DEMO_MODELS) + 1) * len(DEMO_PROBES) and not scratch.exists()
     assert {r["backbone"] for r in records if r["rank"] == 1} == {"oracle:objects"}
-    assert {(r["value"], r["rank"]) for r in records if r["backbone"] == CONTROL_ROW} == {(0.9, None)}
-    assert {r["value"] for r in records if r["backbone"] == CONTROL_MODEL} == {0.0}
+    assert {(r["value"], r["rank"]) for r in records if r["control"] == CONTROL} == {(0.9, None)}
+    assert {r["value"] for r in records if r["backbone"] == CONTROL_MODEL and r["control"] is None} == {0.0}
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -114,14 +114,15 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert torch.get_num_threads() == threads and "BINDINGBENCH_CACHE" not in os.environ
     assert any((tmp_path / "cache").rglob("*"))
     records = json.loads(out.out)
-    assert {r["backbone"] for r in records} == {*DEMO_MODELS, CONTROL_ROW}
+    assert {r["backbone"] for r in records} == set(DEMO_MODELS)
+    assert {r["backbone"] for r in records if r["control"] == CONTROL} == {CONTROL_MODEL}
     assert {r["probe"] for r in records} == set(DEMO_PROBES)
     assert all(r["status"] == "ok" for r in records), [r for r in records if r["status"] != "ok"]
-    zoo = [r for r in records if r["backbone"] in ZOO_MODELS]  # learned rows, with intervals (no ranking assumed)
+    zoo = [r for r in records if r["backbone"] in ZOO_MODELS and r["control"] is None]  # learned rows, with intervals (no ranking assumed)
     assert len(zoo) == len(ZOO_MODELS) * len(DEMO_PROBES)
     assert all(math.isfinite(r["value"]) and r["lo"] <= r["value"] <= r["hi"] for r in zoo), zoo
     # the control null reads exactly 0 and is never ranked; the oracles bracket the scale even at 48 scenes
-    assert {(r["value"], r["rank"]) for r in records if r["backbone"] == CONTROL_ROW} == {(0.0, None)}
+    assert {(r["value"], r["rank"]) for r in records if r["control"] == CONTROL} == {(0.0, None)}
     assert {r["value"] for r in records if r["backbone"] == "oracle:features"} == {0.0}
     assert all(r["value"] > 0.1 for r in records if r["backbone"] == "oracle:objects")
     assert "demo finished in" in out.err

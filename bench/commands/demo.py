@@ -95,8 +95,10 @@ def demo(
             "zoo:* are small ViTs trained here on scenes like these but not these (`bench zoo list`): conjunctions "
             "was trained to report which colour-shape pairs are present (binding needed), features only which "
             "colours and shapes (not needed), masked to fill in hidden patches; untrained is the same network "
-            "before training. The control table scores zoo:conjunctions against objects redrawn from p(O|F), "
-            "independent of the image: it must read 0, and shows what a 0 looks like for a backbone that binds. "
+            "before training. The control row scores zoo:conjunctions against objects redrawn from p(O|F), "
+            "independent of the image (its row, marked control, is never ranked): it must read 0. Ranks come from "
+            "paired differences on the same test scenes; s beside a 0 is the probe's sensitivity here, the share of "
+            "a planted binding of known size it recovers. "
             "β*_paper (the last table) is the published estimator, a difference of two probes that learn the "
             "prior themselves, shown for comparison with published numbers: on a few hundred scenes it often falls "
             "outside [0, 100%], and a cell is marked ‡ and not ranked where its probes fail a check. "
@@ -204,24 +206,18 @@ def _evaluate(models: Sequence[str], data: Path, results: Path, epochs: int | No
 
 
 def _demo_boards(results: Path, fmt: Format) -> list[Any]:
-    """β* of the backbones, ranked; the control's rows in a board of their own (labelled, unranked:
-    a control never enters a ranking); for tables, β*_paper of the same runs to compare."""
+    """β* of the backbones, ranked by paired differences (the control's row shown apart, unranked);
+    for tables, β*_paper of the same runs to compare."""
     from leaderboards.store import load_selected
     from leaderboards.tables import build_leaderboard
 
     selected = load_selected(results)
     if selected.note:
         stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
-    rows = [r for r in selected.rows if r.get("control") is None]
-    boards = [build_leaderboard(rows, layer="last")]
-    controls = [dict(r, backbone=f"{r['backbone']} (control: {r['control']})") for r in selected.rows
-                if r.get("control") is not None]
-    if controls:
-        boards.append(build_leaderboard(controls, layer="last"))
-        for row in boards[-1].rows:
-            row.rank = None
+    boards = [build_leaderboard(selected.rows, layer="last")]
     if fmt in (Format.table, Format.markdown):  # the same runs under the published estimator, to compare
-        paper = build_leaderboard(rows, layer="last", metric="beta_star_paper")
+        paper = build_leaderboard([r for r in selected.rows if r.get("control") is None], layer="last",
+                                  metric="beta_star_paper")
         boards += [paper] if paper.has_values else []
     return boards
 
