@@ -28,9 +28,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import scipy.stats
 import torch
 
-from evaluators.metrics import mean_se
+from evaluators.metrics import group_labels, mean_se
 from evaluators.probes import Probe, anchor, scene_bits
 
 
@@ -66,7 +67,7 @@ class TrainConfig:
     #: L-BFGS iterations per L2 strength (a solve that needs them all is not converged).
     lbfgs_iter: int = 200
     #: A fit replaces the exact prior only when its validation saving exceeds this many
-    #: standard errors (`fit_probes`, the guard).
+    #: standard errors (`fit_probes`, the guard; Student's t at the same level for few groups).
     guard_se: float = 2.0
     #: The weights' moving-average decay for every probe (None: each probe's own, `Probe.ema`).
     ema: float | None = None
@@ -560,11 +561,17 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
 
 def _guard(job: ProbeJob, result: FitResult, prior_val: np.ndarray, prior_state: dict[str, torch.Tensor],
            groups: np.ndarray | None, n_se: float) -> None:
-    """Keep the fit only if it saves more than `n_se` standard errors of validation bits over
-    the exact prior; otherwise reset the probe to its prior (a zero residual)."""
+    """Keep the fit only if it saves more validation bits than the exact prior by more than
+    `n_se` standard errors (Student's t with G − 1 degrees of freedom at the same one-sided level,
+    G the validation groups, so that a handful of F codes cannot pass a noise fit: with 16
+    validation scenes a two-SE guard let fits through that read β* −0.6 on test); otherwise reset
+    the probe to its prior (a zero residual)."""
     saving, se = saving_and_se(prior_val, result.val_scene_bits, groups)
     result.val_prior_bits, result.val_saving_se = float(prior_val.mean()), se
-    if saving > n_se * se:
+    n_groups = int(group_labels(groups, len(prior_val)).max()) + 1 if len(prior_val) else 0
+    bar = n_se if not math.isfinite(n_se) or n_groups < 2 else \
+        float(scipy.stats.t.ppf(scipy.stats.norm.cdf(n_se), df=n_groups - 1))
+    if saving > bar * se:
         result.guard = "fit"
         return
     result.guard = "prior"
