@@ -219,6 +219,13 @@ def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:
     return checks
 
 
+def row_checks(m: Mapping[str, Any]) -> list[str]:
+    """Every check a binding row breaks, as its `checks` column stores them: the headline's
+    (`metric_checks(m)`), then the paper estimator's own inequalities prefixed "β*_paper: " (its
+    "not converged" is left out: the headline's convergence is what the row's own probes report)."""
+    return metric_checks(m) + [f"β*_paper: {c}" for c in metric_checks(m, "beta_star_paper") if c != "not converged"]
+
+
 def group_labels(groups: np.ndarray | None, n: int) -> np.ndarray:
     """0..G-1 labels of n scenes' groups (rows of `groups`, e.g. each scene's F code); every
     scene its own group when `groups` is None."""

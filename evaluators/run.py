@@ -37,7 +37,7 @@ from evaluators.extract import (check_cache_space, check_views, extract_activati
                                 pending_bytes, split_fingerprint)
 from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
 from evaluators.issameobject import check_attention_qk, check_probes, evaluate_issameobject
-from evaluators.metrics import TARGET_STATS, Priors, binding_metrics, group_labels, mean_se
+from evaluators.metrics import TARGET_STATS, Priors, binding_metrics, group_labels, mean_se, row_checks
 from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors, conjunction_members
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
 from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of, resample_o
@@ -480,7 +480,7 @@ def run_evaluation(
     progress: bool = True, train: TrainConfig | None = None, exclude_background: bool = False,
     unanchored: bool = False, on_skipped: Callable[[int], None] | None = None,
     executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
-    control: str | None = None,
+    control: str | None = None, command: str | None = None,
 ) -> Path | None:
     """Evaluate backbones on a dataset; returns the results file written (None if nothing to do).
 
@@ -497,6 +497,7 @@ def run_evaluation(
     `binding_task`). `executor` "ray" runs the same units as Ray tasks (see
     `evaluators.ray_executor`), on the cluster at `address` with `gpus_per_task` GPUs a task.
     `control` (binding only, `CONTROLS`) evaluates a control null instead of the real O.
+    `command` (the command line that asked for the run) goes into every row's provenance.
     """
     if control is not None and control not in CONTROLS:
         raise BenchError(f"control: unknown {control!r}; allowed: {', '.join(CONTROLS)}")
@@ -539,7 +540,7 @@ def run_evaluation(
             models, open_dataset(Path(dataset), need_codes=False), layers=layers, probes=probes, seeds=seeds,
             device=device, dtype=dtype, epochs=epochs, results_dir=results_dir, overwrite=overwrite, limit=limit,
             progress=progress, exclude_background=exclude_background, on_skipped=on_skipped, executor=executor,
-            address=address, gpus_per_task=gpus_per_task,
+            address=address, gpus_per_task=gpus_per_task, command=command,
         )
     ds = open_dataset(Path(dataset))
     limit = _effective_limit(ds, limit)
@@ -551,7 +552,7 @@ def run_evaluation(
         raise BenchError(f"control: {control} draws O from the generator's exact p(O|F); {Path(dataset)} has no "
                          "exact priors")
     task_data: BindingTask | None = None  # built when the first row needs training
-    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device)
+    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device, command)
     plans = _plan(models, ds, task=task, layers=layers, views=views, probes=probes, seeds=seeds, done=done,
                   test_fp=test_fp, limit=limit, progress=progress, control=control)
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
@@ -717,12 +718,13 @@ def _run_issameobject(
     device: str, dtype: str, epochs: int | None, results_dir: Path, overwrite: bool, limit: int | None,
     progress: bool, exclude_background: bool, on_skipped: Callable[[int], None] | None = None,
     executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
+    command: str | None = None,
 ) -> Path | None:
     """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding
     rows; with `executor` "ray", every backbone's rows are computed by Ray tasks first."""
     task = "issameobject"
     limit = _effective_limit(ds, limit)
-    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device))
+    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device), command)
     plans = _plan(models, ds, task=task, layers=layers, views=["all"], probes=probes, seeds=seeds, done=done,
                   test_fp=test_fp, limit=limit, progress=progress)
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
@@ -778,13 +780,13 @@ def _run_issameobject(
     return path
 
 
-def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: bool,
-               device: str) -> tuple[str, set[tuple], str, dict[str, Any]]:
+def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: bool, device: str,
+               command: str | None = None) -> tuple[str, set[tuple], str, dict[str, Any]]:
     """What every run starts from: the evaluated test fingerprint, the keys of rows already
     finished (none when overwriting), a new run id and its provenance columns."""
     done = set() if overwrite else existing_keys(results_dir)
     run_id = new_run_id()
-    return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device)
+    return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device, command)
 
 
 def _common_columns(prov: dict[str, Any], spec: str, info: BackboneInfo, dataset: str, test_fp: str, task: str,
@@ -820,7 +822,7 @@ def _result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str,
     per_scene = {"scene_bits_F": r.scene_bits.get("F"), "scene_bits_O_given_F": r.scene_bits.get("O|F"),
                  "scene_bits_O_paper": r.scene_bits.get("O_paper"), "scene_bits_F_paper": r.scene_bits.get("F_paper"),
                  "scene_ref_F": task.ref_F, "scene_ref_O_given_F": r.ref_O_given_F}
-    return {**cols, **r.metrics, "status": "ok", "error": None,
+    return {**cols, **r.metrics, "status": "ok", "error": None, "checks": row_checks(r.metrics),
             "scene_groups": group_labels(task.codes["test"][0], len(task.codes["test"][0])).astype(np.int32).tolist(),
             **{k: (None if v is None else np.asarray(v, dtype=np.float32).tolist()) for k, v in per_scene.items()}}
 
