@@ -100,6 +100,8 @@ RESULT_SCHEMA = pa.schema(
         # validation F codes, and the validation scenes' prior references (`evaluators.metrics.validation_metric`)
         *[(c, _F) for c in ("val_L_F", "val_L_O_given_F", "val_L_O_paper", "val_L_F_paper", "val_H_F",
                             "val_H_O_given_F", "val_L_F_se", "val_L_O_given_F_se")],
+        # issameobject, validation pairs: the numbers `--layer best` chooses a layer on (point values)
+        *[(f"val_{m}", _F) for m in ("accuracy", "balanced_accuracy", "auroc")],
         *[(m, _F) for m in _METRICS],
         *[(f"{m}_lo", _F) for m in _METRICS],
         *[(f"{m}_hi", _F) for m in _METRICS],

@@ -254,7 +254,11 @@ VALIDATION_STATS = {"L_F": "val_L_F", "L_O_given_F": "val_L_O_given_F", "L_O_pap
 def validation_metric(row: Mapping[str, Any], name: str) -> float | None:
     """A results row's metric `name` measured on validation instead of test (None where the row
     lacks what it needs): layers are chosen on it, so the test number reported for the chosen
-    layer is not the maximum of several noisy test numbers."""
+    layer is not the maximum of several noisy test numbers. A row that stores the metric on
+    validation itself (`val_<name>`, e.g. IsSameObject's accuracy) gives it; a binding metric
+    is derived from the row's validation code lengths and references."""
+    if row.get(f"val_{name}") is not None:
+        return float(row[f"val_{name}"])
     means = {stat: row.get(col) for stat, col in VALIDATION_STATS.items()}
     if all(means[k] is None for k in ("L_F", "L_O_given_F", "L_O_paper", "L_F_paper")):
         return None

@@ -29,8 +29,8 @@ rules keep the table honest:
   number of test F codes (`n_F_eff`), the intervals' real sample size;
 - `best` layer is chosen per cell on validation (`evaluators.metrics.validation_metric`) and
   the test number of that layer is reported, so the choice does not pick the luckiest of
-  several noisy test numbers; metrics without validation numbers (IsSameObject) choose on
-  test, and the table says so.
+  several noisy test numbers; rows without validation numbers (written before they were
+  kept) choose on test, and the title says so.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def _cell(rows: list[dict], m: Metric, layer: str | int, seeds: set[int]) -> Cel
 
 def _validation_value(rows: list[dict], m: Metric) -> float | None:
     """The metric on validation at one layer, averaged over seeds (None without validation numbers)."""
-    values = [validation_metric(r, m.name) for r in rows] if m.task == "binding" else [None]
+    values = [validation_metric(r, m.name) for r in rows]
     return None if any(v is None for v in values) else sum(values) / len(values)
 
 
@@ -581,7 +581,9 @@ def title(board: Leaderboard) -> str:
     m = board.metric
     unit = " (%)" if m.unit == "%" else " (bits)"
     where = ", ".join(board.datasets) or "no results"
-    on = "on validation" if m.task == "binding" else "on test"
+    chosen = {c.chosen_on for c in board._cells() if c.chosen_on}
+    on = "on test: these rows have no validation numbers" if chosen == {"test"} else \
+        "on validation; on test where a row has none" if "test" in chosen else "on validation"
     layer = {"best": f"best layer per cell ({on})", "last": "last layer"}.get(board.layer, f"layer {board.layer}")
     return f"{m.label}{unit} — {where} — {layer}"
 

@@ -507,3 +507,23 @@ def test_the_table_fits_100_columns_and_never_prints_negative_zero(tmp_path, cap
     code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "csv"], capsys)
     values = {(r["backbone"], r["probe"], r["tokens"]): r["value"] for r in csv.DictReader(io.StringIO(out))}
     assert float(values[("random:dinov2-small-reg", "dnn", "mean")]) == -0.0004  # csv keeps every digit
+
+
+def test_issameobject_best_layer_is_chosen_on_validation_and_reports_its_test_number(tmp_path, capsys):
+    """Layer 1 has the best validation accuracy, layer 3 the best test accuracy (a lucky test
+    draw): `best` reports layer 1's test number, chosen on validation; rows written without
+    validation numbers fall back to test and the title says so."""
+    rows = [{**result_row("V", "linear", acc, metric="accuracy", task="issameobject", layer=layer, n_layers=4,
+                          tokens="all"), "val_accuracy": val}
+            for layer, acc, val in [(1, 0.80, 0.90), (2, 0.78, 0.85), (3, 0.95, 0.70)]]
+    board = build_leaderboard(rows, task="issameobject", layer="best")
+    cell = board.rows[0].cells[("linear", "all")]
+    assert (cell.layer, cell.value, cell.chosen_on) == (1, pytest.approx(0.80), "validation")
+    assert "best layer per cell (on validation)" in render_leaderboard(board, Format.markdown)
+    write_run(rows, tmp_path, "r1")
+    code, out, _ = run_cli(["leaderboard", tmp_path, "--task", "issameobject", "--format", "markdown"], capsys)
+    assert code == 0 and "| 1 | V | 80.0 ± 2.0 <sub>L1</sub> |" in out
+    old = [{**r, "val_accuracy": None} for r in rows]
+    board = build_leaderboard(old, task="issameobject", layer="best")
+    assert board.rows[0].cells[("linear", "all")].layer == 3
+    assert "on test: these rows have no validation numbers" in render_leaderboard(board, Format.markdown)

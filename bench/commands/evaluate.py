@@ -16,7 +16,8 @@ SUMMARY_COLUMNS = {
     "binding": ("backbone", "layer", "tokens", "probe", "seed", "status", "L_F", "L_O_given_F", "beta_O", "beta_star",
                 "beta_star_lo", "beta_star_hi", "beta_star_paper", "exact_accuracy", "best_epoch", "checks", "error"),
     "issameobject": ("backbone", "layer", "probe", "seed", "status", "accuracy", "accuracy_lo", "accuracy_hi",
-                     "balanced_accuracy", "auroc", "majority_accuracy", "error"),
+                     "balanced_accuracy", "auroc", "majority_accuracy", "val_accuracy", "attention_r", "attention_p",
+                     "error"),
 }
 
 
@@ -80,6 +81,7 @@ def evaluate(
     executor: str = typer.Option("local", help="local (in this process) or ray (extraction in row shards and training as Ray tasks)."),
     address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
     gpus_per_task: Optional[float] = typer.Option(None, help="--executor ray: GPUs per task, fractions allowed [1 on CUDA, 0 on CPU]."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads for extraction and probe training [auto: the usable cores other work leaves free, measured when the work starts, at least 1; Ray tasks run 1]."),
     fmt: Format = typer.Option(Format.table, "--format", help="Summary table format."),
     wide: bool = typer.Option(False, "--wide", help="The table with every summary column (default: the headline numbers, 100 columns wide)."),
 ) -> None:
@@ -97,7 +99,7 @@ def evaluate(
         probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
         results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
         unanchored=unanchored, on_skipped=skipped.append, executor=executor, address=address,
-        gpus_per_task=gpus_per_task, control=control, command=(ctx.obj or {}).get("command"),
+        gpus_per_task=gpus_per_task, control=control, command=(ctx.obj or {}).get("command"), threads=threads,
     )
     if skipped:
         stderr.print(f"skipped {sum(skipped)} row(s) already in {results} (--overwrite re-runs them)", soft_wrap=True)
