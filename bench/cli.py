@@ -6,6 +6,7 @@ line on stderr and exits with code 2; `--debug` shows the traceback instead.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Sequence
 
@@ -34,7 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
     try:
-        code = app(args=args, prog_name="bench", standalone_mode=False)
+        # the command line as typed, for commands that record it (a results row's `command`)
+        code = app(args=args, prog_name="bench", standalone_mode=False, obj={"command": shlex.join(["bench", *args])})
     except BenchError as e:
         if debug:
             raise

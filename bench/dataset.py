@@ -36,8 +36,10 @@ SPLITS = ("train", "val", "test")
 #: Hugging Face `datasets` Image convention: PNG bytes, path null.
 IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 #: The schema metadata `datasets` reads its features from (`Features.from_arrow_schema`), so
-#: `load_dataset("parquet", ...)` decodes `image` and `mask` as PIL images with no cast.
-HF_FEATURES = {b"huggingface": json.dumps({"info": {"features": {"image": {"_type": "Image"},
+#: `load_dataset("parquet", ...)` decodes `image` and `mask` as PIL images with no cast. Flat-colour
+#: scenes are stored as palette PNGs (smaller, faster), which PIL opens in mode "P"; every vision
+#: model expects RGB, so the image feature converts (`mode`); a mask keeps its integer mode.
+HF_FEATURES = {b"huggingface": json.dumps({"info": {"features": {"image": {"_type": "Image", "mode": "RGB"},
                                                                 "mask": {"_type": "Image"}}}}).encode()}
 
 CORE_OBJECT_FIELDS: dict[str, pa.DataType] = {
@@ -99,15 +101,29 @@ def encode_png(array: np.ndarray, palette: np.ndarray | None = None, compress_le
     return buf.getvalue()
 
 
-def decode_png(data: bytes | dict) -> np.ndarray:
-    """Pixels of a PNG (accepts the `{bytes, path}` struct too); palette images come back RGB."""
+def decode_image(data: bytes | dict) -> np.ndarray:
+    """RGB pixels (H x W x 3 uint8) of a stored image (the `{bytes, path}` struct too), whatever
+    mode its PNG was saved in (palette, grey, alpha): what every backbone reads."""
+    with _opened_png(data) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def decode_mask(data: bytes | dict) -> np.ndarray:
+    """Instance ids of a stored mask in the PNG's own integer mode (uint8 or uint16): never
+    converted to colour, which would turn ids into palette or grey values."""
+    with _opened_png(data) as im:
+        return np.asarray(im)
+
+
+@contextlib.contextmanager
+def _opened_png(data: bytes | dict) -> Iterator[Image.Image]:
+    """A decoded PNG, or one line naming what is wrong with its bytes."""
     if isinstance(data, dict):
         data = data["bytes"]
     try:
         with Image.open(io.BytesIO(data)) as im:
-            if im.mode == "P":
-                im = im.convert("RGB")
-            return np.asarray(im)
+            im.load()
+            yield im
     except (OSError, ValueError, TypeError) as e:  # PIL's errors for truncated or garbled bytes
         raise BenchError(f"dataset: a stored image is not a valid PNG ({_first_line(e)}); "
                          "regenerate the dataset with `bench generate`") from None
@@ -282,8 +298,8 @@ class Dataset:
         """Rows as dicts with `image` and `mask` decoded to arrays."""
         for batch in self.iter_batches(split, batch_size):
             for row in batch.to_pylist():
-                row["image"] = decode_png(row["image"])
-                row["mask"] = decode_png(row["mask"])
+                row["image"] = decode_image(row["image"])
+                row["mask"] = decode_mask(row["mask"])
                 yield row
 
 

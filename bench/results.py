@@ -29,7 +29,8 @@ from bench.versions import package_versions
 #: headline; the paper's two-probe estimator moved to `*_paper` columns; β*_cond is gone.
 #: 3: `limit` (the `--limit` a run used, null for whole splits) is a column and part of the key.
 #: 4: probes fitted in stages with settings chosen on validation and guarded against the prior;
-#: `control` in the key; validation numbers, sensitivity and the paired-comparison columns.
+#: `control` in the key; validation numbers, sensitivity and the paired-comparison columns; the ‡
+#: checks a binding row breaks (`checks`), IsSameObject validation numbers, the run's `command`.
 RESULTS_SCHEMA_VERSION = 4
 
 #: The key: a row is identified by these (re-runs skip keys already present).
@@ -59,6 +60,7 @@ RESULT_SCHEMA = pa.schema(
         ("package_versions", pa.string()),  # JSON object
         ("device", pa.string()),
         ("host", pa.string()),
+        ("command", pa.string()),  # the command line that made the run (null: called from Python)
         ("backbone", pa.string()),  # the spec string, e.g. "facebook/dinov2-small", "oracle:objects"
         ("backbone_family", pa.string()),
         ("backbone_revision", pa.string()),  # weights revision or content hash
@@ -91,10 +93,15 @@ RESULT_SCHEMA = pa.schema(
         ("converged_paper", pa.bool_()),
         # binding: effective number of test F codes, 1/Σ P(f)², the bootstrap's real sample size
         ("n_F_eff", _F),
+        # binding: the ‡ checks the row breaks (`evaluators.metrics.row_checks`; [] = none), what the
+        # leaderboard marks, so a reader of the Parquet sees it too; null for error and IsSameObject rows
+        ("checks", pa.list_(pa.string())),
         # binding, validation: mean code lengths of the chosen probes, the SE of the headline ones over
         # validation F codes, and the validation scenes' prior references (`evaluators.metrics.validation_metric`)
         *[(c, _F) for c in ("val_L_F", "val_L_O_given_F", "val_L_O_paper", "val_L_F_paper", "val_H_F",
                             "val_H_O_given_F", "val_L_F_se", "val_L_O_given_F_se")],
+        # issameobject, validation pairs: the numbers `--layer best` chooses a layer on (point values)
+        *[(f"val_{m}", _F) for m in ("accuracy", "balanced_accuracy", "auroc")],
         *[(m, _F) for m in _METRICS],
         *[(f"{m}_lo", _F) for m in _METRICS],
         *[(f"{m}_hi", _F) for m in _METRICS],
@@ -123,9 +130,10 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
-def provenance(run_id: str, device: str) -> dict[str, Any]:
-    """Columns every row of a run shares."""
+def provenance(run_id: str, device: str, command: str | None = None) -> dict[str, Any]:
+    """Columns every row of a run shares; `command` is the command line that made it."""
     return {
+        "command": command,
         "schema_version": RESULTS_SCHEMA_VERSION,
         "run_id": run_id,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from bench.dataset import Dataset, decode_png
+from bench.dataset import Dataset, decode_image
 from bench.errors import BenchError
 from bench.hashing import fingerprint
 from bench.results import check_writable
@@ -123,7 +123,7 @@ def resolve_device(device: str) -> torch.device:
 def dataset_side(dataset: Dataset, split: str) -> int:
     """Image side of a split (its first image; datasets are square)."""
     for batch in dataset.iter_batches(split, batch_size=1, columns=["image"]):
-        return int(decode_png(batch.column("image")[0].as_py()).shape[0])
+        return int(decode_image(batch.column("image")[0].as_py()).shape[0])
     raise BenchError(f"split: {split!r} of {dataset.path} has no rows")
 
 

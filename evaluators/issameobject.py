@@ -35,13 +35,16 @@ Scorers, all symmetric in their two inputs by construction (score(x, y) = score(
   block's pre-attention norm, q and k its query/key projections with their biases;
   computed from the cached tokens and the backbone's weights, `Backbone.attention_qk`),
   and `majority` (the training majority class). `attention-qk` needs a backbone that
-  exposes those projections (the Hugging Face ViTs, `random:` presets included); asking
-  it of any other is an error. The last hidden state feeds no block: its attention-qk
-  rows are error rows.
+  exposes those projections (Hugging Face, timm and OpenCLIP ViTs whose logits depend on
+  the two tokens alone, `random:` presets included); asking it of any other is an error.
+  The last hidden state feeds no block, so there is no attention-qk row for it (a run
+  says so in one line).
 
 Metrics on test pairs: accuracy (threshold 0.5), balanced accuracy, AUROC (exact, ties
 count one half), majority-baseline accuracy, each with a percentile bootstrap interval
-over test *images* (pairs of one image are not independent).
+over test *images* (pairs of one image are not independent). Accuracy, balanced accuracy
+and AUROC are also measured on the validation pairs (`val_*` columns): a leaderboard's
+`best` layer is chosen there, so the test number it reports is not the luckiest of several.
 
 Correlation with attention (trained probes; backbones that expose query/key projections,
 layers a block reads, i.e. not the last hidden state): `attention_r` is the Pearson r,
@@ -274,8 +277,8 @@ def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None =
     """
     if name == "attention-qk":
         if qk is None:
-            raise BenchError(f"probe: attention-qk needs the query/key projections of the block that reads this "
-                             f"hidden state; there are none here{_NO_QK}")
+            raise BenchError("probe: attention-qk needs the query/key projections of the block that reads these "
+                             "tokens, and none were given")
         return attention_qk_scores(qk, x, y)
     if name == "dot":
         return np.einsum("pd,pd->p", x, y, dtype=np.float64)
@@ -285,9 +288,6 @@ def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None =
     if name == "distance":
         return -np.linalg.norm(x.astype(np.float64) - y, axis=1)
     raise BenchError(f"probe: unknown baseline {name!r}; allowed: {', '.join(BASELINES)}")
-
-
-_NO_QK = " (the last hidden state feeds no block; pixels, oracles and timm backbones expose no projections)"
 
 
 @torch.no_grad()
@@ -499,6 +499,17 @@ def pair_metrics(
     return out
 
 
+#: The metrics a row also keeps on validation pairs, as `val_<name>`: layers are chosen on them.
+VALIDATION_METRICS = ("accuracy", "balanced_accuracy", "auroc")
+
+
+def validation_metrics(scores: np.ndarray, same: np.ndarray, majority: bool) -> dict[str, float | None]:
+    """`val_accuracy`, `val_balanced_accuracy` and `val_auroc` of the validation pairs (point values:
+    they choose a layer, they are not reported)."""
+    point = _pair_stats(np.asarray(scores, np.float64), np.asarray(same, bool), majority, np.ones((1, len(same))))
+    return {f"val_{k}": _finite(point[k][0]) for k in VALIDATION_METRICS}
+
+
 def _finite(v: float) -> float | None:
     return float(v) if np.isfinite(v) else None
 
@@ -601,6 +612,7 @@ def evaluate_layer(
     (`attention_correlation`, `attention_perms` permutations); None without `qk`."""
     data = {s: layer_data(tokens[s], pairs[s]) for s in ("train", "val", "test")}
     u, ix, iy, same = data["test"]
+    vu, vix, viy, vsame = data["val"]
     majority = bool(data["train"][3].mean() >= 0.5)
     attention: np.ndarray | None = None  # the test pairs' attention weights, computed once per layer
     out = []
@@ -611,6 +623,7 @@ def evaluate_layer(
             scorer = fit_scorer(name, data["train"], data["val"], config, qk=qk)
             scores = scorer.score(u[ix], u[iy])
             row.update(pair_metrics(scores, same, pairs["test"].image, majority, n_boot=n_boot, seed=config.seed))
+            row.update(validation_metrics(scorer.score(vu[vix], vu[viy]), vsame, majority))
             if qk is not None and name in TRAINED_PROBES:
                 if attention is None:
                     attention = pair_attention(qk.copy_to(config.device), tokens["test"], pairs["test"])
@@ -636,9 +649,24 @@ def check_probes(probes: Sequence[str]) -> None:
 def check_attention_qk(backbone: Any, probes: Sequence[str]) -> None:
     """A one-line error, before any extraction, when `attention-qk` is asked of a backbone
     that exposes no query/key projections."""
-    if "attention-qk" in probes and backbone.attention_qk(0) is None:
+    if "attention-qk" in probes and (not backbone.info.n_layers or backbone.attention_qk(0) is None):
         raise BenchError(f"probe: attention-qk needs a backbone that exposes its blocks' query/key projections "
-                         f"(Hugging Face ViTs); {backbone.info.spec} has none")
+                         f"(ViTs from Hugging Face, timm or OpenCLIP, not rotary-position ones); {backbone.info.spec} "
+                         "has none")
+
+
+#: The baselines that read the attention of the block that reads a layer: none for the last hidden state.
+ATTENTION_BASELINES = ("attention-qk",)
+
+
+def read_by_a_block(layer: int, n_layers: int) -> bool:
+    """Whether some block reads hidden state `layer` (every one but the last; pixels and oracles have none)."""
+    return 0 <= layer < n_layers
+
+
+def layer_probes(probes: Sequence[str], layer: int, n_layers: int) -> list[str]:
+    """The probes that run at `layer`: the attention baselines only where a block reads it."""
+    return [p for p in probes if p not in ATTENTION_BASELINES or read_by_a_block(layer, n_layers)]
 
 
 def wants_qk(probes: Sequence[str], attention_corr: bool = True) -> bool:
@@ -726,9 +754,9 @@ def evaluate_activations(
     `.info`, `.layers`, `.grid` and `.get(layer, "all")`).
 
     `attention_qk` (layer -> the block that reads it, `Backbone.attention_qk`) is needed
-    for the `attention-qk` baseline; layers no block reads give error rows. Given, it
-    also adds `attention_r`/`attention_p` to trained probe rows where a block reads the
-    layer (`evaluate_layer`)."""
+    for the `attention-qk` baseline, which has no row at a layer no block reads (the last).
+    Given, it also adds `attention_r`/`attention_p` to trained probe rows where a block
+    reads the layer (`evaluate_layer`)."""
     check_probes(probes)
     if "attention-qk" in probes and attention_qk is None:
         raise BenchError("probe: attention-qk needs the backbone's query/key projections, not only its activations "
@@ -739,15 +767,18 @@ def evaluate_activations(
     labels = {s: split_patch_labels(ds, s, test.grid, pair_config.min_share, limit) for s in acts}
     info = test.info
     rows = []
-    total = len(test.layers) * len(probes) * len(seeds)
+    total = sum(len(layer_probes(probes, layer, info.n_layers)) for layer in test.layers) * len(seeds)
     with maybe_progress(progress, f"issameobject {info.spec}", total) as bar:
         for seed in seeds:
             pairs = {s: sample_pairs(labels[s], pair_config, derive_seed(seed, "issameobject", s)) for s in labels}
             config = replace(train_config, seed=int(seed))
             for layer in test.layers:
+                here = layer_probes(probes, layer, info.n_layers)
+                if not here:
+                    continue
                 tokens = {s: _limited(acts[s].get(layer, "all"), limit) for s in acts}
-                qk = _reading_block(attention_qk, layer, info.n_layers, strict="attention-qk" in probes)
-                for r in evaluate_layer(tokens, pairs, probes, config, n_boot, bar.advance if bar else None, qk=qk,
+                qk = _reading_block(attention_qk, layer, info.n_layers, strict="attention-qk" in here)
+                for r in evaluate_layer(tokens, pairs, here, config, n_boot, bar.advance if bar else None, qk=qk,
                                         attention_perms=attention_perms):
                     cfg = {
                         "task": "issameobject", "probe": r["probe"], "layer": int(layer), "seed": int(seed),
@@ -768,7 +799,7 @@ def _reading_block(attention_qk: Callable[[int], AttentionQK | None] | None, lay
                    strict: bool) -> AttentionQK | None:
     """The block that reads hidden state `layer`, or None (no block reads it, or no projections).
     Only the `attention-qk` baseline (`strict`) lets a failure to find them stop the run."""
-    if attention_qk is None or layer >= n_layers:
+    if attention_qk is None or not read_by_a_block(layer, n_layers):
         return None
     try:
         return attention_qk(layer)

@@ -219,6 +219,13 @@ def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:
     return checks
 
 
+def row_checks(m: Mapping[str, Any]) -> list[str]:
+    """Every check a binding row breaks, as its `checks` column stores them: the headline's
+    (`metric_checks(m)`), then the paper estimator's own inequalities prefixed "β*_paper: " (its
+    "not converged" is left out: the headline's convergence is what the row's own probes report)."""
+    return metric_checks(m) + [f"β*_paper: {c}" for c in metric_checks(m, "beta_star_paper") if c != "not converged"]
+
+
 def group_labels(groups: np.ndarray | None, n: int) -> np.ndarray:
     """0..G-1 labels of n scenes' groups (rows of `groups`, e.g. each scene's F code); every
     scene its own group when `groups` is None."""
@@ -247,7 +254,11 @@ VALIDATION_STATS = {"L_F": "val_L_F", "L_O_given_F": "val_L_O_given_F", "L_O_pap
 def validation_metric(row: Mapping[str, Any], name: str) -> float | None:
     """A results row's metric `name` measured on validation instead of test (None where the row
     lacks what it needs): layers are chosen on it, so the test number reported for the chosen
-    layer is not the maximum of several noisy test numbers."""
+    layer is not the maximum of several noisy test numbers. A row that stores the metric on
+    validation itself (`val_<name>`, e.g. IsSameObject's accuracy) gives it; a binding metric
+    is derived from the row's validation code lengths and references."""
+    if row.get(f"val_{name}") is not None:
+        return float(row[f"val_{name}"])
     means = {stat: row.get(col) for stat, col in VALIDATION_STATS.items()}
     if all(means[k] is None for k in ("L_F", "L_O_given_F", "L_O_paper", "L_F_paper")):
         return None

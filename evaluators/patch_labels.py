@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.dataset import Dataset, decode_png
+from bench.dataset import Dataset, decode_mask
 from bench.errors import ConfigError
 
 #: Label of a patch that no instance (nor background) covers by at least `min_share`.
@@ -73,5 +73,5 @@ def split_patch_labels(
         for m in batch.column("mask").to_pylist():
             if limit is not None and len(out) >= limit:
                 return np.stack(out)
-            out.append(patch_labels(decode_png(m), grid, min_share).ravel())
+            out.append(patch_labels(decode_mask(m), grid, min_share).ravel())
     return np.stack(out) if out else np.zeros((0, grid[0] * grid[1]), np.int32)

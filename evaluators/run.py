@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -36,9 +36,11 @@ from evaluators.backbones.ground_truth import GroundTruthBackbone
 from evaluators.extract import (check_cache_space, check_views, extract_activations, gib, parse_layers, parse_views,
                                 pending_bytes, split_fingerprint)
 from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
-from evaluators.issameobject import check_attention_qk, check_probes, evaluate_issameobject
-from evaluators.metrics import TARGET_STATS, Priors, binding_metrics, group_labels, mean_se
+from evaluators.issameobject import (ATTENTION_BASELINES, TRAINED_PROBES, check_attention_qk, check_probes,
+                                     evaluate_issameobject, layer_probes)
+from evaluators.metrics import TARGET_STATS, Priors, binding_metrics, group_labels, mean_se, row_checks
 from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors, conjunction_members
+from evaluators.threads import chosen_threads
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
 from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of, resample_o
 from generators.importers.common import EMPIRICAL
@@ -480,7 +482,7 @@ def run_evaluation(
     progress: bool = True, train: TrainConfig | None = None, exclude_background: bool = False,
     unanchored: bool = False, on_skipped: Callable[[int], None] | None = None,
     executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
-    control: str | None = None,
+    control: str | None = None, command: str | None = None, threads: int | None = None,
 ) -> Path | None:
     """Evaluate backbones on a dataset; returns the results file written (None if nothing to do).
 
@@ -497,6 +499,9 @@ def run_evaluation(
     `binding_task`). `executor` "ray" runs the same units as Ray tasks (see
     `evaluators.ray_executor`), on the cluster at `address` with `gpus_per_task` GPUs a task.
     `control` (binding only, `CONTROLS`) evaluates a control null instead of the real O.
+    `command` (the command line that asked for the run) goes into every row's provenance.
+    `threads`: torch threads of the in-process work; None picks the usable cores other work
+    leaves free (`evaluators.threads`), which never oversubscribes a busy machine.
     """
     if control is not None and control not in CONTROLS:
         raise BenchError(f"control: unknown {control!r}; allowed: {', '.join(CONTROLS)}")
@@ -533,13 +538,15 @@ def run_evaluation(
         raise BenchError(f"epochs: must be ≥ 1, got {epochs}")
     if limit is not None and limit < 1:
         raise BenchError(f"limit: must be ≥ 1, got {limit}")
+    if threads is not None and threads < 1:
+        raise BenchError(f"threads: must be ≥ 1, got {threads}")
     check_writable(results_dir)
     if task == "issameobject":
         return _run_issameobject(
             models, open_dataset(Path(dataset), need_codes=False), layers=layers, probes=probes, seeds=seeds,
             device=device, dtype=dtype, epochs=epochs, results_dir=results_dir, overwrite=overwrite, limit=limit,
             progress=progress, exclude_background=exclude_background, on_skipped=on_skipped, executor=executor,
-            address=address, gpus_per_task=gpus_per_task,
+            address=address, gpus_per_task=gpus_per_task, command=command, threads=threads,
         )
     ds = open_dataset(Path(dataset))
     limit = _effective_limit(ds, limit)
@@ -551,7 +558,7 @@ def run_evaluation(
         raise BenchError(f"control: {control} draws O from the generator's exact p(O|F); {Path(dataset)} has no "
                          "exact priors")
     task_data: BindingTask | None = None  # built when the first row needs training
-    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device)
+    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device, command)
     plans = _plan(models, ds, task=task, layers=layers, views=views, probes=probes, seeds=seeds, done=done,
                   test_fp=test_fp, limit=limit, progress=progress, control=control)
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
@@ -562,27 +569,28 @@ def run_evaluation(
                            base_train=base_train, device=device, dtype=dtype, limit=limit, results_dir=results_dir,
                            run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task,
                            control=control)
-    rows: list[dict[str, Any]] = []
-    path = None
-    for plan in plans:
-        if not plan.todo:
-            continue
-        backbone = plan.backbone
-        task_data = task_data or binding_task(ds, limit, unanchored, control)
-        common = binding_common(prov, plan, ds, test_fp, limit, task_data)
-        try:
-            acts = {s: extract_activations(backbone, ds, s, layers=plan.layers, views=plan.views, device=device,
-                                           dtype=dtype, progress=progress, limit=limit) for s in SPLITS}
-        except BenchError:
-            raise
-        except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
-            rows += extraction_error_rows(common, plan, plan.todo, e)
+    with _local_threads(threads, progress, plans):
+        rows: list[dict[str, Any]] = []
+        path = None
+        for plan in plans:
+            if not plan.todo:
+                continue
+            backbone = plan.backbone
+            task_data = task_data or binding_task(ds, limit, unanchored, control)
+            common = binding_common(prov, plan, ds, test_fp, limit, task_data)
+            try:
+                acts = {s: extract_activations(backbone, ds, s, layers=plan.layers, views=plan.views, device=device,
+                                               dtype=dtype, progress=progress, limit=limit) for s in SPLITS}
+            except BenchError:
+                raise
+            except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
+                rows += extraction_error_rows(common, plan, plan.todo, e)
+                path = write_run(rows, results_dir, run_id)
+                continue
+            for layer, view, seed, fams in plan.todo:
+                rows += binding_rows(common, acts, task_data, layer, plan.shown(view), seed, fams,
+                                     replace(base_train, seed=seed), dtype, limit, progress)
             path = write_run(rows, results_dir, run_id)
-            continue
-        for layer, view, seed, fams in plan.todo:
-            rows += binding_rows(common, acts, task_data, layer, plan.shown(view), seed, fams,
-                                 replace(base_train, seed=seed), dtype, limit, progress)
-        path = write_run(rows, results_dir, run_id)
     return path
 
 
@@ -673,16 +681,32 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
         def key(layer: int, view: str, fam: str, seed: int) -> tuple:
             return (spec, ds.name, test_fp, limit, control, "test", layer, view, task, fam, seed)
 
+        if task == "issameobject":
+            _note_unread_layer(spec, backbone, layer_ids, probes, progress)
         todo, skipped = [], 0
         for layer in layer_ids:
+            here = layer_probes(probes, layer, backbone.info.n_layers) if task == "issameobject" else probes
             for view in trained:
                 for seed in seeds:
-                    fams = [f for f in probes if any(key(layer, v, f, seed) not in done for v in [view, *aliases.get(view, [])])]
-                    skipped += len(probes) - len(fams)
+                    fams = [f for f in here if any(key(layer, v, f, seed) not in done for v in [view, *aliases.get(view, [])])]
+                    skipped += len(here) - len(fams)
                     if fams:
                         todo.append((layer, view, seed, fams))
         plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases))
     return plans
+
+
+def _note_unread_layer(spec: str, backbone: Any, layers: Sequence[int], probes: Sequence[str], progress: bool) -> None:
+    """One line when a requested layer is the last hidden state, which no block reads: it gets no
+    attention-qk row, and its trained probes no attention correlation."""
+    n = backbone.info.n_layers
+    if not n or n not in layers:
+        return
+    baselines = [p for p in probes if p in ATTENTION_BASELINES]
+    correlated = any(p in TRAINED_PROBES for p in probes) and backbone.attention_qk(0) is not None
+    if baselines or correlated:
+        what = " and ".join([*(f"no {p} row" for p in baselines), *(["no attention_r/attention_p"] if correlated else [])])
+        _say(progress, f"note: {spec}: hidden state {n} (the last) feeds no block, so it gets {what}")
 
 
 def _check_cache(plans: Sequence[_Plan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
@@ -718,12 +742,13 @@ def _run_issameobject(
     device: str, dtype: str, epochs: int | None, results_dir: Path, overwrite: bool, limit: int | None,
     progress: bool, exclude_background: bool, on_skipped: Callable[[int], None] | None = None,
     executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
+    command: str | None = None, threads: int | None = None,
 ) -> Path | None:
     """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding
     rows; with `executor` "ray", every backbone's rows are computed by Ray tasks first."""
     task = "issameobject"
     limit = _effective_limit(ds, limit)
-    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device))
+    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device), command)
     plans = _plan(models, ds, task=task, layers=layers, views=["all"], probes=probes, seeds=seeds, done=done,
                   test_fp=test_fp, limit=limit, progress=progress)
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
@@ -743,49 +768,59 @@ def _run_issameobject(
                                     dtype=dtype, epochs=epochs, exclude_background=exclude_background, limit=limit,
                                     results_dir=results_dir, run_id=run_id, progress=progress, address=address,
                                     gpus_per_task=gpus_per_task)
-    rows: list[dict[str, Any]] = []
-    path = None
-    for plan in plans:
-        spec = plan.spec
-        todo = {(spec, ds.name, test_fp, limit, None, "test", layer, "all", task, fam, seed)
-                for layer, _, seed, fams in plan.todo for fam in fams}
-        if not todo:
-            continue
-        common = {**_common_columns(prov, spec, plan.backbone.info, ds.name, test_fp, task, limit), "tokens": "all"}
-        try:
-            if spec in computed:
-                if isinstance(computed[spec], BaseException):
-                    raise computed[spec]
-                new = computed[spec]
-            else:
-                layer_ids, fams = work(plan)
-                new = evaluate_issameobject(plan.backbone, ds, layers=layer_ids, probes=fams, seeds=seeds,
-                                            device=device, dtype=dtype, epochs=epochs,
-                                            exclude_background=exclude_background, limit=limit, progress=progress)
-        except BenchError:
-            raise
-        except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
-            message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
-            new = [{"layer": k[6], "probe": k[9], "seed": k[10], "status": "error", "error": message}
-                   for k in sorted(todo, key=str)]
-        mine = [{**r, **common, "backbone": spec} for r in new
-                if (spec, ds.name, test_fp, limit, None, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
-        if any(r["status"] == "ok" and r.get("auroc") is None for r in mine):
-            _say(progress, f"warning: {spec}: some test pair sets hold one class only (all 'same' or all 'different'"
-                           f"{'; --exclude-background drops every background pair' if exclude_background else ''}), "
-                           "so their balanced accuracy and AUROC are blank")
-        rows += mine
-        path = write_run(rows, results_dir, run_id)
+    with _local_threads(threads, progress, plans, local=executor != "ray"):
+        rows: list[dict[str, Any]] = []
+        path = None
+        for plan in plans:
+            spec = plan.spec
+            todo = {(spec, ds.name, test_fp, limit, None, "test", layer, "all", task, fam, seed)
+                    for layer, _, seed, fams in plan.todo for fam in fams}
+            if not todo:
+                continue
+            common = {**_common_columns(prov, spec, plan.backbone.info, ds.name, test_fp, task, limit), "tokens": "all"}
+            try:
+                if spec in computed:
+                    if isinstance(computed[spec], BaseException):
+                        raise computed[spec]
+                    new = computed[spec]
+                else:
+                    layer_ids, fams = work(plan)
+                    new = evaluate_issameobject(plan.backbone, ds, layers=layer_ids, probes=fams, seeds=seeds,
+                                                device=device, dtype=dtype, epochs=epochs,
+                                                exclude_background=exclude_background, limit=limit, progress=progress)
+            except BenchError:
+                raise
+            except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
+                message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
+                new = [{"layer": k[6], "probe": k[9], "seed": k[10], "status": "error", "error": message}
+                       for k in sorted(todo, key=str)]
+            mine = [{**r, **common, "backbone": spec} for r in new
+                    if (spec, ds.name, test_fp, limit, None, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
+            if any(r["status"] == "ok" and r.get("auroc") is None for r in mine):
+                _say(progress, f"warning: {spec}: some test pair sets hold one class only (all 'same' or all 'different'"
+                               f"{'; --exclude-background drops every background pair' if exclude_background else ''}), "
+                               "so their balanced accuracy and AUROC are blank")
+            rows += mine
+            path = write_run(rows, results_dir, run_id)
     return path
 
 
-def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: bool,
-               device: str) -> tuple[str, set[tuple], str, dict[str, Any]]:
+def _local_threads(threads: int | None, progress: bool, plans: Sequence[_Plan],
+                   local: bool = True) -> ContextManager[Any]:
+    """The torch threads of the in-process work: `threads`, or the default `evaluators.threads`
+    picks (None), chosen once the run has work and said once; Ray tasks pin their own (one)."""
+    if not local or not any(p.todo for p in plans):
+        return nullcontext()
+    return chosen_threads(threads, say=lambda text: _say(progress, text))
+
+
+def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: bool, device: str,
+               command: str | None = None) -> tuple[str, set[tuple], str, dict[str, Any]]:
     """What every run starts from: the evaluated test fingerprint, the keys of rows already
     finished (none when overwriting), a new run id and its provenance columns."""
     done = set() if overwrite else existing_keys(results_dir)
     run_id = new_run_id()
-    return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device)
+    return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device, command)
 
 
 def _common_columns(prov: dict[str, Any], spec: str, info: BackboneInfo, dataset: str, test_fp: str, task: str,
@@ -821,7 +856,7 @@ def _result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str,
     per_scene = {"scene_bits_F": r.scene_bits.get("F"), "scene_bits_O_given_F": r.scene_bits.get("O|F"),
                  "scene_bits_O_paper": r.scene_bits.get("O_paper"), "scene_bits_F_paper": r.scene_bits.get("F_paper"),
                  "scene_ref_F": task.ref_F, "scene_ref_O_given_F": r.ref_O_given_F}
-    return {**cols, **r.metrics, "status": "ok", "error": None,
+    return {**cols, **r.metrics, "status": "ok", "error": None, "checks": row_checks(r.metrics),
             "scene_groups": group_labels(task.codes["test"][0], len(task.codes["test"][0])).astype(np.int32).tolist(),
             **{k: (None if v is None else np.asarray(v, dtype=np.float32).tolist()) for k, v in per_scene.items()}}
 

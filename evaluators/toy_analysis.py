@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend first)
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.dataset import Dataset, decode_png  # noqa: E402
+from bench.dataset import Dataset, decode_image  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
 from bench.hashing import derive_seed  # noqa: E402
 from evaluators.issameobject import (  # noqa: E402
@@ -343,4 +343,4 @@ def read_analysis(path: str | os.PathLike) -> dict[str, Any]:
 
 def scene_image(scene: dict[str, Any]) -> np.ndarray:
     """The RGB pixels of a stored heatmap scene."""
-    return decode_png(base64.b64decode(scene["image_png"]))
+    return decode_image(base64.b64decode(scene["image_png"]))

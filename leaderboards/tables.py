@@ -14,7 +14,7 @@ rules keep the table honest:
   known binding the same probe recovers on that dataset at that size, so a reader knows what
   a 0 means;
 - a cell is empty unless every seed run for that column finished (no partial means);
-- a backbone is ranked by its best unflagged cell among the columns shown: empty, error
+- a backbone is ranked by its best unflagged cell among the columns selected (shown or not): empty, error
   and ‡ cells neither rank it nor unrank it (an oracle that cannot run one probe still
   ranks on the others), and a backbone with no such cell is unranked;
 - backbones without layers (oracles, pixels) show their one layer whatever layer is asked;
@@ -29,14 +29,15 @@ rules keep the table honest:
   number of test F codes (`n_F_eff`), the intervals' real sample size;
 - `best` layer is chosen per cell on validation (`evaluators.metrics.validation_metric`) and
   the test number of that layer is reported, so the choice does not pick the luckiest of
-  several noisy test numbers; metrics without validation numbers (IsSameObject) choose on
-  test, and the table says so.
+  several noisy test numbers; rows without validation numbers (written before they were
+  kept) choose on test, and the title says so.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
@@ -47,6 +48,7 @@ import numpy as np
 
 from bench.commands.common import Format, render_table
 from bench.errors import BenchError
+from bench.numbers import fixed, plus_minus
 from evaluators.metrics import metric_checks, paired_difference, validation_metric
 
 
@@ -336,7 +338,7 @@ def _cell(rows: list[dict], m: Metric, layer: str | int, seeds: set[int]) -> Cel
 
 def _validation_value(rows: list[dict], m: Metric) -> float | None:
     """The metric on validation at one layer, averaged over seeds (None without validation numbers)."""
-    values = [validation_metric(r, m.name) for r in rows] if m.task == "binding" else [None]
+    values = [validation_metric(r, m.name) for r in rows]
     return None if any(v is None for v in values) else sum(values) / len(values)
 
 
@@ -384,7 +386,7 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
 
 
 def _rank(board: Leaderboard) -> None:
-    """Rank backbones per dataset by their best unflagged cell among the columns shown: rank =
+    """Rank backbones per dataset by their best unflagged cell among the columns selected: rank =
     1 + the number of others better beyond doubt (`beats`); a backbone without such a cell,
     and every control row, is unranked.
 
@@ -468,31 +470,32 @@ def tidy_records(board: Leaderboard) -> list[dict[str, Any]]:
     return out
 
 
-def render_leaderboard(board: Leaderboard, fmt: Format) -> str:
-    """Text in a format: table/markdown show `value ± half-interval`; CSV/JSON are tidy records."""
-    return render_leaderboards([board], fmt)
+def render_leaderboard(board: Leaderboard, fmt: Format, width: int | None = None) -> str:
+    """Text in a format: table/markdown show `value ± half-interval`; CSV/JSON are tidy records.
+    A table and its notes fit `width` characters (None: the table's natural width)."""
+    return render_leaderboards([board], fmt, width)
 
 
-def render_leaderboards(boards: Sequence[Leaderboard], fmt: Format) -> str:
+def render_leaderboards(boards: Sequence[Leaderboard], fmt: Format, width: int | None = None) -> str:
     """Several boards (e.g. one metric each) as one text: tables one after another, each note
     printed once, under the first board that needs it; CSV/JSON one tidy table (records name
     their metric)."""
     if fmt in (Format.csv, Format.json):
-        records = [r for board in boards for r in tidy_records(board)]
-        if fmt == Format.csv:  # full precision: render_table would round floats for display
-            records = [{k: repr(v) if isinstance(v, float) else v for k, v in r.items()} for r in records]
-        return render_table(records, TIDY_COLUMNS, fmt)
+        return render_table([r for board in boards for r in tidy_records(board)], TIDY_COLUMNS, fmt)
     markdown = fmt == Format.markdown
     parts, shown = [], set()
     for board in boards:
         notes = [n for n in board_notes(board) if n not in shown]
         shown.update(notes)
-        table = _render_board(board, markdown, fmt)
-        parts.append("\n".join([table, *(f"\n_{n}_" for n in notes)]) if markdown else "\n".join([table, *notes]))
+        table = _render_board(board, markdown, fmt, width)
+        if markdown:
+            parts.append("\n".join([table, *(f"\n_{n}_" for n in notes)]))
+        else:
+            parts.append("\n".join([table, *(textwrap.fill(n, width) if width else n for n in notes)]))
     return "\n\n".join(parts)
 
 
-def _render_board(board: Leaderboard, markdown: bool, fmt: Format) -> str:
+def _render_board(board: Leaderboard, markdown: bool, fmt: Format, width: int | None = None) -> str:
     names = [column_name(c) for c in board.columns]
     multi = len(board.datasets) > 1
     header = ["rank", *(["dataset"] if multi else []), "backbone", *names]
@@ -503,10 +506,11 @@ def _render_board(board: Leaderboard, markdown: bool, fmt: Format) -> str:
         for col, name in zip(board.columns, names):
             line[name] = format_cell(row.cells[col], board.metric, markdown)
         lines.append(line)
-    return render_table(lines, header, fmt, title=title(board))
+    return render_table(lines, header, fmt, title=title(board), width=width)
 
 
-FOOTNOTE = ("rank: each backbone by its best sound cell among the columns shown (empty, error and failed-check "
+FOOTNOTE = ("rank: each backbone by its best sound cell among the columns selected (--probe, --tokens; also those a "
+            "table too narrow leaves out) (empty, error and failed-check "
             "cells neither rank nor unrank it): 1 + the number of backbones better beyond doubt, i.e. whose paired "
             "difference on the same test scenes (bootstrap over F codes) has a 95% interval wholly above 0; ± is half "
             "the bootstrap 95% interval; L12 after a value: the layer it comes from (hidden state 12, 0 = "
@@ -577,7 +581,9 @@ def title(board: Leaderboard) -> str:
     m = board.metric
     unit = " (%)" if m.unit == "%" else " (bits)"
     where = ", ".join(board.datasets) or "no results"
-    on = "on validation" if m.task == "binding" else "on test"
+    chosen = {c.chosen_on for c in board._cells() if c.chosen_on}
+    on = "on test: these rows have no validation numbers" if chosen == {"test"} else \
+        "on validation; on test where a row has none" if "test" in chosen else "on validation"
     layer = {"best": f"best layer per cell ({on})", "last": "last layer"}.get(board.layer, f"layer {board.layer}")
     return f"{m.label}{unit} — {where} — {layer}"
 
@@ -590,13 +596,11 @@ def format_cell(cell: Cell | None, m: Metric, markdown: bool = False) -> str:
     if cell.status == "error":
         return "error" if markdown else "[red]error[/red]"
     scale, digits = (100.0, 1) if m.unit == "%" else (1.0, 2)
-    text = f"{cell.value * scale:.{digits}f}"
-    if cell.half_width is not None:
-        text += f" ± {cell.half_width * scale:.{digits}f}"
+    text = plus_minus(cell.value, cell.lo, cell.hi, scale, digits)
     if cell.n_layers:  # oracles and pixels have only layer 0: nothing to note
         text += f" <sub>L{cell.layer}</sub>" if markdown else f" [dim]L{cell.layer}[/dim]"
     if cell.holds_zero and cell.sensitivity is not None:  # what this 0 is worth
-        sens = f"s {cell.sensitivity * 100:.0f}%"
+        sens = f"s {fixed(cell.sensitivity * 100, 0)}%"
         text += f" <sub>{sens}</sub>" if markdown else f" [dim]{sens}[/dim]"
     if cell.unanchored and not m.paper:
         text += " †" if markdown else " [cyan]†[/cyan]"

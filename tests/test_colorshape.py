@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from bench.dataset import Dataset, decode_png
+from bench.dataset import Dataset, decode_image, decode_mask
 from generators.colorshape import PALETTE, SHAPES, stencil
 from generators.priors import coverage_count, omega_size
 
@@ -107,8 +107,8 @@ def test_row_roundtrips_through_pyarrow_in_hf_image_convention(balanced_small):
     row = table.slice(0, 1).to_pylist()[0]
     assert set(row["image"]) == {"bytes", "path"} and row["image"]["path"] is None
     assert row["image"]["bytes"][:8] == b"\x89PNG\r\n\x1a\n"
-    assert decode_png(row["image"]).shape == (256, 256, 3)
-    assert decode_png(row["mask"]).dtype == np.uint8
+    assert decode_image(row["image"]).shape == (256, 256, 3)
+    assert decode_mask(row["mask"]).dtype == np.uint8
     assert str(table.schema.field("F").type) == "list<element: uint8>"
     assert table.schema.field("seed").type == "int64"
     assert {"scene_id", "seed", "image", "mask", "F", "O", "H_O_given_F", "objects", "content_hash"} <= set(table.column_names)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -36,11 +37,15 @@ def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_pa
     table = read_results(results)
     assert table.num_rows == 4
     rows = table.to_pylist()
-    from evaluators.metrics import metric_checks  # the summary screens each row as the leaderboard does
+    from evaluators.metrics import metric_checks  # rows carry the checks the leaderboard marks
 
-    assert [r["checks"] for r in summary] == [
-        "; ".join(metric_checks(r) + [f"β*_paper: {c}" for c in metric_checks(r, "beta_star_paper")
-                                      if c != "not converged"]) or None for r in rows]
+    assert [r["checks"] for r in rows] == [
+        metric_checks(r) + [f"β*_paper: {c}" for c in metric_checks(r, "beta_star_paper") if c != "not converged"]
+        for r in rows]
+    assert any(r["checks"] for r in rows)  # 2 epochs: "not converged" at least
+    assert [r["checks"] for r in summary] == ["; ".join(r["checks"]) or None for r in rows]
+    frame = table.to_pandas()  # what a pandas (or duckdb) reader sees: a list of strings per row
+    assert list(frame["checks"].map(list)) == [r["checks"] for r in rows]
     for r in rows:
         assert r["status"] == "ok", r["error"]
         assert r["task"] == "binding" and r["split"] == "test" and r["tokens"] == "cls" and r["seed"] == 0
@@ -57,6 +62,7 @@ def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_pa
         assert r["prior"] == "exact" and r["converged"] in (True, False) and r["n_F_eff"] > 1
         assert json.loads(r["config"])["probe"] == r["probe"] and r["config_hash"]
         assert r["wall_time_s"] > 0 and r["package_versions"] and r["run_id"]
+        assert r["command"] == shlex.join(["bench", *args])  # the run's provenance: what made it
     layers = {r["backbone"]: (r["layer"], r["n_layers"]) for r in rows}
     assert layers["oracle:objects"] == (0, 0)
     assert layers["random:dinov2-small"] == (12, 12)
@@ -170,3 +176,17 @@ def test_unanchored_is_refused_where_exact_priors_exist(tiny, tmp_path, capsys):
                  "--results", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "drop --unanchored" in err and len(err.splitlines()) == 1
+
+
+def test_the_summary_fits_100_columns_unless_asked_for_every_column(tiny, tmp_path, capsys):
+    """Read from a pipe (as here) or a terminal alike: 100 columns, headline numbers in %;
+    --wide gives every summary column at its natural width."""
+    args = ["evaluate", "--dataset", str(tiny), "--epochs", "2", "--results", str(tmp_path / "r"),
+            "--model", "oracle:objects", "--model", "oracle:features", "--probes", "linear"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 100 and "β* %" in out and "oracle:features" in out
+    assert "e-0" not in out and " -0.0 " not in out
+    assert main([*args, "--wide", "--overwrite"]) == 0
+    wide = capsys.readouterr().out
+    assert max(map(len, wide.splitlines())) > 100 and "beta_star_paper" in wide and "exact_accuracy" in wide

@@ -220,7 +220,8 @@ MARKDOWN_SNAPSHOT = """\
 | 3 | C | 5.0 ± 2.0 | 50.0 ± 2.0 |
 | 4 | D | 20.0 ± 2.0 |  |
 
-_rank: each backbone by its best sound cell among the columns shown (empty, error and failed-check cells \
+_rank: each backbone by its best sound cell among the columns selected (--probe, --tokens; also those a table \
+too narrow leaves out) (empty, error and failed-check cells \
 neither rank nor unrank it): 1 + the number of backbones better beyond doubt, i.e. whose paired difference on the \
 same test scenes (bootstrap over F codes) has a 95% interval wholly above 0; ± is half the bootstrap 95% interval; \
 L12 after a value: the layer it comes from (hidden state 12, 0 = embeddings), under --layer best chosen on \
@@ -489,3 +490,40 @@ def test_control_rows_are_shown_apart_and_never_ranked_and_a_zero_shows_its_sens
     records = tidy_records(board)
     assert {(r["backbone"], r["control"], r["sensitivity"]) for r in records} == {
         ("A", None, 0.9), ("A", "resampled-o", 0.8), ("Z", None, 0.42)}
+
+
+def test_the_table_fits_100_columns_and_never_prints_negative_zero(tmp_path, capsys):
+    probes = ["linear", "quadratic", "quadratic-shared", "dnn"]
+    rows = [result_row(b, p, v, tokens=t, half=0.001) for b, v in (("random:dinov2-small-reg", -0.0004),
+                                                                    ("oracle:objects", 0.97))
+            for p in probes for t in ("cls", "mean")]
+    write_run(rows, tmp_path, "r1")
+    code, out, _ = run_cli(["leaderboard", tmp_path], capsys)
+    assert code == 0 and max(map(len, out.splitlines())) <= 100
+    assert "random:dinov2-small-reg" in out and "0.0 ± 0.1" in out and "-0.0" not in out
+    code, wide, _ = run_cli(["leaderboard", tmp_path, "--wide"], capsys)
+    assert code == 0 and max(map(len, wide.splitlines())) > 100
+    assert "quadratic-shared / mean" in wide and "-0.0" not in wide
+    code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "csv"], capsys)
+    values = {(r["backbone"], r["probe"], r["tokens"]): r["value"] for r in csv.DictReader(io.StringIO(out))}
+    assert float(values[("random:dinov2-small-reg", "dnn", "mean")]) == -0.0004  # csv keeps every digit
+
+
+def test_issameobject_best_layer_is_chosen_on_validation_and_reports_its_test_number(tmp_path, capsys):
+    """Layer 1 has the best validation accuracy, layer 3 the best test accuracy (a lucky test
+    draw): `best` reports layer 1's test number, chosen on validation; rows written without
+    validation numbers fall back to test and the title says so."""
+    rows = [{**result_row("V", "linear", acc, metric="accuracy", task="issameobject", layer=layer, n_layers=4,
+                          tokens="all"), "val_accuracy": val}
+            for layer, acc, val in [(1, 0.80, 0.90), (2, 0.78, 0.85), (3, 0.95, 0.70)]]
+    board = build_leaderboard(rows, task="issameobject", layer="best")
+    cell = board.rows[0].cells[("linear", "all")]
+    assert (cell.layer, cell.value, cell.chosen_on) == (1, pytest.approx(0.80), "validation")
+    assert "best layer per cell (on validation)" in render_leaderboard(board, Format.markdown)
+    write_run(rows, tmp_path, "r1")
+    code, out, _ = run_cli(["leaderboard", tmp_path, "--task", "issameobject", "--format", "markdown"], capsys)
+    assert code == 0 and "| 1 | V | 80.0 ± 2.0 <sub>L1</sub> |" in out
+    old = [{**r, "val_accuracy": None} for r in rows]
+    board = build_leaderboard(old, task="issameobject", layer="best")
+    assert board.rows[0].cells[("linear", "all")].layer == 3
+    assert "on test: these rows have no validation numbers" in render_leaderboard(board, Format.markdown)

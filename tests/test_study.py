@@ -4,14 +4,18 @@ work; the activation cache's size estimate; the shards as Hugging Face `datasets
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from bench.cli import main
+from bench.dataset import Dataset
 from bench.results import read_results
 from tests.conftest import make_dataset
 
@@ -168,6 +172,13 @@ def test_hugging_face_datasets_reads_the_shards_as_images(tiny, tmp_path, monkey
     assert isinstance(scene["image"], Image.Image) and isinstance(scene["mask"], Image.Image)
     assert scene["image"].size == (64, 64) and len(ds) == 16
     assert isinstance(ds.features["image"], datasets.Image) and len(scene["F"]) > 0
+    # stored as palette PNGs, decoded as RGB (what a vision model expects); masks keep their ids
+    raw = pq.read_table(files[0]).slice(0, 1).to_pylist()[0]
+    assert Image.open(io.BytesIO(raw["image"]["bytes"])).mode == "P"
+    assert scene["image"].mode == "RGB" and scene["mask"].mode == "L"
+    ours = next(Dataset(tiny).iter_scenes("test"))
+    assert np.array_equal(np.asarray(scene["image"]), ours["image"]) and ours["image"].shape == (64, 64, 3)
+    assert np.array_equal(np.asarray(scene["mask"]), ours["mask"]) and ours["mask"].max() >= 1
 
 
 def test_a_one_class_test_set_is_named_not_left_blank(tmp_path, cache_dir, capsys):

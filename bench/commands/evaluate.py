@@ -3,19 +3,51 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow.parquet as pq
 import typer
 
-from bench.commands.common import Format, echo, render_table, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr
+from bench.numbers import fixed, plus_minus
 
+#: Every column of the summary: `--wide`, CSV and JSON (raw numbers).
 SUMMARY_COLUMNS = {
     "binding": ("backbone", "layer", "tokens", "probe", "seed", "status", "L_F", "L_O_given_F", "beta_O", "beta_star",
                 "beta_star_lo", "beta_star_hi", "beta_star_paper", "exact_accuracy", "best_epoch", "checks", "error"),
     "issameobject": ("backbone", "layer", "probe", "seed", "status", "accuracy", "accuracy_lo", "accuracy_hi",
-                     "balanced_accuracy", "auroc", "majority_accuracy", "error"),
+                     "balanced_accuracy", "auroc", "majority_accuracy", "val_accuracy", "attention_r", "attention_p",
+                     "error"),
 }
+
+
+#: The default table (fits 100 columns): each headline number with half its 95% interval, in %;
+#: `s %` is the probe's sensitivity (the share of a planted binding it recovers here).
+SHORT_METRICS = {
+    "binding": (("β* %", "beta_star"), ("β_O %", "beta_O")),
+    "issameobject": (("accuracy %", "accuracy"), ("balanced %", "balanced_accuracy"), ("AUROC %", "auroc"),
+                     ("majority %", "majority_accuracy")),
+}
+SHORT_KEYS = {"binding": ("backbone", "layer", "tokens", "probe", "seed"),
+              "issameobject": ("backbone", "layer", "probe", "seed")}
+
+
+def short_summary(rows: list[dict[str, Any]], task: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The default table's rows and columns: the key, the headline metrics as `value ± half-interval`
+    (%), the probe's sensitivity (binding), and a note (the checks that fired, or the error)."""
+    names = [name for name, _ in SHORT_METRICS[task]] + (["s %"] if task == "binding" else [])
+    out = []
+    for row in rows:
+        line = {k: row.get(k) for k in SHORT_KEYS[task]}
+        for name, metric in SHORT_METRICS[task]:
+            value = row.get(metric)
+            line[name] = None if value is None else plus_minus(value, row.get(f"{metric}_lo"), row.get(f"{metric}_hi"),
+                                                              100.0)
+        if task == "binding" and row.get("sensitivity") is not None:
+            line["s %"] = fixed(row["sensitivity"] * 100, 0)
+        line["note"] = row.get("error") or row.get("checks")
+        out.append(line)
+    return out, [*SHORT_KEYS[task], *names, "note"]
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +61,7 @@ def _split(items: list[str]) -> list[str]:
 
 
 def evaluate(
+    ctx: typer.Context,
     model: list[str] = typer.Option(..., "--model", "-m", help="Backbone spec (repeatable; see `bench models`)."),
     dataset: Path = typer.Option(..., "--dataset", "-d", help="Dataset directory (from `bench generate`)."),
     task: str = typer.Option("binding", help="binding (B, β, β* from F/O probes) or issameobject (patch-pair probes)."),
@@ -48,7 +81,9 @@ def evaluate(
     executor: str = typer.Option("local", help="local (in this process) or ray (extraction in row shards and training as Ray tasks)."),
     address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
     gpus_per_task: Optional[float] = typer.Option(None, help="--executor ray: GPUs per task, fractions allowed [1 on CUDA, 0 on CPU]."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads for extraction and probe training [auto: the usable cores other work leaves free, measured when the work starts, at least 1; Ray tasks run 1]."),
     fmt: Format = typer.Option(Format.table, "--format", help="Summary table format."),
+    wide: bool = typer.Option(False, "--wide", help="The table with every summary column (default: the headline numbers, 100 columns wide)."),
 ) -> None:
     """Measure binding (B, β, β*) or IsSameObject accuracy of backbones; write results/<run_id>.parquet."""
     from bench.errors import BenchError
@@ -64,7 +99,7 @@ def evaluate(
         probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
         results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
         unanchored=unanchored, on_skipped=skipped.append, executor=executor, address=address,
-        gpus_per_task=gpus_per_task, control=control,
+        gpus_per_task=gpus_per_task, control=control, command=(ctx.obj or {}).get("command"), threads=threads,
     )
     if skipped:
         stderr.print(f"skipped {sum(skipped)} row(s) already in {results} (--overwrite re-runs them)", soft_wrap=True)
@@ -75,11 +110,12 @@ def evaluate(
         return
     columns = SUMMARY_COLUMNS[task]
     rows = pq.read_table(path).to_pylist()
-    if task == "binding":
-        from evaluators.metrics import metric_checks
-
-        for row in rows:
-            paper = [f"β*_paper: {c}" for c in metric_checks(row, "beta_star_paper") if c != "not converged"]
-            row["checks"] = "; ".join(metric_checks(row) + paper) or None
-    echo(render_table(rows, columns, fmt, title=f"{task} results · {dataset.name}"))
+    for row in rows:
+        row["checks"] = "; ".join(row["checks"] or ()) or None
+    title = f"{task} results · {dataset.name}"
+    if fmt in (Format.table, Format.markdown) and not wide:
+        shown, names = short_summary(rows, task)
+        echo(render_table(shown, names, fmt, title=title, width=TABLE_WIDTH))
+    else:
+        echo(render_table(rows, columns, fmt, title=title))
     stderr.print(f"wrote {len(rows)} rows to {path}", soft_wrap=True)

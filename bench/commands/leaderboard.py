@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.text import Text
 
-from bench.commands.common import Format, echo, render_table, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr
 from bench.errors import BenchError
 
 
@@ -35,6 +35,7 @@ _FINGERPRINT = typer.Option(
     help="Show the measurement on this dataset fingerprint (a prefix) instead of the newest on whole splits.")
 _INCLUDE_LIMITED = typer.Option(
     False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`.")
+_WIDE = typer.Option(False, "--wide", help="A table as wide as its columns need (default: 100 columns, cells wrapped).")
 
 
 def _board(results_dir: Path, *, fingerprint: str | None = None, include_limited: bool = False,
@@ -64,13 +65,14 @@ def leaderboard(
     include_limited: bool = _INCLUDE_LIMITED,
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json (tidy records)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout."),
+    wide: bool = _WIDE,
 ) -> None:
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
     from leaderboards.tables import render_leaderboard
 
     _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, dataset=dataset,
                       task=task, metric=metric, probes=probe, tokens=tokens, layer=layer)
-    text = render_leaderboard(board, fmt)
+    text = render_leaderboard(board, fmt, None if wide else TABLE_WIDTH)
     if out is None:
         echo(text)
         return
@@ -91,6 +93,7 @@ def compare(
     fingerprint: Optional[str] = _FINGERPRINT,
     include_limited: bool = _INCLUDE_LIMITED,
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json."),
+    wide: bool = _WIDE,
 ) -> None:
     """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
     from leaderboards.store import load_selected
@@ -101,7 +104,8 @@ def compare(
         stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
     records = compare_backbones(selected.rows, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens,
                                 layer=layer)
-    echo(render_table(records, COMPARE_COLUMNS, fmt, title=f"{a} − {b} (paired, 95% interval over test F codes)"))
+    echo(render_table(records, COMPARE_COLUMNS, fmt, title=f"{a} − {b} (paired, 95% interval over test F codes)",
+                      width=None if wide else TABLE_WIDTH))
 
 
 class PlotKind(str, Enum):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from bench.codes import FeatureSpace
-from bench.dataset import decode_png
+from bench.dataset import decode_mask
 from bench.errors import BenchError
 from bench.hashing import derive_seed
 from evaluators.backbones.base import Backbone, BackboneInfo, decode_resized
@@ -127,7 +127,7 @@ class OracleBackbone(GroundTruthBackbone):
         it touches.
         """
         space = self.space
-        mask = decode_png(mask_png).astype(np.int64)
+        mask = decode_mask(mask_png).astype(np.int64)
         p = ORACLE_PATCH
         gh, gw = mask.shape[0] // p, mask.shape[1] // p
         ids = mask[: gh * p, : gw * p].reshape(gh, p, gw, p).transpose(0, 2, 1, 3).reshape(gh * gw, p * p)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from bench.dataset import Dataset, decode_png, write_json_atomic
+from bench.dataset import Dataset, decode_image, write_json_atomic
 from bench.errors import BenchError
 from bench.hashing import config_hash, derive_seed, sha256_hex
 from evaluators.zoo.recipes import Recipe
@@ -110,7 +110,7 @@ def training_data(recipe: Recipe, data_root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"fingerprint": sha256_hex(ds.fingerprint("train"), ds.fingerprint("val"))}
     for split in ("train", "val"):
         f, o, _ = ds.codes(split)
-        images = [decode_png(im) for im in ds.table(split, ["image"])["image"].to_pylist()]
+        images = [decode_image(im) for im in ds.table(split, ["image"])["image"].to_pylist()]
         x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()  # uint8, N x 3 x H x W
         out[split] = {"x": x, "F": torch.from_numpy(f).float(), "O": torch.from_numpy(o).float()}
     return out

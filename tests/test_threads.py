@@ -1,0 +1,65 @@
+"""Torch threads: the free cores by default (never more threads than free cores), `--threads`
+outright, said once on stderr."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.cli import main
+from bench.errors import BenchError
+from evaluators import threads
+from tests.conftest import make_dataset
+
+
+@pytest.mark.parametrize("busy, expected", [(0.05, 2), (0.3, 1), (1.0, 1), (1.2, 1), (6.0, 1)])
+def test_the_default_takes_the_cores_other_work_leaves_free(monkeypatch, busy, expected):
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(threads, "busy_cores", lambda cpus, window_s=0: busy)
+    choice = threads.choose_threads(None)
+    assert choice.threads == expected and f"{busy:.1f} busy" in choice.why
+
+
+def test_busy_cores_is_the_non_idle_share_of_each_sampled_cpu(monkeypatch):
+    samples = iter([{0: (100, 200), 1: (100, 200)}, {0: (150, 300), 1: (200, 300)}])
+    monkeypatch.setattr(threads, "_cpu_times", lambda cpus: next(samples))
+    assert threads.busy_cores([0, 1], window_s=0) == pytest.approx(0.5)  # cpu 0 half busy, cpu 1 idle
+
+
+def test_proc_stat_is_read_for_the_cpus_asked():
+    times = threads._cpu_times([0])
+    if times is None:
+        pytest.skip("no /proc/stat on this system")
+    assert list(times) == [0] and times[0][1] >= times[0][0] > 0
+
+
+def test_threads_asked_for_are_used_and_bad_counts_refused():
+    assert threads.choose_threads(3).threads == 3
+    with pytest.raises(BenchError, match="threads: must be ≥ 1"):
+        threads.choose_threads(0)
+
+
+def test_evaluate_says_its_thread_count_once_and_restores_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    data = make_dataset(tmp_path / "d", n_train=24, n_val=8, n_test=8, image_size=64, n_colors=3, n_shapes=3,
+                        colors_per_scene=2, shapes_per_scene=2, n_objects=3, object_size=12, margin=2,
+                        val_fraction=0.25, test_fraction=0.25)
+    before = torch.get_num_threads()
+    seen = []
+    import evaluators.run as run
+
+    real = run.binding_rows  # where the probes train
+    monkeypatch.setattr(run, "binding_rows", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
+    args = ["evaluate", "--dataset", str(data), "--model", "oracle:objects", "--probes", "linear", "--epochs", "1",
+            "--results", str(tmp_path / "r")]
+    assert main([*args, "--threads", "3"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("threads: ") == 1 and "threads: 3 torch threads (--threads)" in err
+    assert seen == [3] and torch.get_num_threads() == before
+    assert main([*args, "--overwrite"]) == 0
+    assert capsys.readouterr().err.count("torch thread") == 1
+    assert main([*args, "--threads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "threads: must be ≥ 1, got 0" in err and len(err.strip().splitlines()) == 1
+    assert main([*args, "--model", "nosuch:thing"]) == 2  # bad input: its one line, no thread line before it
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
