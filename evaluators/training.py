@@ -6,17 +6,15 @@ few batches whatever the dataset size (pages touched through a map count as RSS)
 Every batch read is shared by all probes of a (backbone, layer, view): the F-, O|F- and
 paper probes of every family step on it in turn.
 
-Defaults (`TrainConfig`, the settings the calibration suite validates): AdamW with the
-probe family's learning rate (`DEFAULTS[family]["lr"]`, scaled down for inputs wider than
-64 by `probe_lr`) and weight decay (1e-4; 0.1 for quadratic-shared), batches of `auto_batch_size` (about 64 steps an
-epoch, 16 to 128 rows). Training runs until the mean validation
-bits plateau, not for a fixed number of epochs: a fixed cosine schedule over 40 epochs
-left linear probes still improving at the end (best epoch 35-39 of 40) while a 1024-d dnn
-had peaked at epoch 1. `ReduceLROnPlateau` cuts the rate by 0.3 after 3 epochs without a
-1e-3-bit improvement, and a probe stops after 10 such epochs; 200 epochs is only a backstop,
-and `FitResult.converged` says whether the plateau was reached with the best epoch outside
-the budget's last 10 %. The test split is scored once, with the weights of the best
-validation epoch. Mixed precision (bf16 autocast) on CUDA only; CPU runs in fp32.
+How a probe is fitted (`fit_probes` has the details): its linear part by full-batch L-BFGS
+along an L2 path with the strength chosen on validation (a convex fit has no learning rate to
+get wrong); the quadratic families' directions from class-conditional moments
+(`class_directions`); whatever else a family has by AdamW on shared batches, the linear part
+frozen, until the mean validation bits plateau (`ReduceLROnPlateau`, `patience` epochs; 200
+epochs is only a backstop); and a guard that keeps a fit only when it beats the exact prior on
+validation by about two standard errors. The chosen settings go into each `FitResult`, and the
+test split is scored once, with the chosen weights. Mixed precision (bf16 autocast) on CUDA
+only; CPU runs in fp32 (this machine has no bf16 matrix units).
 """
 
 from __future__ import annotations
@@ -211,7 +209,7 @@ def fit_probes(
     progress: Callable[[int], None] | None = None,
     groups: np.ndarray | None = None,
 ) -> dict[str, FitResult]:
-    """Fit every job in two stages, guard it against its prior, and score test once.
+    """Fit every job in stages, guard it against its prior, and score test once.
 
     1. Linear stage (probes with a linear part, `Probe.linear_names`): the linear part is
        fitted by full-batch L-BFGS for every L2 strength of `config.l2_path`, strongest
@@ -220,12 +218,17 @@ def fit_probes(
        wrong: Adam at a fixed rate recovered 16 % of a planted linear teacher's bits
        where the tuned path recovers 40 % (1024-d, 2,000 scenes). Jobs sharing a
        `linear_key` share one path.
+    1b. Moment stage (quadratic families): their directions start from class-conditional
+       moments (`class_directions`, differences of class covariances as in SAVE); from random
+       directions the quadratic family recovered 0 % of a planted quadratic teacher at 2,000
+       scenes.
     2. Gradient stage (probes with parameters beyond the linear part): those parameters are
        trained with AdamW on shared batches, the linear part frozen at its chosen
        solution, until the mean validation bits plateau (`ReduceLROnPlateau` drops the
        rate by `lr_factor` after `lr_patience` epochs without a `min_delta` improvement,
        the job stops after `patience` such epochs); epoch 0 is the stage's start, so the
-       family never ends worse on validation than the linear probe.
+       family never ends worse on validation than the linear probe. Jobs with `warm_start`
+       train in a second round, starting from the encoder of the job they name.
     3. Guard (anchored jobs, `prior` given): the chosen probe replaces the exact prior only
        when its mean validation saving over the prior exceeds `config.guard_se` standard
        errors of that mean, resampling whole `groups` (one label per validation scene,
