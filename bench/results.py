@@ -172,8 +172,12 @@ def write_run(rows: Iterable[dict[str, Any]], results_dir: str | os.PathLike, ru
     return path
 
 
-def read_results(results_dir: str | os.PathLike) -> pa.Table:
-    """Union of every run file in a results directory (empty table if none)."""
+def read_results(results_dir: str | os.PathLike, older: list[Path] | None = None) -> pa.Table:
+    """Union of every run file in a results directory (empty table if none).
+
+    Files an older BindingBench wrote (a lower schema version) hold rows from other probes or
+    estimators: they are set aside, never mixed in, and appended to `older` when it is given,
+    so that a reader can say so in one line. A file with no version, or a newer one, is refused."""
     d = Path(results_dir)
     if not d.is_dir():
         raise BenchError(f"results: {d} is not a directory")
@@ -186,6 +190,11 @@ def read_results(results_dir: str | os.PathLike) -> pa.Table:
             raise BenchError(f"results: {f} is damaged ({first}); move it out of {d} "
                              "(its runs are lost; `bench evaluate` re-creates them)") from None
         version = (t.schema.metadata or {}).get(b"bindingbench_results_schema_version")
+        if version is not None and version.isdigit() and int(version) < RESULTS_SCHEMA_VERSION \
+                and {"run_id", "backbone"} <= set(t.column_names):
+            if older is not None:
+                older.append(f)
+            continue
         if version != str(RESULTS_SCHEMA_VERSION).encode():
             raise BenchError(
                 f"results: {f.name} has schema version {version.decode() if version else 'none'}; "
@@ -196,7 +205,8 @@ def read_results(results_dir: str | os.PathLike) -> pa.Table:
 
 
 def existing_keys(results_dir: str | os.PathLike) -> set[tuple]:
-    """Keys of finished (status ok) rows, so a re-run can skip them."""
+    """Keys of finished (status ok) rows, so a re-run can skip them (rows of an older schema
+    version do not count: they are measured again)."""
     d = Path(results_dir)
     if not d.is_dir():
         return set()

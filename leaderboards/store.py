@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.errors import BenchError
-from bench.results import KEY_COLUMNS, RESULT_SCHEMA, read_results
+from bench.results import KEY_COLUMNS, RESULT_SCHEMA, RESULTS_SCHEMA_VERSION, read_results
 
 #: Per-scene columns (test bits, F-code groups, prior references): kept as numpy arrays, which
 #: paired comparisons read, never as Python lists (a row holds thousands of them).
@@ -29,11 +29,12 @@ PER_SCENE_COLUMNS = tuple(c for c in RESULT_SCHEMA.names if c.startswith("scene_
 STATUSES = ("ok", "error")
 
 
-def load_results(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Validated rows (dicts; per-scene columns as numpy arrays) of every run in a directory."""
+def load_results(results_dir: str | os.PathLike, older: list[Path] | None = None) -> list[dict[str, Any]]:
+    """Validated rows (dicts; per-scene columns as numpy arrays) of every run in a directory;
+    files of an older schema version are left out and named in `older` (`read_results`)."""
     d = Path(results_dir)
     try:
-        table = read_results(d)
+        table = read_results(d, older)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         raise BenchError(_schema_mismatch(d)) from None
     if table.schema.remove_metadata() != RESULT_SCHEMA.remove_metadata():
@@ -138,8 +139,18 @@ def _set_aside_phrases(groups: dict[tuple, list], chosen: dict[tuple, str], newe
 
 def load_selected(results_dir: str | os.PathLike, *, fingerprint: str | None = None,
                   include_limited: bool = False) -> Selection:
-    """`select_rows` of a directory's newest row per key (`latest`)."""
-    return select_rows(latest(load_results(results_dir)), fingerprint=fingerprint, include_limited=include_limited)
+    """`select_rows` of a directory's newest row per key (`latest`), with a phrase for files an
+    older BindingBench wrote (set aside, never mixed in)."""
+    older: list[Path] = []
+    selection = select_rows(latest(load_results(results_dir, older)), fingerprint=fingerprint,
+                            include_limited=include_limited)
+    if older:
+        versions = sorted({pq.read_schema(f).metadata[b"bindingbench_results_schema_version"].decode() for f in older})
+        selection.set_aside.append(
+            f"{len(older)} run file{'s' if len(older) > 1 else ''} of an older BindingBench (results schema "
+            f"{', '.join(versions)}; this one writes {RESULTS_SCHEMA_VERSION}: other probes), not mixed in; "
+            "`bench evaluate` measures them again")
+    return selection
 
 
 def latest(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
