@@ -194,6 +194,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-reference", action="store_true", help="skip scikit-learn's tuned logistic regression")
     args = ap.parse_args()
+    torch.set_num_threads(1)  # probes are small: one thread, and timings that do not depend on the machine's load
     config = TrainConfig(lr=args.lr)
     if args.epochs is not None:
         config = replace(config, epochs=args.epochs)

@@ -16,7 +16,6 @@ dirty pages count toward the writer's RSS, which would then grow with the datase
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ import numpy as np
 from bench.dataset import write_json_atomic
 from bench.errors import BenchError
 from bench.hashing import sha256_hex, stable_json
+from bench.locks import locked, same_file, try_lock
 
 FORMAT_VERSION = 1
 ENTRY_NAME = "entry.json"
@@ -135,13 +135,12 @@ class EntryWriter:
             raise ValueError(f"rows {lo}..{hi} are not inside the entry's 0..{self.n}")
         while True:  # a `cache rm` holds the entry's lock: wait, and start afresh if it removed the entry
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK_NAME, os.O_CREAT | os.O_RDWR)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if _same_file(fd, self.path / LOCK_NAME):
+            fd = locked(self.path / LOCK_NAME, shared=True)
+            if same_file(fd, self.path / LOCK_NAME):
                 self._lock_fds.append(fd)
                 break
             os.close(fd)
-        self._lock_fds.append(_locked(self.path / f".rows-{lo}-{hi}.lock"))  # a writer of these rows: wait
+        self._lock_fds.append(locked(self.path / f".rows-{lo}-{hi}.lock"))  # a writer of these rows: wait
         with self._state_lock():
             if read_meta(self.path) is not None:  # finished by a writer we waited for: leave it alone
                 self.done = [[0, self.n]]
@@ -176,7 +175,7 @@ class EntryWriter:
 
     @contextlib.contextmanager
     def _state_lock(self) -> Iterator[None]:
-        fd = _locked(self.path / STATE_LOCK_NAME)
+        fd = locked(self.path / STATE_LOCK_NAME)
         try:
             yield
         finally:
@@ -253,13 +252,6 @@ class EntryWriter:
         self._lock_fds.clear()
 
 
-def _locked(path: Path) -> int:
-    """A descriptor holding an exclusive flock on `path` (created if missing), waiting for it."""
-    fd = os.open(path, os.O_CREAT | os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
 def _merged(ranges: list[list[int]]) -> list[list[int]]:
     """Sorted, disjoint [start, stop) ranges covering the same rows."""
     out: list[list[int]] = []
@@ -269,15 +261,6 @@ def _merged(ranges: list[list[int]]) -> list[list[int]]:
         else:
             out.append([a, b])
     return out
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -372,7 +355,7 @@ def remove_entries(entries: Sequence[EntryInfo]) -> int:
     locks: list[int] = []
     try:
         for e in entries:
-            fd = _try_lock(e.path)
+            fd = try_lock(e.path / LOCK_NAME)
             if fd is None:
                 raise BenchError(f"cache rm: entry {e.key} is being written by a running extraction; "
                                  "nothing was removed, retry when it has finished")
@@ -387,20 +370,6 @@ def remove_entries(entries: Sequence[EntryInfo]) -> int:
     finally:
         for fd in locks:
             os.close(fd)
-
-
-def _try_lock(entry: Path) -> int | None:
-    """A descriptor holding the entry's lock (of /dev/null when it has no lock file), or None if taken."""
-    try:
-        fd = os.open(entry / LOCK_NAME, os.O_RDWR)
-    except FileNotFoundError:
-        return os.open(os.devnull, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def select_entries(entries: Sequence[EntryInfo], keys: Sequence[str]) -> list[EntryInfo]:

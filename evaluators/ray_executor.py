@@ -322,7 +322,8 @@ def _submit_extraction(c: _Cluster, plans: Sequence[Any], run_id: str, shards: d
 
 def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: dict[str, Any], test_fp: str,
                 base_train: TrainConfig, device: str, dtype: str, limit: int | None, results_dir: Path,
-                run_id: str, progress: bool, address: str | None, gpus_per_task: float | None) -> Path | None:
+                run_id: str, progress: bool, address: str | None, gpus_per_task: float | None,
+                control: str | None = None) -> Path | None:
     """The binding rows of `plans` (backbones with rows to do), computed by Ray tasks; the
     results file is rewritten, in the local path's row order, as rows arrive."""
     from evaluators.run import binding_common, binding_task, extraction_error_rows
@@ -330,7 +331,7 @@ def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: di
     if not plans:
         return None
     with _cluster(ds, device, gpus_per_task, address, results_dir, run_id) as c:
-        task_data = binding_task(ds, limit, unanchored)
+        task_data = binding_task(ds, limit, unanchored, control)
         prov = {**prov, "device": c.dev}
         base_train = replace(base_train, device=c.dev)
         train = c.remote(_train)

@@ -334,7 +334,7 @@ class BlindProbe(torch.nn.Module):
     def __init__(self, probe: torch.nn.Module, f_train: np.ndarray) -> None:
         super().__init__()
         self.probe = probe
-        self.lr, self.weight_decay = probe.lr, probe.weight_decay
+        self.lr, self.weight_decay, self.ema = probe.lr, probe.weight_decay, probe.ema
         f = np.asarray(f_train, dtype=np.float64)
         probe.set_standardization(f.mean(0), f.std(0))
 
@@ -360,7 +360,7 @@ class PlantedProbe(torch.nn.Module):
     def __init__(self, probe: torch.nn.Module, planted_train: np.ndarray) -> None:
         super().__init__()
         self.probe = probe
-        self.lr, self.weight_decay = probe.lr, probe.weight_decay
+        self.lr, self.weight_decay, self.ema = probe.lr, probe.weight_decay, probe.ema
         self.planted_mean, self.planted_std = planted_train.mean(0), planted_train.std(0)
 
     def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
@@ -567,7 +567,8 @@ def run_evaluation(
 
         return run_binding([p for p in plans if p.todo], ds, unanchored=unanchored, prov=prov, test_fp=test_fp,
                            base_train=base_train, device=device, dtype=dtype, limit=limit, results_dir=results_dir,
-                           run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task)
+                           run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task,
+                           control=control)
     with _local_threads(threads, progress, plans):
         rows: list[dict[str, Any]] = []
         path = None
@@ -658,8 +659,9 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
           probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str, limit: int | None,
           progress: bool, control: str | None = None) -> list[_Plan]:
     """Resolve every backbone and check it against the task, views and probes, so that a bad
-    combination fails in seconds instead of after another backbone's extraction and training."""
-    plans = []
+    combination fails in seconds instead of after another backbone's extraction and training.
+    Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
+    plans, notes = [], []
     for spec in models:
         backbone = resolve_backbone(spec).bind(ds)
         if task == "issameobject":
@@ -673,15 +675,15 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
         aliases: dict[str, list[str]] = {}
         if isinstance(backbone, GroundTruthBackbone) and {"cls", "mean"} <= set(views):
             aliases["cls"] = ["mean"]
-            _say(progress, f"{spec}: its class token is the mean patch token, so cls and mean are the same vector; "
-                           "probes are trained once and the rows written under both")
+            notes.append(f"{spec}: its class token is the mean patch token, so cls and mean are the same vector; "
+                         "probes are trained once and the rows written under both")
         trained = [v for v in views if not any(v in a for a in aliases.values())]
 
         def key(layer: int, view: str, fam: str, seed: int) -> tuple:
             return (spec, ds.name, test_fp, limit, control, "test", layer, view, task, fam, seed)
 
         if task == "issameobject":
-            _note_unread_layer(spec, backbone, layer_ids, probes, progress)
+            notes += _unread_layer_note(spec, backbone, layer_ids, probes)
         todo, skipped = [], 0
         for layer in layer_ids:
             here = layer_probes(probes, layer, backbone.info.n_layers) if task == "issameobject" else probes
@@ -692,20 +694,23 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
                     if fams:
                         todo.append((layer, view, seed, fams))
         plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases))
+    for note in notes:
+        _say(progress, note)
     return plans
 
 
-def _note_unread_layer(spec: str, backbone: Any, layers: Sequence[int], probes: Sequence[str], progress: bool) -> None:
+def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], probes: Sequence[str]) -> list[str]:
     """One line when a requested layer is the last hidden state, which no block reads: it gets no
     attention-qk row, and its trained probes no attention correlation."""
     n = backbone.info.n_layers
     if not n or n not in layers:
-        return
+        return []
     baselines = [p for p in probes if p in ATTENTION_BASELINES]
     correlated = any(p in TRAINED_PROBES for p in probes) and backbone.attention_qk(0) is not None
     if baselines or correlated:
         what = " and ".join([*(f"no {p} row" for p in baselines), *(["no attention_r/attention_p"] if correlated else [])])
-        _say(progress, f"note: {spec}: hidden state {n} (the last) feeds no block, so it gets {what}")
+        return [f"note: {spec}: hidden state {n} (the last) feeds no block, so it gets {what}"]
+    return []
 
 
 def _check_cache(plans: Sequence[_Plan], ds: Dataset, dtype: str, limit: int | None, progress: bool,

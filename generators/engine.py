@@ -2,23 +2,23 @@
 
 Every scene is drawn from its own seed, derived from (global seed, split, index),
 and shards have fixed row ranges, so the bytes written do not depend on how many
-workers ran or in which order they finished. A marker file records the config of
-an unfinished run: re-running the same command reuses finished shards; the card,
-written last, is what makes the directory a dataset.
+workers ran or in which order they finished. The folder's manifest (`bench.outdir`)
+records the config of an unfinished run and the shards it writes: re-running the same
+command reuses finished shards (and renders a damaged one again); the card, written
+last, is what makes the directory a dataset.
 
 `--overwrite` replaces only a directory that is a BindingBench dataset: the new one
 is built beside it and swapped in once complete, so a crash at any point leaves the
-old dataset or the new one, never neither, and nothing else is ever deleted. Workers
-die with the parent (parent-death signal), however the parent ends.
+old dataset or the new one, never neither, and nothing else is ever deleted. One
+writer at a time: a second run into the same folder is refused while the first holds
+its lock. Workers die with the parent (parent-death signal), however the parent ends.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import os
-import re
 import shutil
 import signal
 import sys
@@ -31,16 +31,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import bench
-from bench.dataset import CARD_NAME, SCHEMA_VERSION, Dataset, encode_scene, row_schema, shard_name, write_json_atomic, write_parquet_atomic
+from bench.dataset import CARD_NAME, SCHEMA_VERSION, encode_scene, row_schema, shard_name, write_json_atomic, write_parquet_atomic
 from bench.errors import BenchError
 from bench.hashing import config_hash, derive_seed, fingerprint
-from bench.paths import check_output_dir
+from bench.outdir import DatasetTarget, check_target
 from bench.versions import package_versions
 from generators.base import CommonConfig, SceneGenerator, config_to_dict, get_generator
 
-MARKER = ".generating.json"
-#: What the engine itself writes into a dataset directory (anything else is the user's).
-OWN_FILE = re.compile(r"(dataset\.json|\.generating\.json|(train|val|test)-\d{5,}\.parquet|\..*\.tmp-\d+)$")
 #: A conservative lower bound on a scene's bytes on disk (two PNGs, codes, hash, metadata).
 MIN_SCENE_BYTES = 256
 
@@ -62,58 +59,83 @@ def generate(
     progress: Progress | None = None,
     on_start: Callable[[int], None] | None = None,
     shards: Callable[..., Iterator[tuple[tuple[str, int, int, int], list[str]]]] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Generate one dataset (no sweep expansion) into `out` and return its card.
 
     `on_start(total_rows)` is called once planning succeeded (config validated).
-    `shards(name, config, work_dir, marker, tasks)`, when given, renders the shards instead of
+    `shards(name, config, work_dir, manifest, tasks)`, when given, renders the shards instead of
     local workers (e.g. `generators.ray_shards`), yielding (task, content hashes) as they finish.
+    `say` hears one-line notes (a damaged shard of an interrupted run rendered again).
     """
     if workers < 1:
         raise BenchError(f"workers: must be ≥ 1, got {workers}")
     gen = gen_cls(config)  # validates and plans before any file is touched
     out = Path(out)
     total = sum(plan.n for plan in gen.plans.values())
-    check_destination(out, overwrite)
+    check_target(out, overwrite)
     _check_space(out, total)
-    work = _prepare_dir(out, config_hash([gen_cls.name, gen_cls.version, config_to_dict(config)]), overwrite)
-    if on_start:
-        on_start(total)
-    hashes: dict[tuple[str, int], list[str]] = {}
+    tasks = [(split, shard, shard * config.shard_size, min(plan.n, (shard + 1) * config.shard_size))
+             for split, plan in gen.plans.items() for shard in range(math.ceil(plan.n / config.shard_size))]
+    target = DatasetTarget(out, config_hash([gen_cls.name, gen_cls.version, config_to_dict(config)]),
+                           overwrite=overwrite)
+    try:
+        target.record([shard_name(split, shard) for split, shard, _, _ in tasks])
+        work = target.work
+        if on_start:
+            on_start(total)
+        hashes: dict[tuple[str, int], list[str]] = {}
 
-    def todo() -> Iterator[tuple[str, int, int, int]]:
-        """Shards still to write, streamed (a work list may be far longer than memory)."""
-        for split, plan in gen.plans.items():
-            for shard in range(math.ceil(plan.n / config.shard_size)):
-                task = (split, shard, shard * config.shard_size, min(plan.n, (shard + 1) * config.shard_size))
-                path = work / shard_name(split, shard)
-                if not path.exists():
+        def todo() -> Iterator[tuple[str, int, int, int]]:
+            """Shards still to write: those an earlier, interrupted run of the same config left
+            whole are read back instead."""
+            for task in tasks:
+                done = _finished_shard(work / shard_name(*task[:2]), task[3] - task[2], say)
+                if done is None:
                     yield task
                     continue
-                # finished by an earlier, interrupted run of the same config
-                hashes[task[:2]] = pq.read_table(path, columns=["content_hash"])["content_hash"].to_pylist()
+                hashes[task[:2]] = done
                 if progress:
                     progress(task[3] - task[2])
 
-    n_shards = sum(math.ceil(plan.n / config.shard_size) for plan in gen.plans.values())
-    workers = min(workers, max(total, 1))  # more processes than scenes would only start idle
-    if shards is not None:
-        for task, shard_hashes in shards(gen_cls.name, config, work, work / MARKER, todo()):
-            hashes[task[:2]] = shard_hashes
-            if progress:
-                progress(task[3] - task[2])
-    elif workers == 1:
-        _WORKER["gen"] = gen
-        for task in todo():
-            hashes[task[:2]] = _write_shard(work, task, progress)
-    else:
-        _render_in_pool(gen, work, todo(), workers, pieces_per_shard(n_shards, workers), hashes, progress)
-    card = _card(gen, work, hashes)
-    write_json_atomic(card, work / CARD_NAME)
-    (work / MARKER).unlink(missing_ok=True)
-    if work != out:
-        _swap_in(work, out)
+        workers = min(workers, max(total, 1))  # more processes than scenes would only start idle
+        if shards is not None:
+            for task, shard_hashes in shards(gen_cls.name, config, work, target.manifest, todo()):
+                hashes[task[:2]] = shard_hashes
+                if progress:
+                    progress(task[3] - task[2])
+        elif workers == 1:
+            _WORKER["gen"] = gen
+            for task in todo():
+                hashes[task[:2]] = _write_shard(work, task, progress)
+        else:
+            _render_in_pool(gen, work, todo(), workers, pieces_per_shard(len(tasks), workers), hashes, progress)
+        card = _card(gen, work, hashes)
+        write_json_atomic(card, work / CARD_NAME)
+        target.commit()
+    finally:
+        target.close()  # a failed run keeps its files: the same command resumes them
     return card
+
+
+def _finished_shard(path: Path, n: int, say: Callable[[str], None] | None) -> list[str] | None:
+    """The content hashes of a shard an interrupted run wrote, or None when it is to be
+    written: missing, or damaged since (it is ours, by the manifest: rendered again)."""
+    if not path.exists():
+        return None
+    try:
+        found = pq.read_table(path, columns=["content_hash"])["content_hash"].to_pylist()
+    except (OSError, KeyError, pa.ArrowException):
+        found = None
+    if found is not None and len(found) == n and all(isinstance(h, str) for h in found):
+        return found
+    (say or _stderr)(f"warning: {path} is damaged; rendering it again")
+    path.unlink()
+    return None
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 Task = tuple[str, int, int, int]  # split, shard, first row, end row
@@ -179,113 +201,6 @@ def _check_space(out: Path, total: int) -> None:
     if total * MIN_SCENE_BYTES > free:
         raise BenchError(f"n_train: {total:,} scenes need at least {total * MIN_SCENE_BYTES / 2**30:,.1f} GiB, "
                          f"but {where} has {free / 2**30:,.1f} GiB free; generate fewer scenes or free space")
-
-
-def check_destination(out: Path, overwrite: bool) -> None:
-    """Refuse, touching nothing, an output `generate` would refuse or could not write.
-
-    Lets a command check every output (a sweep writes several) before the first is rendered.
-    """
-    out = Path(out)
-    if (out / CARD_NAME).exists():
-        Dataset(out)  # a damaged card is not "a dataset" to replace: refuse, in one line
-        if not overwrite:
-            raise BenchError(f"out: {out} already holds a dataset; pass --overwrite to replace it")
-        _check_own(out, "holds a dataset and other files; --overwrite replaces only what the dataset wrote")
-        if Path.cwd().is_relative_to(out.resolve()):  # the swap would leave the shell in the deleted copy
-            raise BenchError(f"out: {out} is (or holds) the working directory; to replace it, run from its "
-                             f"parent with --out {out.resolve().name}")
-    else:
-        _check_unfinished(out)
-    check_output_dir(out, "out")
-
-
-def _check_unfinished(path: Path) -> None:
-    """A non-empty directory without a card must be an unfinished run's, and hold only its files."""
-    if not path.is_dir() or not any(path.iterdir()):
-        return
-    if not (path / MARKER).exists():
-        raise BenchError(f"out: {path} is not empty and not a BindingBench dataset; choose another directory "
-                         "(--overwrite replaces only a dataset)")
-    _check_own(path, "holds an unfinished dataset and other files; move them out or choose another directory")
-
-
-def _prepare_dir(out: Path, key: str, overwrite: bool) -> Path:
-    """Make ready the directory the shards go to, and return it.
-
-    That is `out` itself, except when `--overwrite` replaces a finished dataset: then a
-    staging directory beside it, swapped in by `_swap_in` once the new card is written.
-    Only the engine's own files are ever deleted; a directory holding anything else is
-    refused with nothing touched.
-    """
-    check_destination(out, overwrite)
-    work = _staging(out) if (out / CARD_NAME).exists() else out
-    try:
-        _reset_unfinished(work, key)
-        work.mkdir(parents=True, exist_ok=True)
-        for tmp in work.glob(".*.tmp-*"):
-            tmp.unlink()
-        if not (work / MARKER).exists():
-            write_json_atomic({"key": key}, work / MARKER)
-        probe = work / f".write-probe.tmp-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise BenchError(f"out: cannot write {e.filename or out} ({e.strerror}); choose a writable directory") from None
-    return work
-
-
-def _reset_unfinished(work: Path, key: str) -> None:
-    """Keep an unfinished run of the same config (it resumes); clear one of another config."""
-    _check_unfinished(work)
-    marker = work / MARKER
-    if not marker.exists():
-        return
-    try:
-        same = json.loads(marker.read_text()).get("key") == key
-    except (OSError, ValueError, AttributeError):
-        same = False
-    if not same:  # its shards are of another config, useless here
-        for f in work.iterdir():
-            f.unlink()
-
-
-def _check_own(path: Path, problem: str) -> None:
-    foreign = [f.name for f in path.iterdir() if not (f.is_file() and OWN_FILE.match(f.name))]
-    if foreign:
-        raise BenchError(f"out: {path} {problem} (e.g. {sorted(foreign)[0]!r}); nothing was changed")
-
-
-def _staging(out: Path) -> Path:
-    """Where the replacement of `out` is built: beside it, so the swap is a rename."""
-    out = out.resolve()
-    return out.with_name(f".{out.name}.overwrite")
-
-
-def _swap_in(work: Path, out: Path) -> None:
-    """Put the finished dataset `work` in place of the old one at `out`, then delete the old.
-
-    Linux swaps the two names in one atomic step (renameat2 RENAME_EXCHANGE); elsewhere
-    the old one is first renamed aside, so either name always holds a whole dataset.
-    """
-    out = out.resolve()
-    if not _exchange(work, out):
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(work, out)
-        work = old
-    shutil.rmtree(work)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 _WORKER: dict[str, SceneGenerator] = {}

@@ -22,9 +22,9 @@ Task = tuple[str, int, int, int]  # split, shard, first row, end row
 def ray_shards(address: str | None):
     """The engine's `shards` runner for Ray at `address` (None: a local Ray)."""
 
-    def run(name: str, config: CommonConfig, work: Path, marker: Path, tasks: Iterable[Task]) -> Iterator[tuple[Task, list[str]]]:
+    def run(name: str, config: CommonConfig, work: Path, manifest: Path, tasks: Iterable[Task]) -> Iterator[tuple[Task, list[str]]]:
         with session(address):
-            check_every_node(_work_problem, str(marker), file_digest(marker))
+            check_every_node(_work_problem, str(manifest), file_digest(manifest))
             render = ray.remote(_render).options(num_cpus=1, max_retries=MAX_RETRIES)
             pending = {render.remote(name, config, str(work), task): task for task in tasks}
             while pending:
@@ -34,17 +34,17 @@ def ray_shards(address: str | None):
     return run
 
 
-def _work_problem(marker: str, digest: str) -> str | None:
+def _work_problem(manifest: str, digest: str) -> str | None:
     """What this node cannot see or write in the output directory (None when it can)."""
-    found = unreadable(Path(marker), digest)
+    found = unreadable(Path(manifest), digest)
     if found:
         return f"{found.replace('cannot read', 'does not see the output directory of')}"
-    probe = Path(marker).with_name(f".ray-write-check-{socket.gethostname()}-{os.getpid()}")
+    probe = Path(manifest).with_name(f".ray-write-check-{socket.gethostname()}-{os.getpid()}")
     try:
         probe.write_text("")
         probe.unlink()
     except OSError:
-        return f"the Ray worker on {socket.gethostname()} cannot write to {Path(marker).parent}"
+        return f"the Ray worker on {socket.gethostname()} cannot write to {Path(manifest).parent}"
     return None
 
 

@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.commands.demo import DEMO_MODELS, DEMO_PROBES, ZOO_MODELS
+from bench.commands.demo import CONTROL, CONTROL_MODEL, DEMO_MODELS, DEMO_PROBES, ZOO_MODELS
 from bench.dataset import Dataset
 from bench.results import write_run
 from evaluators.zoo import RECIPES, ZOO_ENV
 from test_leaderboard import result_row
 from test_zoo import tiny
 
-SMALL = ["--n-train", "48", "--n-val", "16", "--n-test", "16", "--image-size", "128"]
+SMALL = ["--n-train", "48", "--n-val", "16", "--n-test", "16"]
+CONTROL_ROW = f"{CONTROL_MODEL} (control: {CONTROL})"
 
 
 @pytest.fixture(autouse=True)
@@ -31,31 +32,74 @@ def tiny_zoo(tmp_path_factory, monkeypatch):
 
 
 def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
-    """Generates the dataset, hands it to run_evaluation as the contract says, ranks what it wrote."""
+    """Generates the zoo's kind of scenes, hands them to run_evaluation as the contract says (the
+    backbones, then the control), ranks the backbones and shows the control apart, unranked (here a
+    stand-in control reads 0.9: merged into zoo:conjunctions' cells it would change them)."""
     calls = []
 
-    def run_evaluation(models, dataset, *, results_dir, probes, layers, tokens, **kw):
-        calls.append(dict(models=list(models), probes=list(probes), layers=layers, tokens=list(tokens)))
+    def run_evaluation(models, dataset, *, results_dir, probes, layers, tokens, control=None, **kw):
+        calls.append(dict(models=list(models), probes=list(probes), layers=layers, tokens=list(tokens), control=control))
         ds = Dataset(dataset)
-        rows = [result_row(m, p, 1.0 if m == "oracle:objects" else 0.0, dataset=ds.name,
-                           fingerprint=ds.fingerprint("test")) for m in models for p in probes]
-        return write_run(rows, results_dir, "stand-in")
+        rows = [dict(result_row(m, p, 0.9 if control else 1.0 if m == "oracle:objects" else 0.0, dataset=ds.name,
+                                fingerprint=ds.fingerprint("test")), control=control) for m in models for p in probes]
+        return write_run(rows, results_dir, f"stand-in-{len(calls)}")
 
     monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation))
     code = main(["demo", "--out", str(tmp_path / "demo"), *SMALL])
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert calls == [dict(models=list(DEMO_MODELS), probes=list(DEMO_PROBES), layers="last", tokens=["cls"])]
-    assert Dataset(tmp_path / "demo" / "colorshape-demo").num_rows("train") == 48
+    others = [m for m in DEMO_MODELS if m not in ZOO_MODELS]  # evaluated while the zoo trains
+    assert calls == [dict(models=models, probes=list(DEMO_PROBES), layers="last", tokens=["cls"], control=control)
+                     for models, control in ((others, None), (list(ZOO_MODELS), None), ([CONTROL_MODEL], CONTROL))]
+    ds = Dataset(tmp_path / "demo" / "colorshape-demo")  # the zoo's scenes: 64 px, two 24-px objects, seed 1
+    assert ds.num_rows("train") == 48 and ds.card["config"]["image_size"] == 64
+    assert (ds.card["config"]["object_size"], ds.card["config"]["n_objects"], ds.card["seed"]) == (24, 2, 1)
     assert "oracle:objects" in out.out and "bench evaluate --model facebook/dinov2-small" in out.out
-    for stage in ("1/4", "2/4", "3/4", "4/4", "train zoo:conjunctions", "generate", "demo finished in"):
+    assert CONTROL_ROW in out.out
+    for stage in ("1/4", "2/4", "3/4", "4/4", "zoo:conjunctions → ", "generate", "demo finished in"):
         assert stage in out.err
     scratch = tmp_path / "scratch"  # without --out: a temporary directory, removed afterwards
     monkeypatch.setattr("tempfile.mkdtemp", lambda prefix: str(scratch.mkdir() or scratch))
     code = main(["demo", *SMALL, "--format", "json"])
     records = json.loads(capsys.readouterr().out)
-    assert code == 0 and len(records) == len(DEMO_MODELS) * len(DEMO_PROBES) and not scratch.exists()
+    assert code == 0 and len(records) == (len(DEMO_MODELS) + 1) * len(DEMO_PROBES) and not scratch.exists()
     assert {r["backbone"] for r in records if r["rank"] == 1} == {"oracle:objects"}
+    assert {(r["value"], r["rank"]) for r in records if r["control"] == CONTROL} == {(0.9, None)}
+    assert {r["value"] for r in records if r["backbone"] == CONTROL_MODEL and r["control"] is None} == {0.0}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--n-train", "0"], "n_train: must be ≥ 1, got 0"),
+    (["--n-test", "-1"], "n_test: must be ≥ 1, got -1"),
+    (["--image-size", "0"], "image_size"),
+])
+def test_bad_sizes_exit_2_before_any_training(tmp_path, capsys, bad, message):
+    assert main(["demo", "--out", str(tmp_path / "demo"), *bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and err[-1].startswith("bench: error: ") and "Traceback" not in "".join(err)
+    zoo = Path(os.environ[ZOO_ENV])
+    assert not any(zoo.iterdir()) and not (tmp_path / "demo" / "results").exists()
+
+
+def test_a_zoo_training_error_in_the_second_process_exits_2(tmp_path, capsys, monkeypatch):
+    """The zoo trains in a spawned process: its error comes back as the demo's one line (exit 2), after
+    the backbones it did not hold up were evaluated, and the models it did train stay trained."""
+    calls = []
+
+    def run_evaluation(models, dataset, **kw):
+        calls.append(list(models))
+
+    monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation))
+    bad = tiny("masked").with_(data=dict(tiny("masked").data, object_size=80))  # cannot fit a 64-px image
+    monkeypatch.setitem(RECIPES, "masked", bad)
+    assert main(["demo", "--out", str(tmp_path / "demo"), *SMALL]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "object_size" in line]
+    assert len(lines) == 1 and "80" in lines[0] and "Traceback" not in err, err
+    assert calls == [[m for m in DEMO_MODELS if m not in ZOO_MODELS]]
+    from evaluators.zoo import status
+
+    assert status("conjunctions")["status"] == "trained" and status("masked")["status"] == "not trained"
 
 
 def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
@@ -71,10 +115,15 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert any((tmp_path / "cache").rglob("*"))
     records = json.loads(out.out)
     assert {r["backbone"] for r in records} == set(DEMO_MODELS)
+    assert {r["backbone"] for r in records if r["control"] == CONTROL} == {CONTROL_MODEL}
     assert {r["probe"] for r in records} == set(DEMO_PROBES)
     assert all(r["status"] == "ok" for r in records), [r for r in records if r["status"] != "ok"]
-    zoo = [r for r in records if r["backbone"] in ZOO_MODELS]  # learned rows, with intervals (no ranking assumed)
+    zoo = [r for r in records if r["backbone"] in ZOO_MODELS and r["control"] is None]  # learned rows, with intervals (no ranking assumed)
     assert len(zoo) == len(ZOO_MODELS) * len(DEMO_PROBES)
-    assert all(math.isfinite(r["value"]) and r["half_width"] > 0 for r in zoo), zoo
+    assert all(math.isfinite(r["value"]) and r["lo"] <= r["value"] <= r["hi"] for r in zoo), zoo
+    # the control null reads exactly 0 and is never ranked; the oracles bracket the scale even at 48 scenes
+    assert {(r["value"], r["rank"]) for r in records if r["control"] == CONTROL} == {(0.0, None)}
+    assert {r["value"] for r in records if r["backbone"] == "oracle:features"} == {0.0}
+    assert all(r["value"] > 0.1 for r in records if r["backbone"] == "oracle:objects")
     assert "demo finished in" in out.err
     assert list(Path(tmp_path, "results").glob("*.parquet"))

@@ -47,6 +47,14 @@ def refused(args, capsys, root: Path | None = None) -> str:
     return lines[0]
 
 
+def ok(args, capsys) -> str:
+    """Run the CLI in-process; assert exit 0; return stderr (progress, notes)."""
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    return err
+
+
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("hostile") / "ds", n_train=12, n_val=4, n_test=4, shard_size=8)
@@ -104,6 +112,107 @@ def test_overwrite_keeps_the_old_dataset_until_the_new_one_is_complete(ds, tmp_p
     assert main(["generate", *SMALL, "--seed", "5", "--out", str(d), "--overwrite"]) == 0  # resumes the staging
     assert Dataset(d).fingerprint("train") != old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no staging or old copy left behind
+
+
+# -- 1b. import follows the same rule: it deletes nothing it did not write -------------------
+
+IMPORT = ["--val-fraction", "0.2", "--test-fraction", "0.2", "--image-size", "32"]
+
+
+@pytest.fixture(scope="module")
+def clevr_src(tmp_path_factory) -> Path:
+    from tests.test_import import write_clevr
+
+    return write_clevr(tmp_path_factory.mktemp("clevr-src") / "CLEVR_v1.0", 12, 4)
+
+
+def _import(src: Path, out: Path | str, *extra) -> list[str]:
+    return ["import", "clevr", "--src", src, "--out", out, *IMPORT, *extra]
+
+
+def test_import_refuses_a_folder_of_notes_and_the_working_directory(clevr_src, tmp_path, capsys, monkeypatch):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    assert "not a BindingBench dataset" in refused(_import(clevr_src, notes, "--overwrite"), capsys, tmp_path)
+    monkeypatch.chdir(notes)
+    refused(_import(clevr_src, ".", "--overwrite"), capsys, tmp_path)
+
+
+@pytest.mark.parametrize("where", ["source", "inside", "parent"])
+def test_import_refuses_a_target_that_holds_or_lies_in_its_source(clevr_src, capsys, where):
+    out = {"source": clevr_src, "inside": clevr_src / "images" / "ds", "parent": clevr_src.parent}[where]
+    msg = refused(_import(clevr_src, out, "--overwrite"), capsys, clevr_src.parent)
+    assert "source" in msg
+
+
+def test_import_overwrite_keeps_notes_and_replaces_only_a_dataset(clevr_src, tmp_path, capsys):
+    out = tmp_path / "ds"
+    ok(_import(clevr_src, out), capsys)
+    (out / "notes.md").write_text("mine")
+    assert "notes.md" in refused(_import(clevr_src, out, "--overwrite"), capsys, tmp_path)
+    (out / "notes.md").unlink()
+    old = tree(out)
+    ok(_import(clevr_src, out, "--overwrite", "--split-seed", "3"), capsys)
+    assert tree(out) != old and sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no staging left
+
+
+def _leftover_staging(out: Path, extra: str | None = None) -> Path:
+    """What a writer killed with -9 leaves beside `out`: a staging folder with its manifest, a
+    shard, a temporary and an unheld lock (the kernel dropped the flock with the process)."""
+    from bench.outdir import LOCK_NAME, MANIFEST_NAME, staging_path
+
+    staging = staging_path(out)
+    staging.mkdir(parents=True)
+    (staging / MANIFEST_NAME).write_text(json.dumps({"key": "killed", "files": ["train-00000.parquet"]}))
+    (staging / "train-00000.parquet").write_bytes(b"half")
+    (staging / ".train-00000.parquet.tmp-99999").write_bytes(b"half")
+    (staging / LOCK_NAME).write_bytes(b"")
+    if extra:
+        (staging / extra).write_text("mine")
+    return staging
+
+
+def test_a_killed_imports_staging_is_cleaned_by_the_next_run(clevr_src, tmp_path, capsys):
+    out = tmp_path / "ds"
+    staging = _leftover_staging(out)
+    ok(_import(clevr_src, out), capsys)
+    assert not staging.exists() and Dataset(out).num_rows("train") > 0
+    staging = _leftover_staging(tmp_path / "other", extra="notes.md")  # someone's file in it: left alone
+    assert "notes.md" in refused(_import(clevr_src, tmp_path / "other"), capsys)
+    assert (staging / "notes.md").read_text() == "mine" and not (tmp_path / "other").exists()
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_folder(ds, clevr_src, tmp_path, capsys):
+    from bench.outdir import LOCK_NAME
+
+    d = tmp_path / "d"
+    d.mkdir()
+    fd = os.open(d / LOCK_NAME, os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a running writer
+    try:
+        assert "being written" in refused(["generate", *SMALL, "--out", d], capsys, tmp_path)
+        assert "being written" in refused(_import(clevr_src, d), capsys, tmp_path)
+    finally:
+        os.close(fd)  # the writer dies: its lock goes with it, the lock file stays
+    ok(["generate", *SMALL, "--out", d], capsys)
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith(".")) == []  # lock and manifest removed
+
+
+def test_resume_renders_a_damaged_shard_again(tmp_path, capsys, monkeypatch):
+    import generators.engine as engine
+
+    d = tmp_path / "d"
+    args = ["generate", *SMALL, "--set", "shard_size=4", "--out", str(d)]
+    with monkeypatch.context() as m:
+        m.setattr(engine, "_card", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed")))
+        with pytest.raises(RuntimeError):
+            main(args)
+    shard = d / "train-00001.parquet"
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert "train-00001.parquet is damaged; rendering it again" in ok(args, capsys)
+    assert Dataset(d).fingerprint("train") == Dataset(make_dataset(tmp_path / "fresh", n_train=12, n_val=4, n_test=4,
+                                                                   shard_size=4)).fingerprint("train")
 
 
 # -- 3. damaged inputs and unwritable outputs ----------------------------------------------

@@ -413,7 +413,8 @@ def test_malformed_source_exits_2_with_one_line_and_writes_nothing(source, break
 def test_missing_root_and_existing_output(tmp_path, capsys):
     err = _fails(["import", "clevr", "--src", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")], capsys)
     assert "CLEVR_train_scenes.json" in err and "expected layout" in err
-    err = _fails(["import", "ade20k", "--src", str(tmp_path), "--out", str(tmp_path / "o")], capsys)
+    (tmp_path / "empty").mkdir()
+    err = _fails(["import", "ade20k", "--src", str(tmp_path / "empty"), "--out", str(tmp_path / "o")], capsys)
     assert "images/ADE" in err
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")

@@ -29,7 +29,7 @@ ray = pytest.importorskip("ray")
 MODELS = ["oracle:objects", "oracle:features", "oracle:mix-0.5", "pixels", "random:dinov2-small"]
 GRID = dict(layers="0.5,last", probes=["linear", "dnn"], seeds=[0], epochs=3, progress=False)
 #: Columns that differ between any two runs of the same grid.
-RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "host", "package_versions"}
+RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "host", "package_versions", "command"}
 
 
 @pytest.fixture(scope="module")

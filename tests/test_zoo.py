@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +21,9 @@ TINY_DATA = dict(n_train=24, n_val=8, shard_size=16)
 
 
 def tiny(name: str, **changes):
-    return RECIPES[name].with_(architecture=TINY_ARCH, data=TINY_DATA, batch_size=8, warmup=2,
-                               steps=0 if name == "untrained" else 4, **changes)
+    """The recipe at test size: its scenes (64 px, 24-px objects) and objective, a smaller ViT, 24 of them."""
+    return RECIPES[name].with_(architecture=TINY_ARCH, data=dict(RECIPES[name].data, **TINY_DATA), batch_size=8,
+                               warmup=2, steps=0 if name == "untrained" else 4, **changes)
 
 
 @pytest.fixture
@@ -62,9 +64,9 @@ def test_same_seed_same_bytes_and_resume_continues_exactly(tmp_path, monkeypatch
     a = train_recipe(recipe, tmp_path / "a")
     with pytest.raises(Interrupt):  # stops after step 3: the checkpoint of step 2 stays
         train_recipe(recipe, tmp_path / "c", progress=stop_after(3))
-    partial = partial_dir(tmp_path / "c", "masked")
+    partial = partial_dir(tmp_path / "c", recipe)
     assert torch.load(partial / training.STATE_NAME, weights_only=False)["state"]["step"] == 2
-    assert not (tmp_path / "c" / "masked").exists()
+    assert not (tmp_path / "c" / recipe.folder).exists()
     c = train_recipe(recipe, tmp_path / "c")
     assert weights(c) == weights(a) and not partial.exists()
     assert weights(train_recipe(recipe.with_(seed=1), tmp_path / "d")) != weights(a)
@@ -75,8 +77,8 @@ def test_same_seed_same_bytes_and_resume_continues_exactly(tmp_path, monkeypatch
 
 
 def test_training_beats_the_best_constant_predictor(tmp_path):
-    """80 steps take the F head below the base rate's loss (labels wired to the wrong scenes would not)."""
-    recipe = tiny("features").with_(steps=80, lr=3e-3)
+    """150 steps take the F head below the base rate's loss (labels wired to the wrong scenes would not)."""
+    recipe = tiny("features").with_(steps=150, lr=3e-3)
     card = json.loads((train_recipe(recipe, tmp_path) / CARD_NAME).read_text())
     # F is 2 of 8 colours and 2 of 8 shapes: the best constant predictor scores H(1/4) nats per value
     chance = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
@@ -106,8 +108,8 @@ def test_zoo_spec_is_the_local_checkpoint_path(zoo_cache, balanced_small, capsys
     assert rows and {r["backbone"] for r in rows} == {"zoo:features"}
     assert {r["backbone_revision"] for r in rows} == {by_dir.info.revision}
     assert main(["zoo", "list", "--format", "json"]) == 0
-    rows = {r["spec"]: r for r in json.loads(capsys.readouterr().out)}
-    assert rows["zoo:features"]["status"] == "trained" and rows["zoo:masked"]["status"] == "not trained"
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["features"]["status"] == "trained" and rows["masked"]["status"] == "not trained"
     assert main(["zoo", "train", "features"]) == 0  # a finished model is reused, not retrained
     assert capsys.readouterr().out.strip() == path
 
@@ -123,18 +125,24 @@ def test_bad_names_exit_2(zoo_cache, balanced_small, capsys, argv, message):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_half_written_and_foreign_seed_runs_exit_2(zoo_cache, capsys, monkeypatch):
-    """An interrupted run resumes only with its own seed; a half-written directory is never a model."""
+def test_half_written_runs_exit_2_and_other_seeds_train_apart(zoo_cache, capsys):
+    """An interrupted run resumes only as its own recipe; another seed trains into a folder of its
+    own beside it; a half-written directory is never a model."""
     with pytest.raises(Interrupt):
         train_recipe(RECIPES["features"], zoo_cache, progress=stop_after(3))
-    assert main(["zoo", "train", "features", "--seed", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "interrupted run with seed 0" in err and len(err.strip().splitlines()) == 1
+    interrupted = partial_dir(zoo_cache, RECIPES["features"])
+    assert main(["zoo", "train", "features", "--seed", "1"]) == 0
+    variant = capsys.readouterr().out.strip()
+    assert variant == str(zoo_cache / RECIPES["features"].with_(seed=1).folder) and interrupted.exists()
     assert main(["zoo", "path", "features"]) == 2 and "not trained yet" in capsys.readouterr().err
+    assert main(["zoo", "list", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["status"], r["seed"], r["path"]) for r in rows if r["name"] == "features"] == [
+        ("interrupted", 0, str(zoo_cache / RECIPES["features"].folder)), ("variant", 1, variant)]
     # a published directory without its card (as a copy cut short would leave it)
     assert main(["zoo", "train", "features"]) == 0
-    path = zoo_cache / "features"
-    capsys.readouterr()
+    path = zoo_cache / RECIPES["features"].folder
+    assert capsys.readouterr().out.strip() == str(path) and not interrupted.exists()
     (path / CARD_NAME).unlink()
     (path / "model.safetensors").write_bytes(weights(path)[:100])
     assert main(["zoo", "path", "features"]) == 2 and "not trained yet" in capsys.readouterr().err
@@ -142,5 +150,33 @@ def test_half_written_and_foreign_seed_runs_exit_2(zoo_cache, capsys, monkeypatc
         resolve_backbone("zoo:features")
     with pytest.raises(BenchError):  # the same truncated directory passed as --model DIR
         resolve_backbone(str(path))
-    assert main(["zoo", "train", "features", "--seed", "1"]) == 2
-    assert "holds no zoo_card.json" in capsys.readouterr().err
+    assert main(["zoo", "train", "features"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no zoo_card.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_changed_recipe_trains_apart_and_the_old_model_is_stale(zoo_cache, capsys, monkeypatch):
+    """Editing a recipe retrains into a new folder, keeps the old one (listed stale, never loaded as
+    zoo:NAME), and zoo:NAME follows the recipe as written."""
+    old = train_recipe(RECIPES["conjunctions"], zoo_cache)
+    old_revision = resolve_backbone("zoo:conjunctions").info.revision
+    monkeypatch.setitem(RECIPES, "conjunctions", RECIPES["conjunctions"].with_(lr=2e-3))
+    assert main(["zoo", "path", "conjunctions"]) == 2 and "not trained yet" in capsys.readouterr().err
+    assert main(["zoo", "train", "conjunctions"]) == 0
+    new = capsys.readouterr().out.strip()
+    assert new != str(old) and new == str(zoo_cache / RECIPES["conjunctions"].folder)
+    assert weights(old) != weights(Path(new))  # the old model is still there, untouched
+    assert resolve_backbone("zoo:conjunctions").info.revision not in (old_revision, "not trained")
+    assert main(["zoo", "list", "--format", "json"]) == 0
+    rows = [(r["name"], r["status"], r["path"]) for r in json.loads(capsys.readouterr().out)]
+    assert ("conjunctions", "trained", new) in rows and ("conjunctions", "stale", str(old)) in rows
+    assert main(["zoo", "list"]) == 0 and "stale" in capsys.readouterr().out
+
+
+def test_folders_are_named_by_the_whole_recipe():
+    """Every setting (seed and steps too) enters the folder's hash; the name stays readable."""
+    r = RECIPES["masked"]
+    names = {r.folder, r.with_(seed=1).folder, r.with_(steps=r.steps + 1).folder, r.with_(mask_ratio=0.75).folder,
+             r.with_(data=dict(r.data, n_train=7)).folder}
+    assert len(names) == 5 and all(n.startswith("masked-") and len(n) == len("masked-") + 12 for n in names)
+    assert r.folder == RECIPES["masked"].with_().folder

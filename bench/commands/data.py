@@ -70,21 +70,26 @@ def generate(
         if value is not None:
             overrides[key] = value
     config = build_config(gen, preset, overrides)
-    from generators.engine import check_destination, generate as run
+    from bench.outdir import check_target
+    from generators.engine import generate as run
 
     variants = gen.expand(config)
     for sub, cfg in variants:
         gen(cfg)  # validate every variant and its destination before any work
-        check_destination(out / sub if sub else out, overwrite)
+        check_target(out / sub if sub else out, overwrite)
     for sub, cfg in variants:
         target = out / sub if sub else out
         t0 = time.perf_counter()
         with progress_bar(f"generate {target}") as bar:
             card = run(gen, cfg, target, workers=workers, overwrite=overwrite, progress=bar.advance, on_start=bar.set_total,
-                       shards=shards)
+                       shards=shards, say=_say)
         n = sum(s["n"] for s in card["splits"].values())
         dt = time.perf_counter() - t0
         stderr.print(f"wrote {n} scenes to {target} in {dt:.1f} s ({n / dt:.0f} scenes/s)")
+
+
+def _say(text: str) -> None:
+    stderr.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
 def generators_cmd(fmt: Format = typer.Option(Format.table, "--format")) -> None:

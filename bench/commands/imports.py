@@ -42,7 +42,7 @@ def ade20k(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scen
     """ADE20K with per-image instance masks (e.g. ADE20K_2021_17_01): for --task issameobject."""
     from generators.importers import ade20k as mod
 
-    _check(max_scenes, val_fraction, test_fraction, image_size)
+    _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
     _run(mod.load(src, top_n=top_n, max_scenes=max_scenes), out, src, split_seed, max_scenes, val_fraction,
          test_fraction, overwrite, {"top_n": top_n, "image_size": image_size})
 
@@ -56,7 +56,7 @@ def vg(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: 
     """Visual Genome v1.2 (image_data.json, objects.json, attributes.json, VG_100K*/): VG:Color or VG:TopAttr."""
     from generators.importers import vg as mod
 
-    _check(max_scenes, val_fraction, test_fraction, image_size)
+    _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
     _run(mod.load(src, coding=coding, top_n=top_n, max_scenes=max_scenes), out, src, split_seed, max_scenes,
          val_fraction, test_fraction, overwrite, {"coding": coding, "top_n": top_n, "image_size": image_size})
 
@@ -68,12 +68,16 @@ def clevr(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scene
     """CLEVR v1.0 (scenes/CLEVR_<split>_scenes.json + images/<split>/): size x colour x material x shape."""
     from generators.importers import clevr_v1 as mod
 
-    _check(max_scenes, val_fraction, test_fraction, image_size)
+    _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
     _run(mod.load(src, max_scenes=max_scenes), out, src, split_seed, max_scenes, val_fraction, test_fraction,
          overwrite, {"image_size": image_size})
 
 
-def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, image_size: int) -> None:
+def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, image_size: int, out: Path, src: Path,
+           overwrite: bool) -> None:
+    """Every option and the destination, before the source is read (parsing it can take minutes)."""
+    from bench.outdir import check_target
+
     if image_size < 16:
         raise BenchError(f"image-size: must be ≥ 16, got {image_size}")
     if max_scenes is not None and max_scenes < 1:
@@ -83,6 +87,7 @@ def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, im
             raise BenchError(f"{name}: must be in (0, 1), got {value}")
     if val_fraction + test_fraction >= 1:
         raise BenchError(f"val-fraction + test-fraction: must be < 1, got {val_fraction + test_fraction}")
+    check_target(out, overwrite, sources=[src], stage=True)
 
 
 def _run(source: Any, out: Path, src: Path, split_seed: int, max_scenes: int | None, val_fraction: float,
@@ -94,7 +99,8 @@ def _run(source: Any, out: Path, src: Path, split_seed: int, max_scenes: int | N
     t0 = time.perf_counter()
     with progress_bar(f"import {source.name} → {out}", total=len(source.scenes)) as bar:
         card = write_import(source, out, split_seed=split_seed, val_fraction=val_fraction,
-                            test_fraction=test_fraction, config=config, overwrite=overwrite, progress=bar.advance)
+                            test_fraction=test_fraction, config=config, overwrite=overwrite, sources=[src],
+                            progress=bar.advance)
     n = sum(s["n"] for s in card["splits"].values())
     per_split = ", ".join(f"{k} {v['n']}" for k, v in card["splits"].items())
     stderr.print(f"wrote {n} scenes to {out} in {time.perf_counter() - t0:.1f} s ({per_split}; priors: empirical)")

@@ -19,11 +19,13 @@ def register(app: typer.Typer) -> None:
 
 @zoo_app.command("list")
 def list_zoo(fmt: Format = typer.Option(Format.table, "--format")) -> None:
-    """The recipes: objective, steps, whether trained, final losses and training time."""
-    from evaluators.zoo import RECIPES, status
+    """The recipes (trained, interrupted or not trained: a trained one is `zoo:NAME`), then the other
+    models in the zoo's directory: variants (another --seed or --steps) and stale ones (an earlier
+    recipe, kept), with final losses and training time."""
+    from evaluators.zoo import inventory
 
-    columns = ["spec", "objective", "steps", "status", "seed", "final_train_loss", "final_val_loss", "wall_time_s", "path"]
-    echo(render_table([status(name) for name in RECIPES], columns, fmt))
+    columns = ["name", "objective", "steps", "status", "seed", "final_train_loss", "final_val_loss", "wall_time_s", "path"]
+    echo(render_table(inventory(), columns, fmt))
 
 
 @zoo_app.command("train")
@@ -32,7 +34,8 @@ def train(
     seed: Optional[int] = typer.Option(None, help="Seed of weights, batches and masks (default: the recipe's, 0)."),
     steps: Optional[int] = typer.Option(None, help="Training steps (default: the recipe's; the card records them)."),
 ) -> None:
-    """Train recipes (resuming an interrupted run, reusing a finished one) into the cache."""
+    """Train recipes (resuming an interrupted run, reusing a finished one) into the cache; prints each
+    model's directory (with --seed or --steps, a variant's own: `zoo:NAME` stays the recipe as written)."""
     from evaluators.zoo import get_recipe
 
     for name in names:  # every name checked before the first minute of training is spent
@@ -53,7 +56,7 @@ def train_one(name: str, *, seed: int | None = None, steps: int | None = None) -
 
 @zoo_app.command("path")
 def path(name: str = typer.Argument(..., help="Recipe name.")) -> None:
-    """The checkpoint directory of a trained zoo model (usable as `--model DIR`)."""
+    """The checkpoint directory of a trained zoo model, the recipe as written (usable as `--model DIR`)."""
     from evaluators.zoo import model_path
 
     echo(str(model_path(name)))

@@ -1,8 +1,10 @@
 """The zoo: small ViTs trained here, offline, with known binding demands (`zoo:NAME`).
 
 A zoo model is an ordinary Hugging Face checkpoint directory in the cache
-(`<cache>/zoo/NAME`), so `zoo:NAME` loads through exactly the path of a user's local
-checkpoint and is keyed in the activation cache by its weights' hash.
+(`<cache>/zoo/NAME-<hash>`, the hash of its recipe), so `zoo:NAME` loads through exactly the
+path of a user's local checkpoint and is keyed in the activation cache by its weights' hash.
+`zoo:NAME` is the current recipe's folder; folders of earlier recipes are kept and listed as
+stale, never loaded under the name.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from evaluators.zoo.recipes import RECIPES, Recipe
 from evaluators.zoo.training import partial_dir, read_card, train_recipe
 
 ZOO_ENV = "BINDINGBENCH_ZOO"
-__all__ = ["RECIPES", "Recipe", "zoo_root", "get_recipe", "model_path", "train", "status"]
+__all__ = ["RECIPES", "Recipe", "zoo_root", "get_recipe", "model_path", "train", "status", "inventory"]
 
 
 def zoo_root() -> Path:
@@ -37,9 +39,8 @@ def get_recipe(name: str) -> Recipe:
 
 
 def model_path(name: str) -> Path:
-    """The finished checkpoint directory of `zoo:NAME` (BenchError when it is not trained)."""
-    get_recipe(name)
-    path = zoo_root() / name
+    """The finished checkpoint directory of `zoo:NAME`'s current recipe (BenchError when it is not trained)."""
+    path = zoo_root() / get_recipe(name).folder
     if read_card(path) is None:
         raise BenchError(f"zoo: {name} is not trained yet (no finished model at {path}); "
                          f"run `bench zoo train {name}`")
@@ -48,7 +49,8 @@ def model_path(name: str) -> Path:
 
 def train(name: str, *, seed: int | None = None, steps: int | None = None,
           progress: Callable[[int], None] | None = None, on_start: Callable[[int], None] | None = None) -> Path:
-    """Train (or resume, or reuse) a recipe; `seed` and `steps` override the recipe's."""
+    """Train (or resume, or reuse) a recipe; `seed` and `steps` override the recipe's (a variant
+    with its own folder: `zoo:NAME` stays the recipe as written)."""
     recipe = get_recipe(name)
     if recipe.objective == "untrained":  # the control is never trained, whatever --steps says
         steps = 0
@@ -59,14 +61,33 @@ def train(name: str, *, seed: int | None = None, steps: int | None = None,
 
 
 def status(name: str) -> dict[str, Any]:
-    """What `bench zoo list` shows of one recipe: trained, interrupted or not started."""
+    """What `bench zoo list` shows of one recipe as written: trained, interrupted or not trained."""
     recipe = RECIPES[name]
-    card = read_card(zoo_root() / name)
-    state = "trained" if card else "interrupted" if partial_dir(zoo_root(), name).exists() else "not trained"
-    return dict(name=name, spec=f"zoo:{name}", objective=recipe.objective,
-                steps=card["steps"] if card else recipe.steps, status=state,
-                seed=card["seed"] if card else recipe.seed,
-                wall_time_s=card.get("wall_time_s") if card else None,
-                final_train_loss=card.get("final_train_loss") if card else None,
-                final_val_loss=card.get("final_val_loss") if card else None,
-                path=str(zoo_root() / name))
+    path = zoo_root() / recipe.folder
+    card = read_card(path)
+    state = "trained" if card else "interrupted" if partial_dir(zoo_root(), recipe).exists() else "not trained"
+    return _row(recipe.name, recipe.objective, card or recipe.to_dict(), state, path)
+
+
+def inventory() -> list[dict[str, Any]]:
+    """Every recipe's `status`, then every other finished model in the zoo's directory: a variant
+    (the recipe as written but another seed or number of steps, `bench zoo train --seed/--steps`)
+    or stale (trained by a recipe that has changed since; kept, never loaded as `zoo:NAME`)."""
+    rows = [status(name) for name in RECIPES]
+    current = {RECIPES[name].folder for name in RECIPES}
+    root = zoo_root()
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        card = read_card(path)
+        if path.name in current or path.name.startswith(".") or card is None:
+            continue
+        recipe, written = card.get("recipe", {}), RECIPES.get(card.get("name", ""))
+        same = written is not None and {**recipe, "seed": written.seed, "steps": written.steps} == written.to_dict()
+        rows.append(_row(card.get("name", path.name), card.get("objective"), card, "variant" if same else "stale", path))
+    return rows
+
+
+def _row(name: str, objective: str | None, card: dict[str, Any], state: str, path: Path) -> dict[str, Any]:
+    return dict(name=name, objective=objective,
+                steps=card.get("steps"), status=state, seed=card.get("seed"), wall_time_s=card.get("wall_time_s"),
+                final_train_loss=card.get("final_train_loss"), final_val_loss=card.get("final_val_loss"),
+                path=str(path))

@@ -15,7 +15,7 @@ def zoo_specs() -> list[str]:
 
 
 def zoo_infos() -> list[BackboneInfo]:
-    """One row per recipe; the revision is the weights' hash once trained, else `not trained`."""
+    """One row per recipe as written; the revision is the weights' hash once trained, else `not trained`."""
     from evaluators.backbones.base import BackboneInfo
     from evaluators.zoo import zoo_root
     from evaluators.zoo.training import read_card
@@ -23,7 +23,7 @@ def zoo_infos() -> list[BackboneInfo]:
     a, n_params = ARCHITECTURE, _n_params()
     out = []
     for name in RECIPES:
-        path = zoo_root() / name
+        path = zoo_root() / RECIPES[name].folder
         revision = "not trained"
         if read_card(path) is not None:
             from evaluators.backbones.weights import files_hash

@@ -7,10 +7,13 @@ training runs on one thread (a sum split across threads may round differently), 
 resumed from its checkpoint takes exactly the steps an uninterrupted run takes, and the
 same seed gives the same weight bytes.
 
-Publication. While training, state lives in `<zoo>/.NAME.partial/` (a checkpoint written
-atomically every few steps, tagged with its seed and recipe). The finished model is written
-with `save_pretrained` into a temporary directory, its card last, and renamed to `<zoo>/NAME`
-in one step; `zoo:NAME` accepts only a directory whose card is there.
+Publication. A recipe trains into `<zoo>/NAME-<hash>` (`Recipe.folder`: the hash covers every
+setting, seed and steps included), so a changed recipe never overwrites, resumes or passes for a
+model trained earlier; old folders stay where they are. While training, state lives in
+`<zoo>/.NAME-<hash>.partial/` (a checkpoint written atomically every few steps, tagged with its
+recipe and data). The finished model is written with `save_pretrained` into a temporary
+directory, its card last, and renamed into place in one step; `zoo:NAME` accepts only a
+directory whose card is there.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ MEAN, STD = 0.5, 0.5
 Progress = Callable[[int], None]
 
 
-def partial_dir(root: Path, name: str) -> Path:
-    return root / f".{name}.partial"
+def partial_dir(root: Path, recipe: Recipe) -> Path:
+    return root / f".{recipe.folder}.partial"
 
 
 def read_card(path: Path) -> dict[str, Any] | None:
@@ -55,40 +58,36 @@ def read_card(path: Path) -> dict[str, Any] | None:
 
 def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None,
                  on_start: Callable[[int], None] | None = None) -> Path:
-    """Train (or resume) `recipe` and publish it at `root/NAME`; returns that directory.
+    """Train (or resume) `recipe` and publish it at `root/NAME-<hash>`; returns that directory.
 
-    A finished model of the same seed and steps is reused; another one, or an interrupted
-    run of another seed or recipe, is a BenchError (the user decides what to delete).
+    A finished model of the same recipe is reused; a directory there without a card, or an
+    interrupted run on other scenes, is a BenchError (the user decides what to delete).
     """
-    final = root / recipe.name
-    card = read_card(final)
-    if card is not None:
-        if card["recipe"] != recipe.to_dict():
-            raise BenchError(f"zoo: {recipe.name} is already trained with seed {card['seed']}, {card['steps']} steps "
-                             f"at {final}; delete that directory to train it with seed {recipe.seed}, {recipe.steps} steps")
+    final = root / recipe.folder
+    if read_card(final) is not None:
         return final
     if final.exists():
         raise BenchError(f"zoo: {final} exists but holds no {CARD_NAME} (not a finished zoo model); delete it")
     # the untrained control reads no data: its card says so rather than naming scenes it never saw
     data = training_data(recipe, root / "data") if recipe.objective != "untrained" else None
     with _deterministic():
-        model, head, state = _start(recipe, partial_dir(root, recipe.name), data["fingerprint"] if data else None)
+        model, head, state = _start(recipe, partial_dir(root, recipe), data["fingerprint"] if data else None)
         if on_start:
             on_start(recipe.steps)
         if progress and state["step"]:
             progress(state["step"])
         clock = _Clock(state["wall_s"])
-        losses = _train(recipe, model, head, state, data, partial_dir(root, recipe.name), progress, clock) if data else []
+        losses = _train(recipe, model, head, state, data, partial_dir(root, recipe), progress, clock) if data else []
         val = _mean_loss(recipe, model, head, data["val"], derive_seed("zoo-val", recipe.seed)) if data else None
     card = dict(
-        name=recipe.name, objective=recipe.objective, seed=recipe.seed, steps=recipe.steps, recipe=recipe.to_dict(),
+        name=recipe.name, folder=recipe.folder, objective=recipe.objective, seed=recipe.seed, steps=recipe.steps, recipe=recipe.to_dict(),
         data=dict(generator="colorshape", preset=recipe.data_preset, seed=recipe.seed, fingerprint=data["fingerprint"],
                   n_train=len(data["train"]["x"]), n_val=len(data["val"]["x"])) if data else None,
         final_train_loss=float(np.mean(losses[-10:])) if losses else None, final_val_loss=val,
         wall_time_s=round(clock(), 1), threads=1, torch=torch.__version__,
     )
     _publish(model, card, final)
-    shutil.rmtree(partial_dir(root, recipe.name), ignore_errors=True)
+    shutil.rmtree(partial_dir(root, recipe), ignore_errors=True)
     return final
 
 
@@ -225,16 +224,14 @@ def _run_tag(recipe: Recipe, fingerprint: str | None) -> dict[str, Any]:
 
 
 def _start(recipe: Recipe, partial: Path, fingerprint: str | None) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, Any]]:
-    """A fresh model, or the interrupted run's model, head, optimizer and step (same seed only)."""
+    """A fresh model, or the interrupted run's model, head, optimizer and step (same recipe and scenes only)."""
     model, head = build_model(recipe)
     tag = _run_tag(recipe, fingerprint)
     if (partial / RUN_NAME).is_file() and (partial / STATE_NAME).is_file():
         found = json.loads((partial / RUN_NAME).read_text())
-        if found != tag:
-            raise BenchError(
-                f"zoo: {recipe.name} has an interrupted run with seed {found.get('seed')}, {found.get('steps')} steps "
-                f"in {partial}; resume it with --seed {found.get('seed')} --steps {found.get('steps')} "
-                f"or delete that directory")
+        if found != tag:  # same recipe hash, other scenes: the generator has changed since
+            raise BenchError(f"zoo: {recipe.name} has an interrupted run on other training scenes in {partial}; "
+                             f"delete that directory to train afresh")
         saved = torch.load(partial / STATE_NAME, weights_only=False)
         model.load_state_dict(saved["model"])
         head.load_state_dict(saved["head"])

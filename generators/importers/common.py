@@ -7,16 +7,14 @@ feature space it chose. This module turns them into the same dataset format as
 the generators' salted hash (`generators.splits.assign_splits`), so the splits are
 disjoint in F whatever the source's own splits were; the priors are plug-in
 estimates from each split's own codes and the card says so (`priors: empirical`).
-Everything is written into a temporary directory beside the output and renamed into
-place when complete, so a missing image or a bad mask halfway through leaves nothing
-that reads as a dataset.
+Everything is written into a staging folder beside the output and swapped into place
+when complete (`bench.outdir`), so a missing image or a bad mask halfway through leaves
+nothing behind, and nothing the importer did not write is ever deleted.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +29,8 @@ from bench.codes import FeatureSpace
 from bench.dataset import (CARD_NAME, SCHEMA_VERSION, Scene, encode_scene, row_schema, shard_name, write_json_atomic,
                            write_parquet_atomic)
 from bench.errors import BenchError
-from bench.hashing import fingerprint
+from bench.hashing import config_hash, fingerprint
+from bench.outdir import DatasetTarget, check_target
 from bench.versions import package_versions
 from generators.splits import FCode, assign_splits
 
@@ -169,32 +168,25 @@ def plugin_priors(f_keys: Sequence[str], o_keys: Sequence[str]) -> tuple[dict[st
 
 
 def write_import(source: Source, out: Path, *, split_seed: int, val_fraction: float, test_fraction: float,
-                 config: dict[str, Any], overwrite: bool = False, progress: Callable[[int], None] | None = None
-                 ) -> dict[str, Any]:
-    """Write `source` as a dataset at `out` (atomically: temp dir beside it, renamed when done)."""
+                 config: dict[str, Any], overwrite: bool = False, sources: Sequence[Path] = (),
+                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Write `source` as a dataset at `out`: built in a staging folder beside it and swapped in
+    whole (`bench.outdir`), so a failure at any point leaves `out` as it was. `sources` are the
+    folders read: `out` may neither hold nor lie inside one."""
     out = Path(out)
-    _check_out(out, overwrite)
+    check_target(out, overwrite, sources=sources, stage=True)
     splits = split_scenes(source, split_seed, val_fraction, test_fraction)
-    tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    target = DatasetTarget(out, config_hash(config), overwrite=overwrite, sources=sources, stage=True, resume=False)
     try:
-        card = _write_splits(source, splits, tmp, split_seed, config, progress)
-        write_json_atomic(card, tmp / CARD_NAME)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        target.record([shard_name(split, k) for split, scenes in splits.items()
+                       for k in range(math.ceil(len(scenes) / SHARD_SIZE))])
+        card = _write_splits(source, splits, target.work, split_seed, config, progress)
+        write_json_atomic(card, target.work / CARD_NAME)
+        target.commit()
+    except BaseException:
+        target.discard()
+        raise
     return card
-
-
-def _check_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise BenchError(f"out: {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        what = "already holds a dataset" if (out / CARD_NAME).exists() else "is not empty"
-        raise BenchError(f"out: {out} {what}; choose another directory or pass --overwrite")
 
 
 def _write_splits(source: Source, splits: dict[str, list[SourceScene]], tmp: Path, split_seed: int,

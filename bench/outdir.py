@@ -1,0 +1,265 @@
+"""Dataset folders as `bench generate` and `bench import` write them, under one rule: a command
+deletes or overwrites only what it can prove it wrote.
+
+The proof is a manifest. While a writer runs, the folder it writes holds
+`.bench-manifest.json` (what is being written, and the names of every file it will create
+there) and `.bench.lock`, which the writer holds with `flock` for its whole run: a second
+writer is refused in one line, and a killed one never leaves the folder locked (the kernel
+drops the lock). Once the card is written, the card is the manifest (it lists the shards),
+and the writer's manifest and lock are removed, so a finished dataset holds its card and
+shards only. Anything in a folder that neither names is the user's: the folder is refused,
+in one line, with nothing touched.
+
+Replacing a finished dataset (`--overwrite`), and every import, builds the new one in a
+staging folder beside the target, `.NAME.staging`, with its own manifest and lock, then
+swaps it in whole. A staging folder whose lock nobody holds was left by a run that died
+(kill -9 included): the next run resumes it when it writes the same thing, else removes
+what it holds of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from bench.dataset import CARD_NAME, Dataset, write_json_atomic
+from bench.errors import BenchError
+from bench.locks import same_file, try_lock
+from bench.paths import check_output_dir
+
+MANIFEST_NAME = ".bench-manifest.json"
+LOCK_NAME = ".bench.lock"
+#: The temporaries of `write_json_atomic` / `write_parquet_atomic`: `.NAME.tmp-PID`.
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp-\d+")
+
+
+def staging_path(out: Path) -> Path:
+    """Where a replacement of `out` is built: beside it, so the swap is a rename."""
+    out = out.resolve()
+    return out.with_name(f".{out.name}.staging")
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """A folder's writer manifest, None when it has none (or one that is not ours)."""
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) and Path(f).name == f for f in files):
+        return None
+    return manifest
+
+
+def owned_files(folder: Path) -> set[str]:
+    """The names in `folder` a bench writer provably made: its manifest's files, the card and
+    the shards the card lists, and the manifest and lock themselves."""
+    names = {MANIFEST_NAME, LOCK_NAME}
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        names |= {*manifest["files"], CARD_NAME}
+    try:
+        card = json.loads((folder / CARD_NAME).read_text())
+        names.add(CARD_NAME)
+        names |= {s for info in card["splits"].values() for s in info["shards"]
+                  if isinstance(s, str) and Path(s).name == s}
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    return names
+
+
+def _is_owned(entry: Path, owned: set[str]) -> bool:
+    match = _TEMPORARY.fullmatch(entry.name)
+    return entry.is_file() and not entry.is_symlink() and (entry.name in owned or bool(match and match["name"] in owned))
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """Names in `folder` that no bench writer can be shown to have made, sorted."""
+    owned = owned_files(folder)
+    return sorted(e.name for e in folder.iterdir() if not _is_owned(e, owned))
+
+
+def remove_owned(folder: Path, keep: Iterable[str] = ()) -> bool:
+    """Delete the files of `folder` a bench writer made (but `keep`), then the folder if it is
+    empty; True when the folder is gone. Nothing else is ever deleted."""
+    owned = owned_files(folder)
+    for entry in folder.iterdir():
+        if _is_owned(entry, owned) and entry.name not in keep:
+            entry.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+        return True
+    return False
+
+
+def check_target(out: Path, overwrite: bool, *, sources: Sequence[Path] = (), stage: bool = False) -> None:
+    """Refuse, touching nothing, a destination a dataset writer must not write: one that holds
+    anything bench did not write, a dataset without `overwrite`, a damaged card, the working
+    directory when it would be swapped away, or a folder that holds or lies inside a source.
+
+    `stage`: the writer always builds beside `out` and swaps it in (an import)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BenchError(f"out: {out} exists and is not a directory")
+    where = out.resolve()
+    for src in sources:
+        src = Path(src).resolve()
+        if where == src or where.is_relative_to(src) or src.is_relative_to(where):
+            relation = "is" if where == src else "lies inside" if where.is_relative_to(src) else "holds"
+            raise BenchError(f"out: {out} {relation} the source {src}; write the dataset to a folder outside it")
+    swapped = stage
+    if (out / CARD_NAME).exists():
+        Dataset(out)  # a damaged card is not "a dataset" to replace: refuse, in one line
+        if not overwrite:
+            raise BenchError(f"out: {out} already holds a dataset; pass --overwrite to replace it")
+        _refuse_foreign(out, "holds a dataset and other files; --overwrite replaces only what the dataset wrote")
+        swapped = True
+    elif out.is_dir() and any(out.iterdir()):
+        if read_manifest(out) is None and {e.name for e in out.iterdir()} != {LOCK_NAME}:
+            raise BenchError(f"out: {out} is not empty and not a BindingBench dataset; choose another directory "
+                             "(--overwrite replaces only a dataset)")
+        _refuse_foreign(out, "holds an unfinished dataset and other files; move them out or choose another directory")
+    if swapped and Path.cwd().resolve().is_relative_to(where):  # the swap would leave the shell in a deleted copy
+        raise BenchError(f"out: {out} is (or holds) the working directory; run from its parent with "
+                         f"--out {where.name}")
+    check_output_dir(out, "out")
+
+
+def _refuse_foreign(folder: Path, problem: str) -> None:
+    foreign = foreign_files(folder)
+    if foreign:
+        raise BenchError(f"out: {folder} {problem} (e.g. {foreign[0]!r}); nothing was changed")
+
+
+class DatasetTarget:
+    """A claimed dataset destination: `work` is where the files go (`out`, or its staging
+    folder), locked against other writers until `close`.
+
+    `key` names what is written: an unfinished folder of the same key resumes (when
+    `resume`), one of another key is cleared of its own files first. `record` lists the
+    files about to be written (before they are); `commit`, after the card, swaps a staged
+    dataset in and removes the manifests and locks. `discard` removes everything this
+    writer made (a failed import leaves nothing behind)."""
+
+    def __init__(self, out: Path, key: str, *, overwrite: bool = False, sources: Sequence[Path] = (),
+                 stage: bool = False, resume: bool = True) -> None:
+        self.out, self.key, self.resume = Path(out), key, resume
+        self._fds: list[int] = []
+        check_target(self.out, overwrite, sources=sources, stage=stage)
+        self.created = not self.out.exists()
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._lock(self.out)
+            check_target(self.out, overwrite, sources=sources, stage=stage)  # again, now that no writer can race us
+            self.work = staging_path(self.out) if stage or (self.out / CARD_NAME).exists() else self.out
+            if self.work != self.out:
+                self.work.mkdir(exist_ok=True)
+                self._lock(self.work)
+            self._claim()
+        except OSError as e:
+            self._abandon()
+            raise BenchError(f"out: cannot write {e.filename or out} ({e.strerror}); choose a writable "
+                             "directory") from None
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """A claim that failed: unlock, and remove `out` again if this writer made it (and
+        holds its lock, so no other writer is using it)."""
+        if self.created and self._fds:
+            remove_owned(self.out)
+        self.close()
+
+    def _lock(self, folder: Path) -> None:
+        while True:
+            fd = try_lock(folder / LOCK_NAME, create=True)
+            if fd is None:
+                raise BenchError(f"out: {self.out} is being written by another bench command; wait for it to "
+                                 "finish or choose another directory")
+            if same_file(fd, folder / LOCK_NAME):
+                self._fds.append(fd)
+                return
+            os.close(fd)  # removed by the writer we raced: lock the new one
+
+    def _claim(self) -> None:
+        """Make `work` this writer's: an unfinished run of the same key resumes (when `resume`),
+        less its killed writers' temporaries; otherwise its own files are cleared and a new
+        manifest written."""
+        manifest = read_manifest(self.work)
+        if self.resume and manifest is not None and manifest.get("key") == self.key:
+            owned = owned_files(self.work)
+            for tmp in self.work.iterdir():  # we hold the lock: no temporary here is being written
+                if tmp.name not in owned and _is_owned(tmp, owned):
+                    tmp.unlink()
+            return
+        foreign = foreign_files(self.work)
+        if foreign:  # only a staging folder can get here with files of someone else's
+            raise BenchError(f"out: {self.work} holds files bench did not write (e.g. {foreign[0]!r}); move them "
+                             "out")
+        remove_owned(self.work, keep=(LOCK_NAME,))
+        write_json_atomic({"key": self.key, "files": []}, self.work / MANIFEST_NAME)
+
+    @property
+    def manifest(self) -> Path:
+        return self.work / MANIFEST_NAME
+
+    def record(self, files: Sequence[str]) -> None:
+        """Name, before they are written, the files this writer will create in `work`."""
+        write_json_atomic({"key": self.key, "files": sorted(set(files))}, self.manifest)
+
+    def commit(self) -> None:
+        """The card is written: swap a staged dataset in, and remove manifests and locks."""
+        if self.work != self.out:
+            _swap(self.work, self.out)  # the old dataset (or our empty claim) now sits at `work`
+            remove_owned(self.work)
+            self.work = self.out
+        for name in (MANIFEST_NAME, LOCK_NAME):
+            (self.out / name).unlink(missing_ok=True)
+        self.close()
+
+    def discard(self) -> None:
+        """Remove every file this writer made, and the folders it created."""
+        if self.work != self.out:
+            remove_owned(self.work)
+        if self.created:
+            remove_owned(self.out)
+        else:
+            for name in (MANIFEST_NAME, LOCK_NAME):
+                (self.out / name).unlink(missing_ok=True)
+        self.close()
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def _swap(new: Path, out: Path) -> None:
+    """Put the folder `new` at `out` and the old `out` at `new`, so either name always holds
+    a whole folder. Linux swaps them in one step (renameat2 RENAME_EXCHANGE); elsewhere the
+    old one is renamed aside first."""
+    out = out.resolve()
+    if _exchange(new, out):
+        return
+    aside = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.replace(out, aside)
+    os.replace(new, out)
+    os.replace(aside, new)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
