@@ -288,8 +288,12 @@ def plot_toy_analysis(analysis: dict[str, Any], out: str | os.PathLike) -> Path:
     cats = [c for c in analysis["categories"] if any(r["category"] == c and r["n"] for r in analysis["stats"])]
     if not cats:
         raise BenchError("toys: no categorized pairs to plot")
-    fig, axes = plt.subplots(1, len(cats), figsize=(2.8 * len(cats), 3.0), sharey=True, squeeze=False)
-    for ax, cat in zip(axes[0], cats):
+    n_cols = min(len(cats), 4)  # small multiples, four a row: the figure stays readable at 1280 px
+    n_rows = -(-len(cats) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(2.8 * n_cols, 2.8 * n_rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(cats):]:
+        ax.set_visible(False)
+    for ax, cat in zip(axes.flat, cats):
         rows = sorted((r for r in analysis["stats"] if r["category"] == cat and r["n"]), key=lambda r: r["layer"])
         single = len(rows) == 1  # one layer (e.g. pixels): widen it into a box, so the bands stay visible
         x = [rows[0]["layer"] - 0.3, rows[0]["layer"] + 0.3] if single else [r["layer"] for r in rows]
@@ -308,7 +312,8 @@ def plot_toy_analysis(analysis: dict[str, Any], out: str | os.PathLike) -> Path:
         ax.set_xlabel("layer")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("P(same object)")
+    for row in axes:
+        row[0].set_ylabel("P(same object)")
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
     fig.suptitle(f"IsSameObject scores on {analysis['dataset']} — {analysis['backbone']}, "
@@ -316,9 +321,14 @@ def plot_toy_analysis(analysis: dict[str, Any], out: str | os.PathLike) -> Path:
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=150, bbox_inches="tight")
+    width = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2  # inches, legend and padding included
+    fig.savefig(out, dpi=min(150.0, (MAX_FIGURE_WIDTH - 2) / width), bbox_inches="tight")
     plt.close(fig)
     return out
+
+
+#: The widest figure, in pixels (a laptop screen's width; the report's limit too).
+MAX_FIGURE_WIDTH = 1280
 
 
 def write_analysis(analysis: dict[str, Any], out_dir: str | os.PathLike) -> tuple[Path, Path]:

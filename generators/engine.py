@@ -98,7 +98,7 @@ def generate(
                 if progress:
                     progress(task[3] - task[2])
 
-        workers = min(workers, len(tasks))
+        workers = min(workers, max(total, 1))  # more processes than scenes would only start idle
         if shards is not None:
             for task, shard_hashes in shards(gen_cls.name, config, work, target.manifest, todo()):
                 hashes[task[:2]] = shard_hashes
@@ -109,16 +109,7 @@ def generate(
             for task in todo():
                 hashes[task[:2]] = _write_shard(work, task, progress)
         else:
-            ctx = get_context("spawn")
-            with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                     initargs=(gen_cls.name, config, os.getpid())) as pool:
-                pending: dict[Future, tuple[str, int, int, int]] = {}
-                for task in todo():  # at most 2 shards per worker in flight: bounded memory
-                    pending[pool.submit(_write_shard, work, task, None)] = task
-                    while len(pending) >= 2 * workers:
-                        _collect(pending, hashes, progress)
-                while pending:
-                    _collect(pending, hashes, progress)
+            _render_in_pool(gen, work, todo(), workers, pieces_per_shard(len(tasks), workers), hashes, progress)
         card = _card(gen, work, hashes)
         write_json_atomic(card, work / CARD_NAME)
         target.commit()
@@ -147,14 +138,58 @@ def _stderr(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def _collect(pending: dict[Future, tuple[str, int, int, int]], hashes: dict[tuple[str, int], list[str]],
-             progress: Progress | None) -> None:
-    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-    for fut in done:
-        task = pending.pop(fut)
-        hashes[task[:2]] = fut.result()
-        if progress:
-            progress(task[3] - task[2])
+Task = tuple[str, int, int, int]  # split, shard, first row, end row
+
+
+def pieces_per_shard(n_shards: int, workers: int) -> int:
+    """How many pieces each shard is cut into, so that `workers` processes have about two units
+    of work each: 1 when the shards alone are enough (a worker then writes its shard itself)."""
+    return 1 if n_shards >= 2 * workers else math.ceil(2 * workers / max(n_shards, 1))
+
+
+def _render_in_pool(gen: SceneGenerator, work: Path, tasks: Iterator[Task], workers: int, pieces: int,
+                    hashes: dict[tuple[str, int], list[str]], progress: Progress | None) -> None:
+    """Render `tasks` in `workers` processes. With `pieces` > 1 (fewer shards than workers keep
+    busy) each shard is cut into row ranges rendered apart, and this process writes the shard
+    once its pieces are back: every scene is seeded by its own index, so the rows, and the
+    shard's bytes, are the same as one worker's."""
+    ctx = get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(gen.name, gen.config, os.getpid())) as pool:
+        pending: dict[Future, tuple[Task, int, int]] = {}
+        parts: dict[tuple[str, int], dict[int, list[dict[str, Any]]]] = {}
+
+        def collect() -> None:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                task, start, stop = pending.pop(fut)
+                if pieces == 1:
+                    hashes[task[:2]] = fut.result()
+                else:
+                    got = parts.setdefault(task[:2], {})
+                    got[start] = fut.result()
+                    if sum(map(len, got.values())) == task[3] - task[2]:
+                        rows = [r for first in sorted(got) for r in got[first]]
+                        hashes[task[:2]] = write_rows(gen, work, task[0], task[1], rows)
+                        del parts[task[:2]]
+                if progress:
+                    progress(stop - start)
+
+        for task in tasks:  # at most 2 units per worker in flight: bounded memory
+            for start, stop in _cut(task[2], task[3], pieces):
+                unit = pool.submit(_write_shard, work, task, None) if pieces == 1 else \
+                    pool.submit(_render_piece, task[0], start, stop)
+                pending[unit] = (task, start, stop)
+                while len(pending) >= 2 * workers:
+                    collect()
+        while pending:
+            collect()
+
+
+def _cut(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
+    """[start, stop) in at most `pieces` contiguous, nearly equal, non-empty row ranges."""
+    edges = sorted({start + (stop - start) * k // pieces for k in range(pieces + 1)})
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def _check_space(out: Path, total: int) -> None:
@@ -191,12 +226,22 @@ def _write_shard(out: Path, task: tuple[str, int, int, int], progress: Progress 
     return write_shard(_WORKER["gen"], out, task, progress)
 
 
+def _render_piece(split: str, start: int, stop: int) -> list[dict[str, Any]]:
+    return render_rows(_WORKER["gen"], split, start, stop)
+
+
 def write_shard(gen: SceneGenerator, out: Path, task: tuple[str, int, int, int],
                 progress: Progress | None = None) -> list[str]:
     """Render one shard (split, shard, first row, end row) and write it atomically; its rows'
     content hashes. Every scene is seeded from (seed, split, index), so the bytes do not depend
     on which process, or machine, renders it."""
     split, shard, start, stop = task
+    return write_rows(gen, out, split, shard, render_rows(gen, split, start, stop, progress))
+
+
+def render_rows(gen: SceneGenerator, split: str, start: int, stop: int,
+                progress: Progress | None = None) -> list[dict[str, Any]]:
+    """The encoded rows of scenes [start, stop) of a split, each from its own seed."""
     rows = []
     for index in range(start, stop):
         seed = scene_seed(gen.config.seed, split, index)
@@ -204,6 +249,11 @@ def write_shard(gen: SceneGenerator, out: Path, task: tuple[str, int, int, int],
         rows.append(encode_scene(scene, space=gen.feature_space, split=split, index=index, seed=seed, h_o_given_f=h))
         if progress:
             progress(1)
+    return rows
+
+
+def write_rows(gen: SceneGenerator, out: Path, split: str, shard: int, rows: list[dict[str, Any]]) -> list[str]:
+    """Write one shard's rows (in row order) atomically; their content hashes."""
     schema = row_schema(gen.object_fields, gen.scene_fields)
     write_parquet_atomic(pa.Table.from_pylist(rows, schema=schema), out / shard_name(split, shard))
     return [r["content_hash"] for r in rows]

@@ -64,9 +64,20 @@ def save_figure(fig: plt.Figure, out: str | os.PathLike) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(f"{stem.name}.{f}") for f in FORMATS]
     for p in paths:
-        fig.savefig(p, dpi=150, bbox_inches="tight")
+        fig.savefig(p, dpi=_dpi(fig) if p.suffix == ".png" else 150, bbox_inches="tight")
     plt.close(fig)
     return paths
+
+
+#: The widest PNG a figure is written at: a laptop screen's width, so no figure needs scrolling.
+MAX_PNG_WIDTH = 1280
+
+
+def _dpi(fig: plt.Figure) -> float:
+    """150 dpi, or less where the figure (its tight box, legend included) would be wider than
+    MAX_PNG_WIDTH pixels."""
+    width = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2  # savefig's pad, both sides
+    return min(150.0, (MAX_PNG_WIDTH - 2) / width)
 
 
 def _scale(board: Leaderboard) -> float:
@@ -96,15 +107,26 @@ def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Lead
     return first, dict(series)
 
 
+#: Panels a row in a layer-curves figure.
+PANELS_PER_ROW = 3
+
+
 def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selection: Any) -> list[Path]:
     """Metric vs normalised depth per backbone, one panel per probe x tokens column."""
     board, series = layer_series(rows, **selection)
     if not series:
         raise BenchError("plot: no results to draw for this selection")
     scale = _scale(board)
-    fig, axes = plt.subplots(1, len(board.columns), figsize=(4.2 * len(board.columns), 3.6), squeeze=False, sharey=True)
+    # small multiples: at most PANELS_PER_ROW panels a row, so a figure stays readable at a
+    # laptop's width however many probe x tokens columns there are
+    n = len(board.columns)
+    n_cols = min(n, PANELS_PER_ROW)
+    n_rows = -(-n // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.4 * n_cols, 2.9 * n_rows), squeeze=False, sharey=True)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
     colors = _colors([key[1] for key in series])
-    for ax, col in zip(axes[0], board.columns):
+    for ax, col in zip(axes.flat, board.columns):
         for (ds, backbone, c), points in sorted(series.items()):
             if c == col:
                 label = backbone if len(board.datasets) == 1 else f"{backbone} ({ds})"
@@ -114,7 +136,8 @@ def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selec
         ax.set_xlabel("layer / n_layers")
         ax.set_xlim(0, 1)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(_ylabel(board))
+    for row in axes:
+        row[0].set_ylabel(_ylabel(board))
     fig.suptitle(f"{board.metric.label} by depth — {', '.join(board.datasets)}")
     fig.tight_layout()
     _legend(fig, axes)
@@ -154,7 +177,8 @@ def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
     scale = _scale(board)
     n_cols = len(board.columns)
     width = 0.8 / n_cols
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(board.rows) * max(1, n_cols / 2)), 3.8))
+    # at most 8.5 in wide (1,280 px at 150 dpi), so the labels stay readable on a laptop's screen
+    fig, ax = plt.subplots(figsize=(min(8.5, max(5.0, 1.3 * len(board.rows) * max(1, n_cols / 2))), 3.8))
     x = np.arange(len(board.rows))
     cmap = plt.get_cmap("tab10")
     for j, col in enumerate(board.columns):

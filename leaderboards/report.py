@@ -2,15 +2,25 @@
 
 Everything the page shows is inside the file (figures as base64 PNG, data as inline
 JSON, a few lines of plain JavaScript): it opens from disk, with no server and no
-network, and can be mailed or archived as one file. Sections:
+network, and can be mailed or archived as one file. It is a reader's first stop, in order:
 
-1. binding: the β* leaderboard (best layer per cell, with its notes), β* by depth and by
-   probe family (the figures `bench leaderboard` / `bench plot` give);
+1. binding: the headline β* leaderboard (each cell at the layer chosen on validation, its
+   test value with its 95% interval, `s NN%` sensitivity beside a 0, its notes), then β* by
+   depth as small multiples and by probe family;
 2. IsSameObject: per-layer accuracy curves, one panel per probe, one line per backbone
-   (trained probes and baselines apart), and the best layer per backbone and probe;
+   (trained probes and baselines apart), and per backbone and probe the layer chosen on
+   validation with its test number, beside the baselines measured on the same dataset
+   (`pixels` under the same probe, the majority class) and the attention correlation
+   (attention_r, attention_p) where the rows carry it;
 3. for each toy analysis (`bench toys-analysis`): its figure and table, and an
    interactive heatmap: click a patch of a scene to colour every other patch by the
-   probe's P(same object) with it; a slider picks the layer.
+   probe's P(same object) with it; a slider picks the layer;
+4. datasets and provenance: per dataset its fingerprint, sizes and priors; per run the
+   versions, device and the command that made it.
+
+Sections with nothing to show are folded into one grey line saying why. No figure is wider
+than 1280 px (`leaderboards.plots.MAX_PNG_WIDTH`), and the page fits a 1280-px window (wide
+tables scroll inside their own box).
 
 Rows are chosen as the leaderboard chooses them (`leaderboards.store.select_rows`); the
 page says what was set aside, and which sections are empty and why.
@@ -36,7 +46,7 @@ matplotlib.use("Agg")
 from matplotlib import colormaps  # noqa: E402
 
 from bench.errors import BenchError  # noqa: E402
-from leaderboards.plots import layer_curves, probe_bars  # noqa: E402
+from leaderboards.plots import MAX_PNG_WIDTH, layer_curves, probe_bars  # noqa: E402
 from leaderboards.store import load_selected  # noqa: E402
 from leaderboards.tables import Leaderboard, board_notes, build_leaderboard, column_name, format_cell, title  # noqa: E402
 
@@ -82,17 +92,23 @@ def build_report(
         "no --analysis directory given: run `bench toys-analysis --out DIR`, then `bench report -a DIR`",
     }
     notes = [n for n in [selected.note if selected else None] if n]
-    notes += [f"{name}: empty — {why}" for name, why in empty.items() if why]
-    for n in notes:
+    folded = [f"{name} ({why})" for name, why in empty.items() if why]
+    for n in [*notes, *(["not shown: " + "; ".join(folded)] if folded else [])]:
         if say is not None:
             say(n)
     figures: list[Path] = []
-    sections = ["<section><h2>About this page</h2>" + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
-                + "</section>"] if notes else []
+    intro = ("<p class='muted'>Each number is a test-split value at the layer chosen on validation (a table "
+             "says so where its rows carry no validation numbers), with its 95% bootstrap interval; the last "
+             "section says which data, versions and commands made them.</p>")
+    intro += "".join(f"<p class='muted'>{html.escape(n)}</p>" for n in notes)
+    if folded:
+        intro += f"<p class='muted folded'>Not shown: {html.escape('; '.join(folded))}.</p>"
+    sections = [intro]
     if binding:
-        pngs = _binding_figures(binding, out)
+        board = build_leaderboard(binding, task="binding")
+        pngs = _binding_figures(binding, board, out)
         figures += pngs
-        sections.append(_binding_section(build_leaderboard(binding, task="binding"), pngs))
+        sections.append(_binding_section(board, pngs))
     if rows:
         pngs = []
         for group, probes in PROBE_GROUPS.items():
@@ -104,9 +120,11 @@ def build_report(
         sections.append(_curves_section(rows, pngs, metric))
     for k, (analysis, fig) in enumerate(loaded):
         copy = out.with_name(f"{out.stem}_toys_{k}.png")
-        shutil.copyfile(fig, copy)
+        _fit_png(fig, copy)
         figures.append(copy)
         sections.append(_analysis_section(analysis, copy, k))
+    if all_rows:
+        sections.append(_provenance_section(all_rows))
     page = _PAGE.format(
         title="BindingBench report",
         style=_STYLE,
@@ -120,12 +138,12 @@ def build_report(
     return [out, *figures]
 
 
-def _binding_figures(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+def _binding_figures(rows: list[dict[str, Any]], board: Leaderboard, out: Path) -> list[Path]:
     """β* by depth (when some backbone has layers to compare) and by probe family."""
     pngs = []
     if any(r["n_layers"] for r in rows):
         pngs.append(layer_curves(rows, out.with_name(f"{out.stem}_binding_layers"), task="binding")[0])
-    pngs.append(probe_bars(build_leaderboard(rows, task="binding"), out.with_name(f"{out.stem}_binding_bars"))[0])
+    pngs.append(probe_bars(board, out.with_name(f"{out.stem}_binding_bars"))[0])
     return pngs
 
 
@@ -146,9 +164,21 @@ def _binding_section(board: Leaderboard, pngs: list[Path]) -> str:
     return (
         "<section><h2>Binding: β* by backbone</h2>"
         f"<h3>{html.escape(title(board))}</h3>"
-        f"<table><thead><tr>{thead}</tr></thead><tbody>{''.join(body)}</tbody></table>{notes}"
+        f"<div class='scroll'><table><thead><tr>{thead}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{notes}"
         + "".join(_img(p, "binding figure") for p in pngs) + "</section>"
     )
+
+
+def _fit_png(src: Path, dst: Path) -> None:
+    """Copy a figure, scaled down to MAX_PNG_WIDTH px where it is wider (an analysis drawn before
+    figures were capped)."""
+    from PIL import Image
+
+    with Image.open(src) as im:
+        if im.width <= MAX_PNG_WIDTH:
+            shutil.copyfile(src, dst)
+            return
+        im.resize((MAX_PNG_WIDTH, round(im.height * MAX_PNG_WIDTH / im.width)), Image.LANCZOS).save(dst)
 
 
 def _read_analysis(path: Path) -> tuple[dict[str, Any], Path]:
@@ -166,7 +196,7 @@ def _img(path: Path, alt: str) -> str:
 def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def _fmt(v: Any) -> str:
@@ -175,28 +205,103 @@ def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def _curves_section(rows: list[dict[str, Any]], pngs: list[Path], metric: str) -> str:
-    """The curves figure and, per (backbone, probe), the layer with the best mean metric over seeds."""
+def _chosen_layers(rows: list[dict[str, Any]], metric: str) -> dict[tuple, tuple[int, str, list[dict]]]:
+    """Per (dataset, backbone, probe): the layer whose validation metric (mean over seeds) is best,
+    "validation", and its rows; "test" where the rows carry no validation numbers (older runs)."""
     groups: dict[tuple, dict[int, list[dict]]] = {}
     for r in rows:
         if r["status"] == "ok" and r.get(metric) is not None:
             groups.setdefault((r["dataset"], r["backbone"], r["probe"]), {}).setdefault(r["layer"], []).append(r)
+    chosen = {}
+    for key, layers in groups.items():
+        val = {layer: [x.get(f"val_{metric}") for x in rs] for layer, rs in layers.items()}
+        on = "validation" if all(v is not None for vs in val.values() for v in vs) else "test"
+        score = {layer: sum(x[f"val_{metric}"] if on == "validation" else x[metric] for x in rs) / len(rs)
+                 for layer, rs in layers.items()}
+        best = max(sorted(score), key=score.get)
+        chosen[key] = (best, on, layers[best])
+    return chosen
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    values = [r.get(key) for r in rows]
+    return None if any(v is None for v in values) else sum(values) / len(values)
+
+
+def _curves_section(rows: list[dict[str, Any]], pngs: list[Path], metric: str) -> str:
+    """The curves figures and, per (backbone, probe), the layer chosen on validation with its test
+    value, beside pixels under the same probe, the majority class and the attention correlation."""
+    chosen = _chosen_layers(rows, metric)
     table = []
-    for (dataset, backbone, probe), layers in sorted(groups.items()):
-        mean = {layer: sum(x[metric] for x in rs) / len(rs) for layer, rs in layers.items()}
-        best = max(mean, key=mean.get)
-        r = layers[best][0]
-        table.append((dataset, backbone, probe, best, mean[best], r.get(f"{metric}_lo"), r.get(f"{metric}_hi"),
-                      r.get("majority_accuracy")))
+    for (dataset, backbone, probe), (layer, on, rs) in sorted(chosen.items()):
+        value, lo, hi = _mean(rs, metric), _mean(rs, f"{metric}_lo"), _mean(rs, f"{metric}_hi")
+        pixels = chosen.get((dataset, "pixels", probe)) if backbone != "pixels" else None
+        r, p = _mean(rs, "attention_r"), _mean(rs, "attention_p")
+        table.append((dataset, backbone, probe, layer if on == "validation" else f"{layer} (on test)",
+                      _interval(value, lo, hi), None if pixels is None else _mean(pixels[2], metric),
+                      _mean(rs, "majority_accuracy"),
+                      None if r is None else f"{r:.2f} (p {p:.3f})" if p is not None else f"{r:.2f}"))
     errors = sum(r["status"] != "ok" for r in rows)
-    note = f"<p class='note'>{errors} failed row(s) not shown.</p>" if errors else ""
+    note = f"<p class='muted'>{errors} failed row(s) not shown.</p>" if errors else ""
+    any_test = any(on == "test" for _, on, _ in chosen.values())
     return (
         f"<section><h2>IsSameObject {html.escape(metric)} by layer</h2>"
         + "".join(_img(p, "accuracy curves") for p in pngs)
-        + "<h3>Best layer per backbone and probe</h3>"
-        + _table(["dataset", "backbone", "probe", "layer", metric, "lo", "hi", "majority"], table)
-        + note + "</section>"
+        + "<h3>Per backbone and probe: the layer chosen on validation, its test value</h3>"
+        + _table(["dataset", "backbone", "probe", "layer", f"{metric} [95% interval]", "pixels, same probe",
+                  "majority", "attention r (p)"], table)
+        + "<p class='footnote'>pixels: the raw-patch baseline under the same probe on the same dataset (— where it "
+          "was not run); majority: always answering the commoner class; attention r: Pearson r of the probe's "
+          "pair scores with the model's own attention at that layer, with its permutation p-value."
+        + (" A layer marked (on test) comes from rows without validation numbers: it is optimistic." if any_test else "")
+        + "</p>" + note + "</section>"
     )
+
+
+def _interval(value: float | None, lo: float | None, hi: float | None) -> str | None:
+    if value is None:
+        return None
+    return f"{value:.3f}" + ("" if lo is None or hi is None else f" [{lo:.3f}, {hi:.3f}]")
+
+
+def _provenance_section(rows: list[dict[str, Any]]) -> str:
+    """Per dataset: fingerprint, sizes and priors; per run: when, versions, device, and its command."""
+    datasets: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            datasets.setdefault((r["dataset"], r["dataset_fingerprint"]), []).append(r)
+    card = []
+    for (name, fp), rs in sorted(datasets.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        binding = [r for r in rs if r["task"] == "binding"]
+        first = binding[0] if binding else rs[0]
+        card.append((name, (fp or "")[:12], ", ".join(sorted({r["task"] for r in rs})), first.get("n_train"),
+                     first.get("n_test"), first.get("limit"), first.get("prior"), first.get("n_F_eff"),
+                     _mean(binding, "H_F") if binding else None, _mean(binding, "H_O_given_F") if binding else None))
+    runs: dict[str, dict] = {}
+    for r in rows:
+        runs.setdefault(r["run_id"], r)
+    run_rows = []
+    for run_id, r in sorted(runs.items()):
+        try:
+            versions = json.loads(r.get("package_versions") or "{}")
+        except ValueError:
+            versions = {}
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if k in _KEY_PACKAGES)
+        run_rows.append((run_id, r.get("created_at"), f"bench {r.get('bench_version')}" + (f", {shown}" if shown else ""),
+                         r.get("device"), r.get("command") or "(from Python)"))
+    return (
+        "<section><h2>Datasets and provenance</h2>"
+        "<h3>Datasets (the fingerprint is the test split's; H(F), H(O|F): the test scenes' mean prior bits)</h3>"
+        + _table(["dataset", "fingerprint", "tasks", "n_train", "n_test", "limit", "prior", "n_F_eff", "H(F)", "H(O|F)"],
+                 card)
+        + "<h3>Runs: versions, device and the command that made each</h3>"
+        + _table(["run", "created (UTC)", "versions", "device", "command"], run_rows)
+        + "</section>"
+    )
+
+
+#: Package versions the provenance table names (every row keeps all of them in `package_versions`).
+_KEY_PACKAGES = ("torch", "transformers", "timm", "open_clip_torch", "numpy")
 
 
 def _analysis_section(a: dict[str, Any], png: Path, k: int) -> str:
@@ -239,17 +344,22 @@ def _script_json(obj: Any) -> str:
 
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+body { font-family: system-ui, sans-serif; font-size: 15px; margin: 2em auto; max-width: 1200px; padding: 0 1em;
+       color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; padding-bottom: .2em; }
 img.figure { max-width: 100%; display: block; margin: 1em 0; }
 table { border-collapse: collapse; font-size: .85em; margin: .5em 0 1.5em; }
 th, td { border: 1px solid #ddd; padding: .2em .6em; text-align: right; }
 th { background: #f4f4f4; }
-.note { color: #a00; }
-.footnote { color: #555; font-size: .85em; }
+.muted { color: #666; }
+.folded { font-size: .9em; }
+.scroll { max-width: 100%; overflow-x: auto; }
+td:last-child code, td { overflow-wrap: anywhere; }
+.footnote { color: #555; font-size: .85em; max-width: 70em; }
 .heatmap { display: flex; gap: 1.5em; align-items: flex-start; flex-wrap: wrap; }
 .heatmap canvas { border: 1px solid #999; cursor: crosshair; image-rendering: pixelated; }
 .controls { font-size: .9em; min-width: 260px; }
+.heatmap canvas { max-width: 100%; }
 .controls label { display: block; margin: .6em 0; }
 .controls input[type=range] { width: 220px; }
 .legend { height: 12px; width: 220px; }
@@ -390,7 +500,25 @@ async function main() {
     const [fx, fy] = PARAMS.get("autoclick").split(",").map(Number);
     views[0].select(fx, fy);
   }
+  if (PARAMS.has("measure")) {
+    if (document.readyState === "complete") measure(); else window.addEventListener("load", measure);
+  }
   document.body.dataset.ready = "1";
+}
+
+// ?measure: what a reader's window shows, written into the page for a headless browser's --dump-dom
+function measure() {
+  const px = (e) => parseFloat(getComputedStyle(e).fontSize);
+  const text = [...document.querySelectorAll("p, td, th, li, label, h1, h2, h3")].filter((e) => e.textContent.trim());
+  const out = {
+    innerWidth: window.innerWidth,
+    scrollWidth: document.documentElement.scrollWidth,
+    bodyFontPx: px(document.body),
+    minTextPx: Math.min(...text.map(px)),
+    images: [...document.images].map((i) => ({rendered: i.getBoundingClientRect().width, natural: i.naturalWidth})),
+  };
+  const pre = el("pre", {id: "measure"}, JSON.stringify(out));
+  document.body.appendChild(pre);
 }
 main().catch((e) => { console.error(e); });
 """

@@ -58,14 +58,41 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     assert CONTROL_ROW in out.out
     for stage in ("1/4", "2/4", "3/4", "4/4", "zoo:conjunctions → ", "generate", "demo finished in"):
         assert stage in out.err
-    scratch = tmp_path / "scratch"  # without --out: a temporary directory, removed afterwards
-    monkeypatch.setattr("tempfile.mkdtemp", lambda prefix: str(scratch.mkdir() or scratch))
+    assert "demo finished in" in out.err and f"in {tmp_path / 'demo'}/ (kept" in out.err
+    assert f"bench report {tmp_path / 'demo'}/results -o {tmp_path / 'demo'}/report.html" in out.err
+
+    # without --out: ./bench-demo, kept; the same sizes again reuse it (scenes and rows), other
+    # sizes take bench-demo-2, and a folder the demo did not make is never written into
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     code = main(["demo", *SMALL, "--format", "json"])
-    records = json.loads(capsys.readouterr().out)
-    assert code == 0 and len(records) == (len(DEMO_MODELS) + 1) * len(DEMO_PROBES) and not scratch.exists()
+    out = capsys.readouterr()
+    records = json.loads(out.out)
+    assert code == 0 and len(records) == (len(DEMO_MODELS) + 1) * len(DEMO_PROBES)
     assert {r["backbone"] for r in records if r["rank"] == 1} == {"oracle:objects"}
     assert {(r["value"], r["rank"]) for r in records if r["control"] == CONTROL} == {(0.9, None)}
     assert {r["value"] for r in records if r["backbone"] == CONTROL_MODEL and r["control"] is None} == {0.0}
+    kept = sorted(p.name for p in (cwd / "bench-demo").iterdir())
+    assert kept == ["bench-demo.json", "colorshape-demo", "results"], kept
+    assert len(list((cwd / "bench-demo" / "results").glob("*.parquet"))) == 3
+    assert "in bench-demo/ (kept" in out.err and "bench leaderboard bench-demo/results" in out.err
+    assert len([line for line in out.err.splitlines() if line.startswith("  bench ")]) == 3
+    card = (cwd / "bench-demo" / "colorshape-demo" / "dataset.json").read_bytes()
+
+    assert main(["demo", *SMALL, "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    assert "reusing the scenes in bench-demo/colorshape-demo" in err.replace("\n", "")
+    assert (cwd / "bench-demo" / "colorshape-demo" / "dataset.json").read_bytes() == card
+    assert sorted(p.name for p in cwd.iterdir()) == ["bench-demo"]
+
+    (cwd / "bench-demo-2").mkdir()
+    (cwd / "bench-demo-2" / "notes.txt").write_text("mine")  # not a demo's: skipped, untouched
+    assert main(["demo", "--n-train", "40", "--n-val", "16", "--n-test", "16", "--format", "json"]) == 0
+    assert "in bench-demo-3/ (kept" in capsys.readouterr().err
+    assert sorted(p.name for p in (cwd / "bench-demo-2").iterdir()) == ["notes.txt"]
+    assert Dataset(cwd / "bench-demo-3" / "colorshape-demo").num_rows("train") == 40
+    assert Dataset(cwd / "bench-demo" / "colorshape-demo").num_rows("train") == 48
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -152,3 +152,22 @@ def test_preview_writes_contact_sheet(balanced_small, tmp_path, capsys):
     assert (scene != 255).any()
     assert (mask == 0).all(-1).mean() > 0.5  # black background, coloured instances
     assert (mask != 0).any(-1).sum() == (scene != 255).any(-1).sum()
+
+
+def test_workers_split_a_single_shard_and_write_the_same_bytes(tmp_path, capsys):
+    """Each split is one shard here (1,000 rows a shard by default): the workers render pieces of
+    it and this process writes it, byte for byte what one worker writes."""
+    from generators.engine import _cut, pieces_per_shard
+
+    assert pieces_per_shard(3, 2) == 2 and pieces_per_shard(1, 4) == 8 and pieces_per_shard(8, 2) == 1
+    assert _cut(0, 10, 4) == [(0, 2), (2, 5), (5, 7), (7, 10)] and _cut(5, 7, 8) == [(5, 6), (6, 7)]
+    args = ["generate", "colorshape", "--preset", "small", "--n-train", 40, "--n-val", 9, "--n-test", 9,
+            "--image-size", 128, "--seed", 3]
+    assert run([*args, "--out", tmp_path / "w1", "--workers", 1], capsys)[0] == 0
+    assert run([*args, "--out", tmp_path / "w3", "--workers", 3], capsys)[0] == 0
+    names = sorted(p.name for p in (tmp_path / "w1").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "w3").iterdir())
+    assert [n for n in names if n.endswith(".parquet")] == ["test-00000.parquet", "train-00000.parquet",
+                                                            "val-00000.parquet"]
+    for name in names:
+        assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w3" / name).read_bytes(), name

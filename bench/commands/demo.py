@@ -9,9 +9,8 @@ the paper's 18-object scenes every zoo model reads 0 at any size the demo can af
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -34,6 +33,11 @@ DEMO_PROBES = ("linear", "quadratic", "dnn")
 CONTROL, CONTROL_MODEL = "resampled-o", "zoo:conjunctions"
 #: The dataset's seed: the zoo renders its own scenes from seed 0, the demo scores it on others.
 DEMO_SEED = 1
+#: Without --out the demo writes here, in the working directory (the project's .gitignore lists
+#: it): `bench-demo`, else `bench-demo-2`, `-3`, …; a folder is reused when its manifest says an
+#: earlier demo made it with the same sizes, and nothing in it is ever deleted.
+DEMO_DIR = "bench-demo"
+DEMO_MANIFEST = "bench-demo.json"
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +45,7 @@ def register(app: typer.Typer) -> None:
 
 
 def demo(
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Keep the dataset and results here (default: a temporary directory, removed)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help=f"Write the dataset, results and activation cache here (default: ./{DEMO_DIR}, or a numbered one beside it; kept, and reused by a demo of the same sizes)."),
     n_train: int = typer.Option(800, help="Training scenes."),
     n_val: int = typer.Option(200, help="Validation scenes."),
     n_test: int = typer.Option(400, help="Test scenes."),
@@ -54,37 +58,37 @@ def demo(
     for name, n in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
         if n < 1:  # probes need all three splits: refused now, not after the zoo has trained
             raise BenchError(f"{name}: must be ≥ 1, got {n}")
-    work = out or Path(tempfile.mkdtemp(prefix="bindingbench-demo-"))
-    if out is not None:
-        from bench.results import check_writable
+    from evaluators.zoo.recipes import SCENES
 
-        check_writable(out, "out")  # now, not after minutes of training
-    try:
-        data, results = work / "colorshape-demo", work / "results"
-        from evaluators.zoo.recipes import SCENES
-        from leaderboards.tables import render_leaderboards
+    side = SCENES["image_size"] if image_size is None else image_size
+    gen, config = _demo_config(n_train, n_val, n_test, side)
+    gen(config)  # a bad size is refused here, before a folder is chosen or made
+    settings = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "image_size": side, "seed": DEMO_SEED}
+    work = out if out is not None else demo_folder(Path(), settings)
+    from bench.results import check_writable
 
-        side = SCENES["image_size"] if image_size is None else image_size
-        stderr.print(f"[bold]1/4[/bold] generating the zoo's kind of ColorShape scenes ({n_train}/{n_val}/{n_test}, "
-                     f"{side} px)")
-        _demo_dataset(data, n_train, n_val, n_test, side)
-        others = [m for m in DEMO_MODELS if m not in ZOO_MODELS]
-        with _zoo_in_background() as zoo_trained:
-            stderr.print(f"[bold]2/4[/bold] training the zoo's small ViTs in a second process (once: reused from the "
-                         f"cache afterwards) while evaluating {', '.join(others)} with {', '.join(DEMO_PROBES)} probes")
-            with _evaluation_settings(results):
-                _evaluate(others, data, results, epochs)
-                for spec, path in zoo_trained().items():
-                    stderr.print(f"{spec} → {path}")
-                stderr.print(f"[bold]3/4[/bold] evaluating {', '.join(ZOO_MODELS)}, and the {CONTROL} control on "
-                             f"{CONTROL_MODEL}")
-                _evaluate(ZOO_MODELS, data, results, epochs)
-                _evaluate((CONTROL_MODEL,), data, results, epochs, control=CONTROL)
-        stderr.print("[bold]4/4[/bold] leaderboard")
-        echo(render_leaderboards(_demo_boards(results, fmt), fmt))
-    finally:
-        if out is None:
-            shutil.rmtree(work, ignore_errors=True)
+    check_writable(work, "out")  # now, not after minutes of training
+    _write_manifest(work, settings)
+    data, results = work / "colorshape-demo", work / "results"
+    from leaderboards.tables import render_leaderboards
+
+    stderr.print(f"[bold]1/4[/bold] generating the zoo's kind of ColorShape scenes ({n_train}/{n_val}/{n_test}, "
+                 f"{side} px) in {data}")
+    _demo_dataset(data, gen, config)
+    others = [m for m in DEMO_MODELS if m not in ZOO_MODELS]
+    with _zoo_in_background() as zoo_trained:
+        stderr.print(f"[bold]2/4[/bold] training the zoo's small ViTs in a second process (once: reused from the "
+                     f"cache afterwards) while evaluating {', '.join(others)} with {', '.join(DEMO_PROBES)} probes")
+        with _evaluation_settings(results):
+            _evaluate(others, data, results, epochs)
+            for spec, path in zoo_trained().items():
+                stderr.print(f"{spec} → {path}")
+            stderr.print(f"[bold]3/4[/bold] evaluating {', '.join(ZOO_MODELS)}, and the {CONTROL} control on "
+                         f"{CONTROL_MODEL}")
+            _evaluate(ZOO_MODELS, data, results, epochs)
+            _evaluate((CONTROL_MODEL,), data, results, epochs, control=CONTROL)
+    stderr.print("[bold]4/4[/bold] leaderboard")
+    echo(render_leaderboards(_demo_boards(results, fmt), fmt))
     if fmt in (Format.table, Format.markdown):
         echo(
             "\nβ* = 1 − L_O|F / H(O|F): every probe starts at the generator's exact prior, so a backbone with "
@@ -106,8 +110,60 @@ def demo(
             "dataset made by `bench generate`, then `bench leaderboard results/` "
             "(`--metric beta_star_paper` for the published estimator)."
         )
-    kept = f"; dataset and results kept in {out}" if out else " (pass --out DIR to keep the dataset and results)"
-    stderr.print(f"demo finished in {time.perf_counter() - t0:.0f} s{kept}")
+    stderr.print(f"demo finished in {time.perf_counter() - t0:.0f} s; its dataset, results and activation cache are "
+                 f"in {work}/ (kept; a demo of the same sizes there reuses them). Next:", soft_wrap=True)
+    for command in next_commands(work):
+        stderr.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
+
+
+def next_commands(work: Path) -> list[str]:
+    """The three commands a user runs after the demo: the board again, the report, a real model."""
+    d = _shell_path(work)
+    return [f"bench leaderboard {d}/results --metric beta_O",
+            f"bench report {d}/results -o {d}/report.html",
+            f"bench evaluate --model random:dinov2-small --dataset {d}/colorshape-demo --results {d}/results "
+            "--layers 0,6,12 --tokens cls --probes linear"]
+
+
+def _shell_path(path: Path) -> str:
+    """`path` relative to the working directory when it lies inside it, quoted for a shell when needed."""
+    import shlex
+
+    try:
+        shown = str(Path(path).resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        shown = str(path)
+    return shlex.quote(shown)
+
+
+def demo_folder(parent: Path, settings: dict[str, Any]) -> Path:
+    """The default output folder in `parent`: the first of bench-demo, bench-demo-2, … that is
+    free, or that an earlier demo made with the same `settings` (its manifest says so)."""
+    for k in range(1, 10_000):
+        folder = parent / (DEMO_DIR if k == 1 else f"{DEMO_DIR}-{k}")
+        if not folder.exists() and not folder.is_symlink():
+            return folder
+        if folder.is_dir() and not folder.is_symlink() and _read_manifest(folder) == settings:
+            return folder
+    raise BenchError(f"out: {parent} already holds {DEMO_DIR} … {DEMO_DIR}-9999; pass --out DIR")
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((folder / DEMO_MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return manifest.get("settings") if isinstance(manifest, dict) else None
+
+
+def _write_manifest(folder: Path, settings: dict[str, Any]) -> None:
+    """Record what made the folder (so a later demo of the same sizes reuses it), unless it says so already."""
+    if not (folder / DEMO_MANIFEST).exists():
+        import bench
+        from bench.dataset import write_json_atomic
+
+        write_json_atomic({"made_by": "bench demo", "bench_version": bench.__version__, "settings": settings},
+                          folder / DEMO_MANIFEST)
 
 
 @contextlib.contextmanager
@@ -165,14 +221,29 @@ def _train_zoo(recipes: dict[str, Any], root: Path, send: Any) -> None:
         send.send((None, None, str(e) if isinstance(e, BenchError) else f"zoo: training failed: {type(e).__name__}: {e}"))
 
 
-def _demo_dataset(target: Path, n_train: int, n_val: int, n_test: int, image_size: int) -> None:
+def _demo_config(n_train: int, n_val: int, n_test: int, image_size: int) -> tuple[Any, Any]:
+    """The generator and config of the demo's scenes."""
     from evaluators.zoo.recipes import DATA_PRESET, SCENES
     from generators.base import build_config, get_generator
-    from generators.engine import generate
 
     gen = get_generator("colorshape")
-    config = build_config(gen, DATA_PRESET, dict(SCENES, n_train=n_train, n_val=n_val, n_test=n_test,
-                                                 image_size=image_size, seed=DEMO_SEED))
+    return gen, build_config(gen, DATA_PRESET, dict(SCENES, n_train=n_train, n_val=n_val, n_test=n_test,
+                                                    image_size=image_size, seed=DEMO_SEED))
+
+
+def _demo_dataset(target: Path, gen: Any, config: Any) -> None:
+    """Generate the demo's scenes into `target`, or reuse them when an earlier demo made the same there."""
+    from bench.dataset import CARD_NAME, Dataset
+    from generators.base import config_to_dict
+    from generators.engine import generate
+
+    if (target / CARD_NAME).exists():
+        card = Dataset(target).card
+        if card.get("generator", {}).get("name") == gen.name and card.get("config") == json.loads(json.dumps(config_to_dict(config))):
+            stderr.print(f"reusing the scenes in {target} (the same sizes and seed)", soft_wrap=True)
+            return
+        raise BenchError(f"out: {target} holds a dataset made with other settings; choose another --out "
+                         "(the demo never replaces what it did not make in this run)")
     with progress_bar("generate") as bar:
         generate(gen, config, target, progress=bar.advance, on_start=bar.set_total)
 
