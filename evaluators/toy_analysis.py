@@ -321,8 +321,16 @@ def plot_toy_analysis(analysis: dict[str, Any], out: str | os.PathLike) -> Path:
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    from PIL import Image
+
     width = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2  # inches, legend and padding included
-    fig.savefig(out, dpi=min(150.0, (MAX_FIGURE_WIDTH - 2) / width), bbox_inches="tight")
+    dpi = min(150.0, (MAX_FIGURE_WIDTH - 2) / width)
+    for _ in range(4):  # the tight box moves a little with the dpi: checked after saving
+        fig.savefig(out, dpi=dpi, bbox_inches="tight")
+        with Image.open(out) as im:
+            if im.width <= MAX_FIGURE_WIDTH:
+                break
+            dpi *= (MAX_FIGURE_WIDTH - 2) / im.width
     plt.close(fig)
     return out
 

@@ -2,7 +2,9 @@
 
 Every scene is drawn from its own seed, derived from (global seed, split, index),
 and shards have fixed row ranges, so the bytes written do not depend on how many
-workers ran or in which order they finished. The folder's manifest (`bench.outdir`)
+workers ran or in which order they finished. With fewer than two shards a worker, each
+shard is cut into row ranges that the workers render and this process writes, so
+`--workers` is used even when a split is one shard. The folder's manifest (`bench.outdir`)
 records the config of an unfinished run and the shards it writes: re-running the same
 command reuses finished shards (and renders a damaged one again); the card, written
 last, is what makes the directory a dataset.

@@ -64,7 +64,10 @@ def save_figure(fig: plt.Figure, out: str | os.PathLike) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(f"{stem.name}.{f}") for f in FORMATS]
     for p in paths:
-        fig.savefig(p, dpi=_dpi(fig) if p.suffix == ".png" else 150, bbox_inches="tight")
+        if p.suffix == ".png":
+            save_png(fig, p)
+        else:
+            fig.savefig(p, dpi=150, bbox_inches="tight")
     plt.close(fig)
     return paths
 
@@ -73,11 +76,19 @@ def save_figure(fig: plt.Figure, out: str | os.PathLike) -> list[Path]:
 MAX_PNG_WIDTH = 1280
 
 
-def _dpi(fig: plt.Figure) -> float:
-    """150 dpi, or less where the figure (its tight box, legend included) would be wider than
-    MAX_PNG_WIDTH pixels."""
-    width = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2  # savefig's pad, both sides
-    return min(150.0, (MAX_PNG_WIDTH - 2) / width)
+def save_png(fig: plt.Figure, path: Path, max_width: int = MAX_PNG_WIDTH) -> None:
+    """Save at 150 dpi, or at the dpi that keeps the image (its tight box, legend included) at most
+    `max_width` pixels wide; the tight box moves a little with the dpi, so it is checked after."""
+    from PIL import Image
+
+    width = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2  # inches; savefig's pad, both sides
+    dpi = min(150.0, (max_width - 2) / width)
+    for _ in range(4):
+        fig.savefig(path, dpi=dpi, bbox_inches="tight")
+        with Image.open(path) as im:
+            if im.width <= max_width:
+                return
+            dpi *= (max_width - 2) / im.width
 
 
 def _scale(board: Leaderboard) -> float:

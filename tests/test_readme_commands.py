@@ -11,7 +11,6 @@ import shlex
 import time
 from pathlib import Path
 
-import pytest
 
 from bench.cli import main
 
