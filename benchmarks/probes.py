@@ -38,7 +38,9 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# After PYTHONPATH's entries, so that `PYTHONPATH=OTHER_CHECKOUT` times that checkout's probes.
+sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                str(Path(__file__).resolve().parents[1]))
 
 from bench.dataset import Dataset  # noqa: E402
 from evaluators.extract import extract_activations  # noqa: E402
