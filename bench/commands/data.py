@@ -112,6 +112,7 @@ def info(
 ) -> None:
     """Show a dataset's card and its per-split priors (bits)."""
     ds = Dataset(path)
+    ds.verify()
     if fmt == Format.json:
         echo(json.dumps(ds.card, indent=2, sort_keys=True))
         return

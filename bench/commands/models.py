@@ -68,6 +68,8 @@ def extract(
     from evaluators.extract import extract_activations
 
     ds = Dataset(dataset)
+    for s in split:  # the cheap check at open, of every split asked for, before any is extracted
+        ds.files(s)
     check_output_dir(cache_root(cache_dir), "cache-dir")  # before the model loads and the first batch runs
     for s in split:
         acts = extract_activations(model, ds, s, layers=layers, views=tokens.split(","), device=device, dtype=dtype,
