@@ -597,3 +597,18 @@ def test_3d_render_is_byte_identical_across_processes():
     outs = [subprocess.run([sys.executable, "-c", _RENDER, str(junk)], capture_output=True, text=True, env=env,
                            check=True).stdout for junk in (0, 12345)]
     assert len(outs[0].split()) == 4 and outs[0] == outs[1]
+
+
+def test_empty_and_absurd_arguments_are_refused_before_any_work(ds, tmp_path, capsys, monkeypatch):
+    """An empty string selects everything where prefixes or defaults are matched (every cache key
+    starts with "", `--preset ""` fell back to the default paper-size preset): refuse instead."""
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    assert "cache key: empty" in refused(["cache", "rm", ""], capsys)
+    assert "preset" in refused(["generate", "colorshape", "--preset", "", "--out", tmp_path / "d"], capsys, tmp_path)
+    assert "model: empty spec" in refused(["models", ""], capsys)
+    for args, message in ((["--probes", ""], "probes: empty"), (["--seeds", "-1"], "seeds: 1 to 1000"),
+                          (["--seeds", ",".join(map(str, range(1001)))], "seeds: 1 to 1000")):
+        assert message in refused(["evaluate", "--model", "pixels", "--dataset", ds, "--results", tmp_path / "r",
+                                   *args], capsys, tmp_path)
+    assert "metric: unknown 'nosuch'" in refused(["report", "--metric", "nosuch", "-o", tmp_path / "r.html"],
+                                                 capsys, tmp_path)

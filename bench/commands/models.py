@@ -29,6 +29,8 @@ def models(
     """List the registered backbones: presets, random-init controls, pixels and oracles."""
     from evaluators.backbones import LIBRARY_PRESETS, PRESETS, list_backbones, resolve_backbone
 
+    if spec is not None and not spec.strip():
+        raise BenchError("model: empty spec; name a backbone, or give none to list them all")
     infos = [resolve_backbone(spec).info] if spec else list_backbones()
     rows = []
     for info in infos:
