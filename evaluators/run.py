@@ -512,7 +512,7 @@ def run_evaluation(
     if executor != "local":
         from evaluators.ray_executor import check_options
 
-        check_options(executor, task, gpus_per_task)
+        check_options(executor, task, gpus_per_task, address)
     elif address is not None or gpus_per_task is not None:
         raise BenchError("executor: --address and --gpus-per-task need --executor ray")
     if task not in TASKS:

@@ -612,3 +612,16 @@ def test_empty_and_absurd_arguments_are_refused_before_any_work(ds, tmp_path, ca
                                    *args], capsys, tmp_path)
     assert "metric: unknown 'nosuch'" in refused(["report", "--metric", "nosuch", "-o", tmp_path / "r.html"],
                                                  capsys, tmp_path)
+
+
+def test_a_ray_address_nothing_answers_at_fails_fast(tmp_path, capsys):
+    """`ray.init` waited minutes for a head that is not there."""
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    line = refused(["generate", "colorshape", "--preset", "small", "--n-train", "4", "--n-val", "2", "--n-test", "2",
+                    "--out", tmp_path / "d", "--executor", "ray",
+                    "--address", f"127.0.0.1:{port}"], capsys, tmp_path)
+    assert "address: nothing answers at 127.0.0.1:" in line and time.perf_counter() - t0 < 30

@@ -58,7 +58,7 @@ def generate(
     if executor != "local":
         from bench.ray_cluster import require_ray
 
-        require_ray(executor)
+        require_ray(executor, address)
         from generators.ray_shards import ray_shards
 
         shards = ray_shards(address)
