@@ -22,12 +22,13 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
 
 from bench.codes import FeatureSpace
 from bench.errors import BenchError
-from bench.hashing import sha256_hex, stable_json
+from bench.hashing import fingerprint, sha256_hex, stable_json
 
 SCHEMA_VERSION = 1
 CARD_NAME = "dataset.json"
@@ -240,19 +241,17 @@ class Dataset:
         return self.split_info(split)["fingerprint"]
 
     def files(self, split: str) -> list[Path]:
-        """The split's shards, once checked: present, with a readable footer, and as many
-        rows in all as the card says."""
+        """The split's shards, checked once (`_check_split`) before any is read."""
         files = [self.path / name for name in self.split_info(split)["shards"]]
         if split not in self._checked:
-            rows = 0
-            for f in files:
-                with _reading(f):
-                    rows += pq.ParquetFile(f).metadata.num_rows
-            if rows != self.num_rows(split):
-                raise _damaged(self.path / CARD_NAME, f"split {split!r} has {rows} rows in its shards, "
-                                                      f"the card says {self.num_rows(split)}")
+            _check_split(self, split, files)
             self._checked.add(split)
         return files
+
+    def verify(self) -> None:
+        """Check every split now (`bench info`: a damaged shard is named before the card is shown)."""
+        for split in self.splits:
+            self.files(split)
 
     def num_rows(self, split: str) -> int:
         return int(self.split_info(split)["n"])
@@ -298,9 +297,65 @@ class Dataset:
         """Rows as dicts with `image` and `mask` decoded to arrays."""
         for batch in self.iter_batches(split, batch_size):
             for row in batch.to_pylist():
-                row["image"] = decode_image(row["image"])
-                row["mask"] = decode_mask(row["mask"])
+                try:
+                    row["image"] = decode_image(row["image"])
+                    row["mask"] = decode_mask(row["mask"])
+                except BenchError as e:  # name the scene: its shard is the split's at its index
+                    raise BenchError(f"{e} (scene {row['scene_id']} of {self.path})") from None
                 yield row
+
+
+def _check_split(ds: Dataset, split: str, files: Sequence[Path]) -> None:
+    """The cheap check at open, before a split is read: every shard present with a readable
+    footer and the core columns, F and O rows as wide as the feature space, the rows the card
+    counts, and content hashes that match the card's per-shard digests and the split's
+    fingerprint (so a swapped, replaced or foreign shard, or an edited card, is named here
+    and not read as data). It reads three small columns, never the images."""
+    info = ds.split_info(split)
+    digests = info.get("shard_digests") if isinstance(info.get("shard_digests"), dict) else {}
+    widths = {"F": ds.feature_space.n_features, "O": ds.feature_space.n_conjunctions}
+    hashes: list[str] = []
+    for f in files:
+        with _reading(f):
+            shard = pq.ParquetFile(f)
+            _check_columns(f, shard.schema_arrow)
+            table = shard.read(columns=["content_hash", *widths])
+        for column, width in widths.items():
+            lengths = pc.min_max(pc.list_value_length(table[column])).as_py()
+            if table.num_rows and (table[column].null_count or lengths != {"min": width, "max": width}):
+                raise _damaged(f, f"column {column} does not hold {width} values in every row, as the card's "
+                                  "feature space says")
+        own = table["content_hash"].to_pylist()
+        if f.name in digests and fingerprint(own) != digests[f.name]:
+            raise _damaged(f, "its rows are not the ones the card lists for this shard (a shard swapped, replaced "
+                              "or edited)")
+        hashes += own
+    card = ds.path / CARD_NAME
+    if len(hashes) != ds.num_rows(split):
+        raise _damaged(card, f"split {split!r} has {len(hashes)} rows in its shards, the card says "
+                             f"{ds.num_rows(split)}")
+    if fingerprint(hashes) != info["fingerprint"]:
+        raise _damaged(card, f"split {split!r}'s fingerprint does not match the rows of its shards (a shard "
+                             "replaced or reordered, or the card edited)")
+
+
+#: The core columns every reader relies on, with their types (a foreign Parquet file has others).
+_CORE_COLUMNS = row_schema({}, {})
+
+
+def _check_columns(shard: Path, schema: pa.Schema) -> None:
+    for field in _CORE_COLUMNS:
+        found = schema.field(field.name) if field.name in schema.names else None
+        expected = field.type
+        if field.name == "objects":  # generators add their own object fields: the core ones must be there
+            ok = (found is not None and pa.types.is_list(found.type) and pa.types.is_struct(found.type.value_type)
+                  and all(found.type.value_type.get_field_index(c.name) >= 0
+                          and found.type.value_type.field(c.name).type == c.type for c in expected.value_type))
+        else:
+            ok = found is not None and found.type == expected
+        if not ok:
+            what = "is missing" if found is None else f"is {found.type}, not {expected}"
+            raise _damaged(shard, f"column {field.name!r} {what}: not a BindingBench shard")
 
 
 def _first_line(e: BaseException) -> str:
@@ -322,6 +377,9 @@ def _check_card(card: dict[str, Any], path: Path) -> None:
     for name, tp in _CARD_FIELDS.items():
         if not isinstance(card.get(name), tp):
             raise _damaged(path, f"{name!r} missing or not a {tp.__name__}")
+    generator = card["generator"]
+    if not (isinstance(generator.get("name"), str) and generator["name"] and "version" in generator):
+        raise _damaged(path, "'generator' lacks its name or version")
     for split, info in card["splits"].items():
         for name, tp in _SPLIT_FIELDS.items():
             if not isinstance(info, dict) or not isinstance(info.get(name), tp):

@@ -27,12 +27,15 @@ MAX_RETRIES = 3
 HINT = "put it on storage every Ray worker sees (the same path on every node)"
 
 
-def require_ray(executor: str) -> None:
-    """Refuse an unknown executor, or `ray` when the extra is not installed."""
+def require_ray(executor: str, address: str | None = None) -> None:
+    """Refuse an unknown executor, `ray` when the extra is not installed, or an address nothing
+    answers at (`check_reachable`), before a command makes any folder."""
     if executor not in EXECUTORS:
         raise BenchError(f"executor: unknown {executor!r}; allowed: {', '.join(EXECUTORS)}")
     if executor == "ray" and ray is None:
         raise BenchError("executor: ray is not installed; pip install 'bindingbench[ray]'")
+    if executor == "ray" and address:
+        check_reachable(address)
 
 
 @contextlib.contextmanager
@@ -43,6 +46,8 @@ def session(address: str | None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    if address:
+        check_reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
                  configure_logging=True)
@@ -53,6 +58,20 @@ def session(address: str | None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Refuse a `host:port` address (bare or `ray://`) nothing answers at, within `timeout`
+    seconds: `ray.init` waits for a head that is not there for minutes. "auto" and
+    addresses without a port are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise BenchError(f"address: nothing answers at {address} ({e.strerror or e}); start Ray there "
+                         "(`ray start --head`) or leave --address out for a local Ray") from None
 
 
 def file_digest(path: Path) -> str:

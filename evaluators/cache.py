@@ -376,6 +376,8 @@ def select_entries(entries: Sequence[EntryInfo], keys: Sequence[str]) -> list[En
     """Entries whose key starts with any of `keys`; an unmatched key is a BenchError."""
     out = []
     for k in keys:
+        if not k.strip():  # every key starts with "": an empty argument must not select them all
+            raise BenchError("cache key: empty; name a key or prefix from `bench cache ls`, or pass --all")
         hits = [e for e in entries if e.key.startswith(k)]
         if not hits:
             raise BenchError(f"cache key: no entry matches {k!r}; run `bench cache ls` to see the keys")

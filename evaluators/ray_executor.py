@@ -57,9 +57,9 @@ SPLITS = ("train", "val", "test")
 MAX_SHARD_ROWS = 4096
 
 
-def check_options(executor: str, task: str, gpus_per_task: float | None) -> None:
-    """Refuse an unknown executor, a missing Ray, or negative GPUs."""
-    require_ray(executor)
+def check_options(executor: str, task: str, gpus_per_task: float | None, address: str | None = None) -> None:
+    """Refuse an unknown executor, a missing Ray, an address nothing answers at, or negative GPUs."""
+    require_ray(executor, address)
     if gpus_per_task is not None and gpus_per_task < 0:
         raise BenchError(f"gpus-per-task: must be ≥ 0, got {gpus_per_task}")
 

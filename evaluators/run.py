@@ -158,6 +158,8 @@ def open_dataset(path: Path, need_codes: bool = True) -> Dataset:
     missing = [s for s in SPLITS if s not in ds.card["splits"] or ds.num_rows(s) == 0]
     if missing:
         raise BenchError(f"dataset: {path} lacks non-empty split(s) {', '.join(missing)}; probes need train, val and test")
+    for split in SPLITS:  # the cheap check at open, of every split, before any backbone loads
+        ds.files(split)
     if not need_codes:
         return ds
     columns = set(pq.read_schema(ds.files("test")[0]).names)
@@ -510,7 +512,7 @@ def run_evaluation(
     if executor != "local":
         from evaluators.ray_executor import check_options
 
-        check_options(executor, task, gpus_per_task)
+        check_options(executor, task, gpus_per_task, address)
     elif address is not None or gpus_per_task is not None:
         raise BenchError("executor: --address and --gpus-per-task need --executor ray")
     if task not in TASKS:
@@ -540,15 +542,15 @@ def run_evaluation(
         raise BenchError(f"limit: must be ≥ 1, got {limit}")
     if threads is not None and threads < 1:
         raise BenchError(f"threads: must be ≥ 1, got {threads}")
+    ds = open_dataset(Path(dataset), need_codes=task == "binding")
     check_writable(results_dir)
     if task == "issameobject":
         return _run_issameobject(
-            models, open_dataset(Path(dataset), need_codes=False), layers=layers, probes=probes, seeds=seeds,
+            models, ds, layers=layers, probes=probes, seeds=seeds,
             device=device, dtype=dtype, epochs=epochs, results_dir=results_dir, overwrite=overwrite, limit=limit,
             progress=progress, exclude_background=exclude_background, on_skipped=on_skipped, executor=executor,
             address=address, gpus_per_task=gpus_per_task, command=command, threads=threads,
         )
-    ds = open_dataset(Path(dataset))
     limit = _effective_limit(ds, limit)
     base_train = replace(train or TrainConfig(), device=resolve_device(device))
     if epochs is not None:

@@ -193,8 +193,8 @@ def _load_builtin() -> None:
 
 def build_config(gen: type[SceneGenerator], preset: str | None, overrides: dict[str, Any]) -> CommonConfig:
     """A generator's config from a preset plus overrides (strings from the CLI are coerced)."""
-    preset = preset or gen.default_preset
-    if preset not in gen.presets:
+    preset = gen.default_preset if preset is None else preset
+    if preset not in gen.presets:  # "" too: an empty --preset is a mistake, not the default
         raise ConfigError("preset", f"unknown {preset!r} for {gen.name}; available: {', '.join(gen.presets)}")
     values = dict(gen.presets[preset])
     known = {f.name: f for f in fields(gen.config_cls)}

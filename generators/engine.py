@@ -271,6 +271,7 @@ def _card(gen: SceneGenerator, out: Path, hashes: dict[tuple[str, int], list[str
             **plan.priors.to_dict(),
             "fingerprint": fingerprint(h for s in shards for h in hashes[(split, s)]),
             "shards": names,
+            "shard_digests": {n: fingerprint(hashes[(split, s)]) for n, s in zip(names, shards)},
         }
         if gen.summary_columns:
             table = pa.concat_tables([pq.read_table(out / n, columns=list(gen.summary_columns)) for n in names])

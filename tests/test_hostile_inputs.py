@@ -259,6 +259,54 @@ def test_damaged_shard(ds, tmp_path, capsys, damage):
     refused(["preview", d, "--split", "train", "--n", "12", "--out", tmp_path / "sheet.png"], capsys, tmp_path)
 
 
+def _damage(d: Path, kind: str) -> str:
+    """Damage a dataset copy the way a hand, a script or a bad copy would; returns the name of the
+    file a refusal must name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    card = json.loads((d / CARD_NAME).read_text())
+    shard = d / "train-00001.parquet"
+    if kind == "swapped":
+        os.replace(shard, d / "swap")
+        os.replace(d / "train-00000.parquet", shard)
+        os.replace(d / "swap", d / "train-00000.parquet")
+        return "train-00000.parquet"
+    if kind == "wide-F":  # F rows one value too wide, the content hashes untouched
+        t = pq.read_table(shard)
+        wide = pa.array([f + [0] for f in t["F"].to_pylist()], t.schema.field("F").type)
+        pq.write_table(t.set_column(t.schema.get_field_index("F"), "F", wide), shard)
+        return shard.name
+    if kind == "foreign":  # someone's Parquet file at a shard's name
+        from bench.results import RESULT_SCHEMA
+
+        pq.write_table(RESULT_SCHEMA.empty_table(), shard)
+        return shard.name
+    if kind == "generator":
+        card["generator"] = {}
+    elif kind == "fingerprint":  # the card no longer describes its shards
+        card["splits"]["train"]["fingerprint"] = "0" * 64
+    (d / CARD_NAME).write_text(json.dumps(card))
+    return CARD_NAME
+
+
+READERS = {
+    "info": lambda d, tmp: ["info", d],
+    "preview": lambda d, tmp: ["preview", d, "--split", "train", "--out", tmp / "sheet.png"],
+    "evaluate": lambda d, tmp: ["evaluate", "--model", "pixels:8", "--dataset", d, "--results", tmp / "results"],
+    "extract": lambda d, tmp: ["extract", "--model", "pixels:8", "--dataset", d, "--cache-dir", tmp / "cache"],
+}
+
+
+@pytest.mark.parametrize("command", list(READERS))
+@pytest.mark.parametrize("kind", ["swapped", "wide-F", "foreign", "generator", "fingerprint"])
+def test_every_reader_names_the_damaged_file(ds, tmp_path, capsys, kind, command):
+    d = copy(ds, tmp_path)
+    name = _damage(d, kind)
+    msg = refused(READERS[command](d, tmp_path), capsys, tmp_path)
+    assert name in msg and "damaged" in msg
+
+
 def test_unwritable_outputs_fail_before_work(ds, tmp_path, capsys):
     (tmp_path / "file").write_text("not a directory")
     refused(["generate", *SMALL, "--out", tmp_path / "file" / "sub"], capsys, tmp_path)
@@ -549,3 +597,31 @@ def test_3d_render_is_byte_identical_across_processes():
     outs = [subprocess.run([sys.executable, "-c", _RENDER, str(junk)], capture_output=True, text=True, env=env,
                            check=True).stdout for junk in (0, 12345)]
     assert len(outs[0].split()) == 4 and outs[0] == outs[1]
+
+
+def test_empty_and_absurd_arguments_are_refused_before_any_work(ds, tmp_path, capsys, monkeypatch):
+    """An empty string selects everything where prefixes or defaults are matched (every cache key
+    starts with "", `--preset ""` fell back to the default paper-size preset): refuse instead."""
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    assert "cache key: empty" in refused(["cache", "rm", ""], capsys)
+    assert "preset" in refused(["generate", "colorshape", "--preset", "", "--out", tmp_path / "d"], capsys, tmp_path)
+    assert "model: empty spec" in refused(["models", ""], capsys)
+    for args, message in ((["--probes", ""], "probes: empty"), (["--seeds", "-1"], "seeds: 1 to 1000"),
+                          (["--seeds", ",".join(map(str, range(1001)))], "seeds: 1 to 1000")):
+        assert message in refused(["evaluate", "--model", "pixels", "--dataset", ds, "--results", tmp_path / "r",
+                                   *args], capsys, tmp_path)
+    assert "metric: unknown 'nosuch'" in refused(["report", "--metric", "nosuch", "-o", tmp_path / "r.html"],
+                                                 capsys, tmp_path)
+
+
+def test_a_ray_address_nothing_answers_at_fails_fast(tmp_path, capsys):
+    """`ray.init` waited minutes for a head that is not there."""
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    line = refused(["generate", "colorshape", "--preset", "small", "--n-train", "4", "--n-val", "2", "--n-test", "2",
+                    "--out", tmp_path / "d", "--executor", "ray",
+                    "--address", f"127.0.0.1:{port}"], capsys, tmp_path)
+    assert "address: nothing answers at 127.0.0.1:" in line and time.perf_counter() - t0 < 30

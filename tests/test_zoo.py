@@ -180,3 +180,38 @@ def test_folders_are_named_by_the_whole_recipe():
              r.with_(data=dict(r.data, n_train=7)).folder}
     assert len(names) == 5 and all(n.startswith("masked-") and len(n) == len("masked-") + 12 for n in names)
     assert r.folder == RECIPES["masked"].with_().folder
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted", "garbage-config", "card-list", "card-empty", "old-card"])
+def test_a_damaged_model_is_listed_refused_and_trained_again(zoo_cache, balanced_small, capsys, damage):
+    """Weights that differ from the card's hash, a missing file or a card of the wrong shape mark
+    the model damaged: listed so, refused by evaluate in one line, trained again by `zoo train`.
+    A card written before hashes were recorded still loads, and gains them."""
+    assert main(["zoo", "train", "untrained"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    card = json.loads((path / CARD_NAME).read_text())
+    good = weights(path)
+    if damage == "truncated":
+        (path / "model.safetensors").write_bytes(good[: len(good) // 2])
+    elif damage == "deleted":
+        (path / "model.safetensors").unlink()
+    elif damage == "garbage-config":
+        (path / "config.json").write_text("garbage")
+    elif damage == "card-list":
+        (path / CARD_NAME).write_text("[]")
+    elif damage == "card-empty":
+        (path / CARD_NAME).write_text("{}")
+    else:
+        (path / CARD_NAME).write_text(json.dumps({k: v for k, v in card.items() if k != "files"}))
+    assert main(["zoo", "list", "--format", "json"]) == 0
+    status = {r["name"]: r["status"] for r in json.loads(capsys.readouterr().out)}["untrained"]
+    if damage == "old-card":
+        assert status == "trained" and json.loads((path / CARD_NAME).read_text())["files"] == card["files"]
+        return
+    assert status.startswith("damaged: ")
+    code = main(["evaluate", "--model", "zoo:untrained", "--dataset", str(balanced_small), "--probes", "linear",
+                 "--results", str(zoo_cache.parent / "results")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is damaged" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["zoo", "train", "untrained"]) == 0 and Path(capsys.readouterr().out.strip()) == path
+    assert weights(path) == good and json.loads((path / CARD_NAME).read_text())["files"] == card["files"]

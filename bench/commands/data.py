@@ -58,7 +58,7 @@ def generate(
     if executor != "local":
         from bench.ray_cluster import require_ray
 
-        require_ray(executor)
+        require_ray(executor, address)
         from generators.ray_shards import ray_shards
 
         shards = ray_shards(address)
@@ -112,6 +112,7 @@ def info(
 ) -> None:
     """Show a dataset's card and its per-split priors (bits)."""
     ds = Dataset(path)
+    ds.verify()
     if fmt == Format.json:
         echo(json.dumps(ds.card, indent=2, sort_keys=True))
         return

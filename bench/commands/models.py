@@ -29,6 +29,8 @@ def models(
     """List the registered backbones: presets, random-init controls, pixels and oracles."""
     from evaluators.backbones import LIBRARY_PRESETS, PRESETS, list_backbones, resolve_backbone
 
+    if spec is not None and not spec.strip():
+        raise BenchError("model: empty spec; name a backbone, or give none to list them all")
     infos = [resolve_backbone(spec).info] if spec else list_backbones()
     rows = []
     for info in infos:
@@ -68,6 +70,8 @@ def extract(
     from evaluators.extract import extract_activations
 
     ds = Dataset(dataset)
+    for s in split:  # the cheap check at open, of every split asked for, before any is extracted
+        ds.files(s)
     check_output_dir(cache_root(cache_dir), "cache-dir")  # before the model loads and the first batch runs
     for s in split:
         acts = extract_activations(model, ds, s, layers=layers, views=tokens.split(","), device=device, dtype=dtype,

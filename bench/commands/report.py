@@ -66,7 +66,10 @@ def report(
         False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`."),
 ) -> None:
     """Write a self-contained HTML report (opens from disk, no server, no network)."""
-    from leaderboards.report import build_report
+    from leaderboards.report import METRIC_KEYS, build_report
+
+    if metric not in METRIC_KEYS[:3]:
+        raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(METRIC_KEYS[:3])}")
 
     if results_dir is None and Path("results").is_dir():
         results_dir = Path("results")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from bench.errors import BenchError
 from evaluators.zoo.recipes import RECIPES, Recipe
-from evaluators.zoo.training import partial_dir, read_card, train_recipe
+from evaluators.zoo.training import damage, partial_dir, read_card, train_recipe
 
 ZOO_ENV = "BINDINGBENCH_ZOO"
 __all__ = ["RECIPES", "Recipe", "zoo_root", "get_recipe", "model_path", "train", "status", "inventory"]
@@ -44,6 +44,9 @@ def model_path(name: str) -> Path:
     if read_card(path) is None:
         raise BenchError(f"zoo: {name} is not trained yet (no finished model at {path}); "
                          f"run `bench zoo train {name}`")
+    why = damage(path)
+    if why is not None:
+        raise BenchError(f"zoo: {name} at {path} is damaged ({why}); `bench zoo train {name}` trains it again")
     return path
 
 
@@ -65,8 +68,13 @@ def status(name: str) -> dict[str, Any]:
     recipe = RECIPES[name]
     path = zoo_root() / recipe.folder
     card = read_card(path)
-    state = "trained" if card else "interrupted" if partial_dir(zoo_root(), recipe).exists() else "not trained"
-    return _row(recipe.name, recipe.objective, card or recipe.to_dict(), state, path)
+    why = damage(path) if card is not None else None
+    if card is None:
+        state = "interrupted" if partial_dir(zoo_root(), recipe).exists() else "not trained"
+    else:
+        state = f"damaged: {why}" if why else "trained"
+    return _row(recipe.name, recipe.objective, card if isinstance(card, dict) and not why else recipe.to_dict(),
+                state, path)
 
 
 def inventory() -> list[dict[str, Any]]:
@@ -79,6 +87,10 @@ def inventory() -> list[dict[str, Any]]:
     for path in sorted(root.iterdir()) if root.is_dir() else []:
         card = read_card(path)
         if path.name in current or path.name.startswith(".") or card is None:
+            continue
+        why = damage(path)
+        if why is not None:
+            rows.append(_row(path.name, None, {}, f"damaged: {why}", path))
             continue
         recipe, written = card.get("recipe", {}), RECIPES.get(card.get("name", ""))
         same = written is not None and {**recipe, "seed": written.seed, "steps": written.steps} == written.to_dict()

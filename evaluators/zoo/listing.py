@@ -18,7 +18,7 @@ def zoo_infos() -> list[BackboneInfo]:
     """One row per recipe as written; the revision is the weights' hash once trained, else `not trained`."""
     from evaluators.backbones.base import BackboneInfo
     from evaluators.zoo import zoo_root
-    from evaluators.zoo.training import read_card
+    from evaluators.zoo.training import damage, read_card
 
     a, n_params = ARCHITECTURE, _n_params()
     out = []
@@ -28,7 +28,7 @@ def zoo_infos() -> list[BackboneInfo]:
         if read_card(path) is not None:
             from evaluators.backbones.weights import files_hash
 
-            revision = f"sha256:{files_hash(sorted(path.glob('*.safetensors')))[:12]}"
+            revision = "damaged" if damage(path) else f"sha256:{files_hash(sorted(path.glob('*.safetensors')))[:12]}"
         out.append(BackboneInfo(
             spec=f"zoo:{name}", family="vit", revision=revision, n_params=n_params, patch_size=a["patch_size"],
             input_size=a["image_size"], n_layers=a["num_hidden_layers"], width=a["hidden_size"], n_prefix=1,

@@ -14,11 +14,17 @@ model trained earlier; old folders stay where they are. While training, state li
 recipe and data). The finished model is written with `save_pretrained` into a temporary
 directory, its card last, and renamed into place in one step; `zoo:NAME` accepts only a
 directory whose card is there.
+
+Verification. The card records the sha256 of the files a model loads from (`WEIGHT_FILES`);
+`damage` checks them before the model is used or listed, so a truncated, replaced or deleted
+weights file, or a card of the wrong shape, marks the model damaged rather than loading (or
+half-loading) it. A card written before hashes were recorded gains them once its files load.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -38,6 +44,8 @@ CARD_NAME = "zoo_card.json"
 STATE_NAME = "state.pt"
 RUN_NAME = "run.json"
 CHECKPOINT_EVERY = 20
+#: The files a published model loads from, hashed into its card (`files`).
+WEIGHT_FILES = ("model.safetensors", "config.json")
 #: ViTImageProcessor's defaults, which the saved processor config records.
 MEAN, STD = 0.5, 0.5
 
@@ -49,11 +57,57 @@ def partial_dir(root: Path, recipe: Recipe) -> Path:
 
 
 def read_card(path: Path) -> dict[str, Any] | None:
-    """A finished zoo model's card, or None when `path` is not one."""
+    """A finished zoo model's card (any JSON value it holds), or None when `path` has none."""
     try:
         return json.loads((path / CARD_NAME).read_text())
     except (OSError, ValueError):
-        return None
+        return None if not (path / CARD_NAME).exists() else {}
+
+
+def damage(path: Path) -> str | None:
+    """Why the finished model at `path` cannot be used (None: it can): a card of the wrong
+    shape, a missing weight file, or one whose hash differs from the card's. A card without
+    hashes (written before they were recorded) gains them when its files load."""
+    card = read_card(path)
+    if not isinstance(card, dict) or not isinstance(card.get("name"), str) or not isinstance(card.get("recipe"), dict):
+        return f"{CARD_NAME} is not a zoo card"
+    missing = [f for f in WEIGHT_FILES if not (path / f).is_file()]
+    if missing:
+        return f"{', '.join(missing)} missing"
+    hashes = {f: _file_sha256(path / f) for f in WEIGHT_FILES}
+    recorded = card.get("files")
+    if isinstance(recorded, dict):
+        changed = [f for f in WEIGHT_FILES if recorded.get(f) != hashes[f]]
+        return f"{', '.join(changed)} differ{'s' if len(changed) == 1 else ''} from the card's hash" if changed else None
+    why = _unloadable(path)
+    if why is None:
+        write_json_atomic({**card, "files": hashes}, path / CARD_NAME)
+    return why
+
+
+def _unloadable(path: Path) -> str | None:
+    """Whether the weights and config parse (for cards that predate recorded hashes)."""
+    from safetensors import safe_open
+
+    try:
+        json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"config.json does not load ({type(e).__name__})"
+    try:
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            for key in f.keys():
+                f.get_tensor(key)
+    except Exception as e:  # noqa: BLE001 — safetensors raises several types for a damaged file
+        return f"model.safetensors does not load ({type(e).__name__})"
+    return None
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None,
@@ -65,7 +119,9 @@ def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None
     """
     final = root / recipe.folder
     if read_card(final) is not None:
-        return final
+        if damage(final) is None:
+            return final
+        shutil.rmtree(final)  # the zoo's own folder for this recipe, damaged: trained again
     if final.exists():
         raise BenchError(f"zoo: {final} exists but holds no {CARD_NAME} (not a finished zoo model); delete it")
     # the untrained control reads no data: its card says so rather than naming scenes it never saw
@@ -263,7 +319,7 @@ def _publish(model: torch.nn.Module, card: dict[str, Any], final: Path) -> None:
     side = int(model.config.image_size)
     ViTImageProcessor(size={"height": side, "width": side}, image_mean=[MEAN] * 3, image_std=[STD] * 3,
                       do_resize=True, do_rescale=True, do_normalize=True, resample=2).save_pretrained(tmp)
-    write_json_atomic(card, tmp / CARD_NAME)
+    write_json_atomic({**card, "files": {f: _file_sha256(tmp / f) for f in WEIGHT_FILES}}, tmp / CARD_NAME)
     os.replace(tmp, final)
 
 

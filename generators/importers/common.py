@@ -201,7 +201,7 @@ def _write_splits(source: Source, splits: dict[str, list[SourceScene]], tmp: Pat
         o_keys = ["".join(map(str, o)) for o in codes]
         f_keys = [space.f_key(space.o_to_f(o)) for o in codes]
         info, h_rows = plugin_priors(f_keys, o_keys)
-        hashes, names = [], []
+        hashes, names, digests = [], [], {}
         for shard, start in enumerate(range(0, len(scenes), SHARD_SIZE)):
             rows = []
             for index in range(start, min(start + SHARD_SIZE, len(scenes))):
@@ -212,7 +212,9 @@ def _write_splits(source: Source, splits: dict[str, list[SourceScene]], tmp: Pat
             write_parquet_atomic(pa.Table.from_pylist(rows, schema=schema), tmp / shard_name(split, shard))
             hashes += [r["content_hash"] for r in rows]
             names.append(shard_name(split, shard))
+            digests[names[-1]] = fingerprint(r["content_hash"] for r in rows)
         card_splits[split] = {"n": len(scenes), **info, "fingerprint": fingerprint(hashes), "shards": names,
+                              "shard_digests": digests,
                               "source_splits": dict(sorted(Counter(s.source_split for s in scenes).items()))}
         if source.split_stats:
             card_splits[split].update(source.split_stats(scenes))
