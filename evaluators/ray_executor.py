@@ -354,7 +354,7 @@ def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: di
 
         def arrived(ref: Any, rows: list[dict[str, Any]] | None, error: BaseException | None) -> int:
             plan, common, todo = units[ref]
-            rows_of[ref] = rows if error is None else extraction_error_rows(common, plan, todo, error)
+            rows_of[ref] = plan.stamp(rows if error is None else extraction_error_rows(common, plan, todo, error))
             return len(rows_of[ref])
 
         def write() -> Path | None:

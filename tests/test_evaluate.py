@@ -79,6 +79,56 @@ def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_pa
     assert len(keys) == len(set(keys)) == 4 + 2 + 2  # only quadratic x 2 models and oracle:features x 2 probes ran
 
 
+def test_an_edited_checkpoint_or_changed_probe_is_measured_again_and_supersedes(tiny, tmp_path, capsys):
+    from tests.test_backbones import tiny_checkpoint
+
+    model_dir, results = tmp_path / "mine", tmp_path / "results"
+    tiny_checkpoint("vit", model_dir, seed=0)
+    args = ["evaluate", "--dataset", str(tiny), "--model", str(model_dir), "--probes", "linear",
+            "--results", str(results), "--format", "json"]
+    assert main([*args, "--epochs", "1"]) == 0
+    assert main([*args, "--epochs", "1"]) == 0 and "nothing to do" in capsys.readouterr().err  # same weights, same probe
+    tiny_checkpoint("vit", model_dir, seed=1)  # the checkpoint is edited in place: same spec, new weights
+    assert main([*args, "--epochs", "1"]) == 0
+    assert main([*args, "--epochs", "2"]) == 0  # the probe's settings changed: measured again too
+    rows = sorted(read_results(results).to_pylist(), key=lambda r: r["created_at"] + r["run_id"])
+    assert len(rows) == 3 and {r["backbone"] for r in rows} == {str(model_dir)}
+    weights = [r["weights_fingerprint"] for r in rows]
+    assert weights[0] != weights[1] == weights[2] and weights[0].startswith("sha256:")
+    probes = [r["probe_fingerprint"] for r in rows]
+    assert probes[0] == probes[1] != probes[2]
+    assert [json.loads(r["config"])["train"]["epochs"] for r in rows] == [1, 1, 2]
+    capsys.readouterr()
+
+    from leaderboards.store import load_selected
+
+    chosen = load_selected(results)
+    assert [r["run_id"] for r in chosen.rows] == [rows[2]["run_id"]]  # the newest weights and probe win, alone
+    assert chosen.note.count("\n") == 0 and f"older weights {weights[0][:12]}" in chosen.note
+    assert f"older probe {probes[0][:12]}" in chosen.note and "--show-old" in chosen.note
+    shown = load_selected(results, show_old=True)
+    assert sorted(r["backbone"] for r in shown.rows) == sorted(
+        [str(model_dir), f"{model_dir} (weights {weights[0][:12]})", f"{model_dir} (probe {probes[0][:12]})"])
+    assert shown.note is None
+
+
+def test_rows_of_an_older_schema_are_set_aside_with_a_note(tiny, tmp_path, capsys):
+    import pyarrow as pa
+
+    from bench.results import RESULTS_SCHEMA_VERSION
+
+    assert RESULTS_SCHEMA_VERSION == 5
+    old = pa.table({"backbone": ["oracle:objects"], "beta_star": [0.5]})
+    pq.write_table(old.replace_schema_metadata({b"bindingbench_results_schema_version": b"4"}), tmp_path / "old.parquet")
+    assert main(["evaluate", "--dataset", str(tiny), "--model", "oracle:features", "--probes", "linear",
+                 "--epochs", "1", "--results", str(tmp_path)]) == 0  # the old file neither raises nor counts as done
+    capsys.readouterr()
+    assert main(["leaderboard", str(tmp_path), "--metric", "beta_star"]) == 0
+    out, err = capsys.readouterr()
+    assert "oracle:features" in out and "oracle:objects" not in out
+    assert err.count("\n") == 1 and "old.parquet (schema 4, 1 rows)" in err
+
+
 def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
     from evaluators.run import run_evaluation
 
