@@ -240,3 +240,20 @@ def test_the_summary_fits_100_columns_unless_asked_for_every_column(tiny, tmp_pa
     assert main([*args, "--wide", "--overwrite"]) == 0
     wide = capsys.readouterr().out
     assert max(map(len, wide.splitlines())) > 100 and "beta_star_paper" in wide and "exact_accuracy" in wide
+
+
+def test_the_python_api_evaluates_loads_and_ranks(tiny, tmp_path):
+    from bench import api
+
+    df = api.evaluate(["oracle:objects", "oracle:features"], dataset=tiny, probes=["linear"], epochs=2,
+                      results=tmp_path)
+    assert sorted(df["backbone"]) == ["oracle:features", "oracle:objects"] and set(df["status"]) == {"ok"}
+    beta = dict(zip(df["backbone"], df["beta_star"]))
+    assert all(0 <= b <= 1 for b in beta.values())
+    loaded = api.load_results(tmp_path)
+    assert len(loaded) == 2 and "scene_bits_F" not in loaded.columns and loaded.attrs["set_aside"] is None
+    for check in {c for cs in loaded["checks"] for c in cs}:
+        assert list(loaded[f"‡ {check}"]) == [check in cs for cs in loaded["checks"]]
+    board = api.leaderboard(loaded, metric="beta_star")
+    assert sorted(board["backbone"]) == ["oracle:features", "oracle:objects"] and set(board["metric"]) == {"beta_star"}
+    assert dict(zip(board["backbone"], board["value"])) == pytest.approx(beta)  # the rows' numbers, ranked
