@@ -569,11 +569,12 @@ def run_evaluation(
                   probe_fps=probe_fingerprints(task, probes, request))
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if executor == "ray":
-        from evaluators.ray_executor import run_binding
+        from evaluators.ray_executor import BindingSteps, run_binding
 
         return run_binding([p for p in plans if p.todo], ds, unanchored=unanchored, prov=prov, test_fp=test_fp,
                            base_train=base_train, device=device, dtype=dtype, limit=limit, results_dir=results_dir,
                            run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task,
+                           steps=BindingSteps(binding_task, binding_common, extraction_error_rows, binding_rows),
                            control=control)
     with _local_threads(threads, progress, plans):
         rows: list[dict[str, Any]] = []
@@ -753,7 +754,7 @@ def _check_cache(plans: Sequence[_Plan], ds: Dataset, dtype: str, limit: int | N
 def _say(enabled: bool, text: str) -> None:
     """One line on stderr beside the progress bars (nothing when progress is off)."""
     if enabled:
-        from bench.commands.common import stderr
+        from bench.console import stderr
 
         stderr.print(text, soft_wrap=True, markup=False, highlight=False)
 
@@ -889,7 +890,7 @@ def _epoch_bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[int]
     if not enabled:
         yield None
         return
-    from bench.commands.common import progress_bar
+    from bench.console import progress_bar
 
     with progress_bar(label, total) as bar:
         yield bar.advance
