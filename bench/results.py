@@ -32,7 +32,8 @@ from bench.versions import package_versions
 #: `control` in the key; validation numbers, sensitivity and the paired-comparison columns; the ‡
 #: checks a binding row breaks (`checks`), IsSameObject validation numbers, the run's `command`.
 #: 5: `weights_fingerprint` (what the weights were) and `probe_fingerprint` (the probe settings as
-#: requested plus the probe code version) join the key, so an edited model or probe is measured again.
+#: requested plus the probe code version) join the key, so an edited model or probe is measured again;
+#: `spec` holds the model spec when `-m NAME=SPEC` puts a display name in `backbone`.
 RESULTS_SCHEMA_VERSION = 5
 
 #: The key: a row is identified by these (re-runs skip keys already present).
@@ -63,7 +64,8 @@ RESULT_SCHEMA = pa.schema(
         ("device", pa.string()),
         ("host", pa.string()),
         ("command", pa.string()),  # the command line that made the run (null: called from Python)
-        ("backbone", pa.string()),  # the spec string, e.g. "facebook/dinov2-small", "oracle:objects"
+        ("backbone", pa.string()),  # the display name of `-m NAME=SPEC`, else the spec string
+        ("spec", pa.string()),  # the spec string, e.g. "facebook/dinov2-small", "oracle:objects", a folder
         ("backbone_family", pa.string()),
         ("backbone_revision", pa.string()),  # weights revision or content hash
         # the key's identity of the weights: the backbone revision (hub revision, `sha256:` of the

@@ -604,7 +604,7 @@ def run_evaluation(
 def binding_common(prov: dict[str, Any], plan: _Plan, ds: Dataset, test_fp: str, limit: int | None,
                    task_data: BindingTask) -> dict[str, Any]:
     """The columns every binding row of one backbone shares."""
-    return {**_common_columns(prov, plan.spec, plan.backbone.info, ds.name, test_fp, "binding", limit),
+    return {**_common_columns(prov, plan, ds.name, test_fp, "binding", limit),
             "control": task_data.control,
             "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
 
@@ -658,6 +658,7 @@ class _Plan:
     skipped: int
     aliases: dict[str, list[str]]
     probe_fps: dict[str, str]
+    name: str  # the `backbone` column: the display name of `-m NAME=SPEC`, else the spec
 
     def shown(self, view: str) -> list[str]:
         return [view, *self.aliases.get(view, [])]
@@ -682,7 +683,8 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
     """Resolve every backbone and check it against the task, views and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training."""
     plans = []
-    for spec in models:
+    for model in models:
+        name, spec = display_name(model)
         backbone = resolve_backbone(spec).bind(ds)
         if task == "issameobject":
             check_attention_qk(backbone, probes)
@@ -700,7 +702,7 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
         trained = [v for v in views if not any(v in a for a in aliases.values())]
 
         def key(layer: int, view: str, fam: str, seed: int) -> tuple:
-            return (spec, ds.name, test_fp, limit, control, "test", layer, view, task, fam, seed,
+            return (name, ds.name, test_fp, limit, control, "test", layer, view, task, fam, seed,
                     backbone.info.revision, probe_fps[fam])
 
         if task == "issameobject":
@@ -714,8 +716,20 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
                     skipped += len(here) - len(fams)
                     if fams:
                         todo.append((layer, view, seed, fams))
-        plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps))
+        plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps, name))
     return plans
+
+
+def display_name(model: str) -> tuple[str, str]:
+    """(name, spec) of a model argument: `NAME=SPEC` names a spec for tables (the `backbone`
+    column; the spec keeps its own column), so a long path or a zoo card reads as `mine`.
+    A NAME holds no `/`, `:` or `=`, so a path or hub id that contains `=` stays a spec."""
+    name, sep, spec = model.partition("=")
+    if not sep or any(c in name for c in "/:\\") or not name:
+        return model, model
+    if not spec:
+        raise BenchError(f"model: {model!r} names no spec; use NAME=SPEC, e.g. mine=oracle:objects")
+    return name, spec
 
 
 def _note_unread_layer(spec: str, backbone: Any, layers: Sequence[int], probes: Sequence[str], progress: bool) -> None:
@@ -799,7 +813,7 @@ def _run_issameobject(
             todo = {(layer, fam, seed) for layer, _, seed, fams in plan.todo for fam in fams}
             if not todo:
                 continue
-            common = {**_common_columns(prov, spec, plan.backbone.info, ds.name, test_fp, task, limit), "tokens": "all"}
+            common = {**_common_columns(prov, plan, ds.name, test_fp, task, limit), "tokens": "all"}
             try:
                 if spec in computed:
                     if isinstance(computed[spec], BaseException):
@@ -816,7 +830,7 @@ def _run_issameobject(
                 message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
                 new = [{"layer": layer, "probe": fam, "seed": seed, "status": "error", "error": message}
                        for layer, fam, seed in sorted(todo, key=str)]
-            mine = plan.stamp([{**r, **common, "backbone": spec} for r in new
+            mine = plan.stamp([{**r, **common} for r in new
                                if (r["layer"], r["probe"], r["seed"]) in todo])
             if any(r["status"] == "ok" and r.get("auroc") is None for r in mine):
                 _say(progress, f"warning: {spec}: some test pair sets hold one class only (all 'same' or all 'different'"
@@ -845,10 +859,12 @@ def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: boo
     return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device, command)
 
 
-def _common_columns(prov: dict[str, Any], spec: str, info: BackboneInfo, dataset: str, test_fp: str, task: str,
+def _common_columns(prov: dict[str, Any], plan: _Plan, dataset: str, test_fp: str, task: str,
                    limit: int | None) -> dict[str, Any]:
     """The columns every row of one backbone shares: provenance, backbone, dataset, task, limit."""
-    return {**prov, "backbone": spec, "backbone_family": info.family, "backbone_revision": info.revision,
+    info: BackboneInfo = plan.backbone.info
+    return {**prov, "backbone": plan.name, "spec": plan.spec, "backbone_family": info.family,
+            "backbone_revision": info.revision,
             "weights_fingerprint": info.revision,
             "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit, "split": "test",
             "n_layers": info.n_layers, "task": task}

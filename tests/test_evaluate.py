@@ -257,3 +257,14 @@ def test_the_python_api_evaluates_loads_and_ranks(tiny, tmp_path):
     board = api.leaderboard(loaded, metric="beta_star")
     assert sorted(board["backbone"]) == ["oracle:features", "oracle:objects"] and set(board["metric"]) == {"beta_star"}
     assert dict(zip(board["backbone"], board["value"])) == pytest.approx(beta)  # the rows' numbers, ranked
+
+
+def test_a_display_name_fills_the_backbone_column_and_the_spec_keeps_its_own(tiny, tmp_path, capsys):
+    args = ["evaluate", "--dataset", str(tiny), "-m", "mine=oracle:objects", "-m", "oracle:features",
+            "--probes", "linear", "--epochs", "1", "--results", str(tmp_path)]
+    assert main(args) == 0
+    rows = {r["backbone"]: r for r in read_results(tmp_path).to_pylist()}
+    assert {b: r["spec"] for b, r in rows.items()} == {"mine": "oracle:objects", "oracle:features": "oracle:features"}
+    assert main(args) == 0 and "nothing to do" in capsys.readouterr().err  # the name is the key
+    assert main([*args[:3], "-m", "mine=", *args[7:]]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
