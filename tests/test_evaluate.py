@@ -268,3 +268,14 @@ def test_a_display_name_fills_the_backbone_column_and_the_spec_keeps_its_own(tin
     assert main(args) == 0 and "nothing to do" in capsys.readouterr().err  # the name is the key
     assert main([*args[:3], "-m", "mine=", *args[7:]]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_readme_python_example_runs(tiny, tmp_path, monkeypatch):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(block.strip().splitlines()) <= 10
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(block.replace('"data/cs"', repr(str(tiny))).replace('probes=["linear"]', 'probes=["linear"], epochs=1'),
+         scope)
+    assert sorted(scope["board"]["backbone"]) == ["oracle:objects", "pixels"] and len(scope["rows"]) == 2
