@@ -31,11 +31,14 @@ from bench.versions import package_versions
 #: 4: probes fitted in stages with settings chosen on validation and guarded against the prior;
 #: `control` in the key; validation numbers, sensitivity and the paired-comparison columns; the ‡
 #: checks a binding row breaks (`checks`), IsSameObject validation numbers, the run's `command`.
-RESULTS_SCHEMA_VERSION = 4
+#: 5: `weights_fingerprint` (what the weights were) and `probe_fingerprint` (the probe settings as
+#: requested plus the probe code version) join the key, so an edited model or probe is measured again;
+#: `spec` holds the model spec when `-m NAME=SPEC` puts a display name in `backbone`.
+RESULTS_SCHEMA_VERSION = 5
 
 #: The key: a row is identified by these (re-runs skip keys already present).
 KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "limit", "control", "split", "layer", "tokens", "task",
-               "probe", "seed")
+               "probe", "seed", "weights_fingerprint", "probe_fingerprint")
 
 _F = pa.float64()
 _METRICS = [
@@ -61,9 +64,16 @@ RESULT_SCHEMA = pa.schema(
         ("device", pa.string()),
         ("host", pa.string()),
         ("command", pa.string()),  # the command line that made the run (null: called from Python)
-        ("backbone", pa.string()),  # the spec string, e.g. "facebook/dinov2-small", "oracle:objects"
+        ("backbone", pa.string()),  # the display name of `-m NAME=SPEC`, else the spec string
+        ("spec", pa.string()),  # the spec string, e.g. "facebook/dinov2-small", "oracle:objects", a folder
         ("backbone_family", pa.string()),
         ("backbone_revision", pa.string()),  # weights revision or content hash
+        # the key's identity of the weights: the backbone revision (hub revision, `sha256:` of the
+        # weight files or folder, zoo card), so an edited checkpoint under the same spec is new
+        ("weights_fingerprint", pa.string()),
+        # the key's identity of the probe: a hash of its settings as requested plus the probe code
+        # version (`evaluators.run.PROBE_CODE_VERSION`), not the values a validation sweep picks
+        ("probe_fingerprint", pa.string()),
         ("dataset", pa.string()),  # dataset name (directory name)
         ("dataset_fingerprint", pa.string()),  # fingerprint of the evaluated split (its first `limit` rows)
         ("limit", pa.int64()),  # `--limit`: the first N scenes of every split were used; null = whole splits
@@ -172,12 +182,13 @@ def write_run(rows: Iterable[dict[str, Any]], results_dir: str | os.PathLike, ru
     return path
 
 
-def read_results(results_dir: str | os.PathLike, older: list[Path] | None = None) -> pa.Table:
-    """Union of every run file in a results directory (empty table if none).
+def read_results(results_dir: str | os.PathLike, older: list[str] | None = None) -> pa.Table:
+    """Union of every run file of this schema version in a results directory (empty table if none).
 
-    Files an older BindingBench wrote (a lower schema version) hold rows from other probes or
-    estimators: they are set aside, never mixed in, and appended to `older` when it is given,
-    so that a reader can say so in one line. A file with no version, or a newer one, is refused."""
+    Files of an older schema version hold rows keyed without what this version keys on, so
+    they are never mixed in: they are left out and, when `older` is a list, named in it as
+    `FILE (schema N, R rows)`. A file of a newer version (or none) is refused: this
+    BindingBench cannot know what its rows mean."""
     d = Path(results_dir)
     if not d.is_dir():
         raise BenchError(f"results: {d} is not a directory")
@@ -189,15 +200,15 @@ def read_results(results_dir: str | os.PathLike, older: list[Path] | None = None
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise BenchError(f"results: {f} is damaged ({first}); move it out of {d} "
                              "(its runs are lost; `bench evaluate` re-creates them)") from None
-        version = (t.schema.metadata or {}).get(b"bindingbench_results_schema_version")
-        if version is not None and version.isdigit() and int(version) < RESULTS_SCHEMA_VERSION \
-                and {"run_id", "backbone"} <= set(t.column_names):
+        raw = (t.schema.metadata or {}).get(b"bindingbench_results_schema_version", b"")
+        version = int(raw) if raw.isdigit() else None
+        if version is not None and version < RESULTS_SCHEMA_VERSION and {"run_id", "backbone"} <= set(t.column_names):
             if older is not None:
-                older.append(f)
+                older.append(f"{f.name} (schema {version}, {t.num_rows} rows)")
             continue
-        if version != str(RESULTS_SCHEMA_VERSION).encode():
+        if version != RESULTS_SCHEMA_VERSION:
             raise BenchError(
-                f"results: {f.name} has schema version {version.decode() if version else 'none'}; "
+                f"results: {f.name} has schema version {raw.decode() or 'none'}; "
                 f"this BindingBench reads {RESULTS_SCHEMA_VERSION}; re-run `bench evaluate` into a new results directory"
             )
         tables.append(t)

@@ -379,7 +379,7 @@ def _drain(q: queue.Queue) -> None:
 def _progress(stack: ExitStack, enabled: bool, description: str, total: int, done: int) -> Callable[[int], None]:
     if not enabled:
         return lambda k: None
-    from bench.commands.common import progress_bar
+    from bench.console import progress_bar
 
     bar = stack.enter_context(progress_bar(description, total))
     bar.advance(done)

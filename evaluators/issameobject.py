@@ -74,7 +74,7 @@ from scipy.optimize import minimize_scalar
 from torch import nn
 from torch.nn import functional as F
 
-from bench.commands.common import progress_bar
+from bench.console import progress_bar
 from bench.dataset import Dataset
 from bench.errors import BenchError, ConfigError
 from bench.hashing import config_hash, derive_seed

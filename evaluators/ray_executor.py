@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from bench.dataset import CARD_NAME, Dataset
 from bench.errors import BenchError
@@ -189,14 +189,23 @@ def _backbone(spec: str, run_id: str) -> Any:
     return _BUILT[spec, run_id]
 
 
-def _train(common: dict[str, Any], task_data: Any, layer: int, shown: list[str], units: list[tuple[int, list[str]]],
+class BindingSteps(NamedTuple):
+    """The binding row makers the Ray path runs exactly as the local loop does. `evaluators.run`
+    passes its own, so this module never imports run (which imports this one): no cycle."""
+
+    task: Callable[..., Any]  # binding_task(ds, limit, unanchored, control)
+    common: Callable[..., dict[str, Any]]  # binding_common(prov, plan, ds, test_fp, limit, task_data)
+    error_rows: Callable[..., list[dict[str, Any]]]  # extraction_error_rows(common, plan, todo, error)
+    rows: Callable[..., list[dict[str, Any]]]  # binding_rows(common, acts, task_data, layer, shown, seed, ...)
+
+
+def _train(binding_rows: Callable[..., list[dict[str, Any]]], common: dict[str, Any], task_data: Any, layer: int,
+           shown: list[str], units: list[tuple[int, list[str]]],
            base_train: TrainConfig, dtype: str, limit: int | None, gpus: float, n_shards: list[int],
            *shard_acts: Any) -> tuple[list[dict[str, Any]], str]:
     """One training unit: every (seed, families) of one (backbone, layer, view). `shard_acts`
     are the splits' shard results in SPLITS order (`n_shards` each): Ray starts this task only
     when all of them are done, so each split's entry is complete."""
-    from evaluators.run import binding_rows
-
     acts = _entries(n_shards, shard_acts)
 
     def body() -> list[dict[str, Any]]:
@@ -323,15 +332,13 @@ def _submit_extraction(c: _Cluster, plans: Sequence[Any], run_id: str, shards: d
 def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: dict[str, Any], test_fp: str,
                 base_train: TrainConfig, device: str, dtype: str, limit: int | None, results_dir: Path,
                 run_id: str, progress: bool, address: str | None, gpus_per_task: float | None,
-                control: str | None = None) -> Path | None:
+                steps: BindingSteps, control: str | None = None) -> Path | None:
     """The binding rows of `plans` (backbones with rows to do), computed by Ray tasks; the
     results file is rewritten, in the local path's row order, as rows arrive."""
-    from evaluators.run import binding_common, binding_task, extraction_error_rows
-
     if not plans:
         return None
     with _cluster(ds, device, gpus_per_task, address, results_dir, run_id) as c:
-        task_data = binding_task(ds, limit, unanchored, control)
+        task_data = steps.task(ds, limit, unanchored, control)
         prov = {**prov, "device": c.dev}
         base_train = replace(base_train, device=c.dev)
         train = c.remote(_train)
@@ -340,13 +347,14 @@ def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: di
         shards = {s: shard_plan(len(task_data.codes[s][1]), _slots(c.gpus)) for s in SPLITS}
         extracted = _submit_extraction(c, plans, run_id, shards, dtype, limit)
         for plan in plans:
-            common = binding_common(prov, plan, ds, test_fp, limit, task_data)
+            common = steps.common(prov, plan, ds, test_fp, limit, task_data)
             groups: dict[tuple[int, str], list[tuple]] = {}
             for item in plan.todo:  # (layer, view, seed, fams), layer-major as the local loop
                 groups.setdefault(item[:2], []).append(item)
             for (layer, view), todo in groups.items():
                 seeds = [(seed, fams) for _, _, seed, fams in todo]
-                ref = train.remote(common, data_ref, layer, plan.shown(view), seeds, base_train, dtype, limit, c.gpus,
+                ref = train.remote(steps.rows, common, data_ref, layer, plan.shown(view), seeds, base_train, dtype,
+                                   limit, c.gpus,
                                    [len(shards[s]) for s in SPLITS], *extracted[plan.spec])
                 c.tasks[ref] = (f"train-{plan.spec}-L{layer}-{view}", plan.spec)
                 units[ref] = (plan, common, todo)
@@ -354,7 +362,7 @@ def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: di
 
         def arrived(ref: Any, rows: list[dict[str, Any]] | None, error: BaseException | None) -> int:
             plan, common, todo = units[ref]
-            rows_of[ref] = rows if error is None else extraction_error_rows(common, plan, todo, error)
+            rows_of[ref] = plan.stamp(rows if error is None else steps.error_rows(common, plan, todo, error))
             return len(rows_of[ref])
 
         def write() -> Path | None:
@@ -456,7 +464,7 @@ def _gather(c: _Cluster, units: set[Any], extracted: dict[str, list[Any]], progr
                 checkpoint()
             raise
     if progress:
-        from bench.commands.common import stderr
+        from bench.console import stderr
 
         stderr.print(f"per-task logs in {c.logs}", soft_wrap=True, markup=False, highlight=False)
 
@@ -480,7 +488,7 @@ def _bar(enabled: bool, total: int) -> Any:
     if not enabled:
         yield _Silent()
         return
-    from bench.commands.common import progress_bar
+    from bench.console import progress_bar
 
     with progress_bar("ray tasks · 0 rows", total) as bar:
         yield bar

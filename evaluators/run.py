@@ -58,6 +58,9 @@ UNANCHORED_TARGETS = ("F", "O|F", "O_paper")
 EMPIRICAL_TARGETS = ("F", "O|F", "O|F_ref", "O_paper")
 #: Families whose other probes start from their O|F-probe's token encoder (`binding_jobs`).
 WARM_STARTED = ("attention",)
+#: Part of every probe fingerprint: raise it when a change to the probes, their training or the
+#: metrics changes the numbers a request gives, so rows measured before are measured again.
+PROBE_CODE_VERSION = 1
 #: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
 #: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
 CONTROLS = ("resampled-o",)
@@ -561,15 +564,19 @@ def run_evaluation(
                          "exact priors")
     task_data: BindingTask | None = None  # built when the first row needs training
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device, command)
+    request = {"train": {k: v for k, v in asdict(base_train).items() if k not in ("seed", "device")},
+               "dtype": dtype, "unanchored": unanchored}
     plans = _plan(models, ds, task=task, layers=layers, views=views, probes=probes, seeds=seeds, done=done,
-                  test_fp=test_fp, limit=limit, progress=progress, control=control)
+                  test_fp=test_fp, limit=limit, progress=progress, control=control,
+                  probe_fps=probe_fingerprints(task, probes, request))
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if executor == "ray":
-        from evaluators.ray_executor import run_binding
+        from evaluators.ray_executor import BindingSteps, run_binding
 
         return run_binding([p for p in plans if p.todo], ds, unanchored=unanchored, prov=prov, test_fp=test_fp,
                            base_train=base_train, device=device, dtype=dtype, limit=limit, results_dir=results_dir,
                            run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task,
+                           steps=BindingSteps(binding_task, binding_common, extraction_error_rows, binding_rows),
                            control=control)
     with _local_threads(threads, progress, plans):
         rows: list[dict[str, Any]] = []
@@ -586,12 +593,12 @@ def run_evaluation(
             except BenchError:
                 raise
             except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
-                rows += extraction_error_rows(common, plan, plan.todo, e)
+                rows += plan.stamp(extraction_error_rows(common, plan, plan.todo, e))
                 path = write_run(rows, results_dir, run_id)
                 continue
             for layer, view, seed, fams in plan.todo:
-                rows += binding_rows(common, acts, task_data, layer, plan.shown(view), seed, fams,
-                                     replace(base_train, seed=seed), dtype, limit, progress)
+                rows += plan.stamp(binding_rows(common, acts, task_data, layer, plan.shown(view), seed, fams,
+                                                replace(base_train, seed=seed), dtype, limit, progress))
             path = write_run(rows, results_dir, run_id)
     return path
 
@@ -599,7 +606,7 @@ def run_evaluation(
 def binding_common(prov: dict[str, Any], plan: _Plan, ds: Dataset, test_fp: str, limit: int | None,
                    task_data: BindingTask) -> dict[str, Any]:
     """The columns every binding row of one backbone shares."""
-    return {**_common_columns(prov, plan.spec, plan.backbone.info, ds.name, test_fp, "binding", limit),
+    return {**_common_columns(prov, plan, ds.name, test_fp, "binding", limit),
             "control": task_data.control,
             "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
 
@@ -652,19 +659,35 @@ class _Plan:
     todo: list[tuple]
     skipped: int
     aliases: dict[str, list[str]]
+    probe_fps: dict[str, str]
+    name: str  # the `backbone` column: the display name of `-m NAME=SPEC`, else the spec
 
     def shown(self, view: str) -> list[str]:
         return [view, *self.aliases.get(view, [])]
 
+    def stamp(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`rows` with the probe fingerprint of their probe (part of the key, as `_plan` keyed them)."""
+        return [{**r, "probe_fingerprint": self.probe_fps[r["probe"]]} for r in rows]
+
+
+def probe_fingerprints(task: str, probes: Sequence[str], request: dict[str, Any]) -> dict[str, str]:
+    """Per probe family, a hash of its settings as requested (`request`: training, dtype, the
+    task's options) with the family's defaults and `PROBE_CODE_VERSION`. The settings a
+    validation sweep then picks are an outcome, not a request, so they stay out: a re-run
+    of the same request is skipped, a changed request or probe code is measured again."""
+    return {fam: config_hash({"task": task, "probe": fam, "hparams": DEFAULTS.get(fam) if task == "binding" else None,
+                              "code": PROBE_CODE_VERSION, **request}) for fam in probes}
+
 
 def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequence[int], views: Sequence[str],
           probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str, limit: int | None,
-          progress: bool, control: str | None = None) -> list[_Plan]:
+          progress: bool, probe_fps: dict[str, str], control: str | None = None) -> list[_Plan]:
     """Resolve every backbone and check it against the task, views and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
     plans, notes = [], []
-    for spec in models:
+    for model in models:
+        name, spec = display_name(model)
         backbone = resolve_backbone(spec).bind(ds)
         if task == "issameobject":
             check_attention_qk(backbone, probes)
@@ -682,7 +705,8 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
         trained = [v for v in views if not any(v in a for a in aliases.values())]
 
         def key(layer: int, view: str, fam: str, seed: int) -> tuple:
-            return (spec, ds.name, test_fp, limit, control, "test", layer, view, task, fam, seed)
+            return (name, ds.name, test_fp, limit, control, "test", layer, view, task, fam, seed,
+                    backbone.info.revision, probe_fps[fam])
 
         if task == "issameobject":
             notes += _unread_layer_note(spec, backbone, layer_ids, probes)
@@ -695,10 +719,22 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
                     skipped += len(here) - len(fams)
                     if fams:
                         todo.append((layer, view, seed, fams))
-        plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases))
+        plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps, name))
     for note in notes:
         _say(progress, note)
     return plans
+
+
+def display_name(model: str) -> tuple[str, str]:
+    """(name, spec) of a model argument: `NAME=SPEC` names a spec for tables (the `backbone`
+    column; the spec keeps its own column), so a long path or a zoo card reads as `mine`.
+    A NAME holds no `/`, `:` or `=`, so a path or hub id that contains `=` stays a spec."""
+    name, sep, spec = model.partition("=")
+    if not sep or any(c in name for c in "/:\\") or not name:
+        return model, model
+    if not spec:
+        raise BenchError(f"model: {model!r} names no spec; use NAME=SPEC, e.g. mine=oracle:objects")
+    return name, spec
 
 
 def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], probes: Sequence[str]) -> list[str]:
@@ -738,7 +774,7 @@ def _check_cache(plans: Sequence[_Plan], ds: Dataset, dtype: str, limit: int | N
 def _say(enabled: bool, text: str) -> None:
     """One line on stderr beside the progress bars (nothing when progress is off)."""
     if enabled:
-        from bench.commands.common import stderr
+        from bench.console import stderr
 
         stderr.print(text, soft_wrap=True, markup=False, highlight=False)
 
@@ -755,8 +791,9 @@ def _run_issameobject(
     task = "issameobject"
     limit = _effective_limit(ds, limit)
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device), command)
+    request = {"epochs": epochs, "dtype": dtype, "exclude_background": exclude_background}
     plans = _plan(models, ds, task=task, layers=layers, views=["all"], probes=probes, seeds=seeds, done=done,
-                  test_fp=test_fp, limit=limit, progress=progress)
+                  test_fp=test_fp, limit=limit, progress=progress, probe_fps=probe_fingerprints(task, probes, request))
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):
         _say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
@@ -779,11 +816,10 @@ def _run_issameobject(
         path = None
         for plan in plans:
             spec = plan.spec
-            todo = {(spec, ds.name, test_fp, limit, None, "test", layer, "all", task, fam, seed)
-                    for layer, _, seed, fams in plan.todo for fam in fams}
+            todo = {(layer, fam, seed) for layer, _, seed, fams in plan.todo for fam in fams}
             if not todo:
                 continue
-            common = {**_common_columns(prov, spec, plan.backbone.info, ds.name, test_fp, task, limit), "tokens": "all"}
+            common = {**_common_columns(prov, plan, ds.name, test_fp, task, limit), "tokens": "all"}
             try:
                 if spec in computed:
                     if isinstance(computed[spec], BaseException):
@@ -798,10 +834,10 @@ def _run_issameobject(
                 raise
             except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
                 message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
-                new = [{"layer": k[6], "probe": k[9], "seed": k[10], "status": "error", "error": message}
-                       for k in sorted(todo, key=str)]
-            mine = [{**r, **common, "backbone": spec} for r in new
-                    if (spec, ds.name, test_fp, limit, None, "test", r["layer"], "all", task, r["probe"], r["seed"]) in todo]
+                new = [{"layer": layer, "probe": fam, "seed": seed, "status": "error", "error": message}
+                       for layer, fam, seed in sorted(todo, key=str)]
+            mine = plan.stamp([{**r, **common} for r in new
+                               if (r["layer"], r["probe"], r["seed"]) in todo])
             if any(r["status"] == "ok" and r.get("auroc") is None for r in mine):
                 _say(progress, f"warning: {spec}: some test pair sets hold one class only (all 'same' or all 'different'"
                                f"{'; --exclude-background drops every background pair' if exclude_background else ''}), "
@@ -829,10 +865,13 @@ def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: boo
     return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device, command)
 
 
-def _common_columns(prov: dict[str, Any], spec: str, info: BackboneInfo, dataset: str, test_fp: str, task: str,
+def _common_columns(prov: dict[str, Any], plan: _Plan, dataset: str, test_fp: str, task: str,
                    limit: int | None) -> dict[str, Any]:
     """The columns every row of one backbone shares: provenance, backbone, dataset, task, limit."""
-    return {**prov, "backbone": spec, "backbone_family": info.family, "backbone_revision": info.revision,
+    info: BackboneInfo = plan.backbone.info
+    return {**prov, "backbone": plan.name, "spec": plan.spec, "backbone_family": info.family,
+            "backbone_revision": info.revision,
+            "weights_fingerprint": info.revision,
             "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit, "split": "test",
             "n_layers": info.n_layers, "task": task}
 
@@ -873,7 +912,7 @@ def _epoch_bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[int]
     if not enabled:
         yield None
         return
-    from bench.commands.common import progress_bar
+    from bench.console import progress_bar
 
     with progress_bar(label, total) as bar:
         yield bar.advance

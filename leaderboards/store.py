@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.errors import BenchError
-from bench.results import KEY_COLUMNS, RESULT_SCHEMA, RESULTS_SCHEMA_VERSION, read_results
+from bench.results import KEY_COLUMNS, RESULT_SCHEMA, read_results
 
 #: Per-scene columns (test bits, F-code groups, prior references): kept as numpy arrays, which
 #: paired comparisons read, never as Python lists (a row holds thousands of them).
@@ -29,7 +29,7 @@ PER_SCENE_COLUMNS = tuple(c for c in RESULT_SCHEMA.names if c.startswith("scene_
 STATUSES = ("ok", "error")
 
 
-def load_results(results_dir: str | os.PathLike, older: list[Path] | None = None) -> list[dict[str, Any]]:
+def load_results(results_dir: str | os.PathLike, older: list[str] | None = None) -> list[dict[str, Any]]:
     """Validated rows (dicts; per-scene columns as numpy arrays) of every run in a directory;
     files of an older schema version are left out and named in `older` (`read_results`)."""
     d = Path(results_dir)
@@ -82,6 +82,36 @@ class Selection:
         if not self.set_aside:
             return None
         return "set aside: " + "; ".join(self.set_aside)
+
+
+def newest_identity(rows: Iterable[dict[str, Any]], *, show_old: bool = False) -> Selection:
+    """Per backbone, the rows of its newest weights, and per (backbone, probe) those of its newest
+    probe settings: an edited checkpoint or changed probe supersedes what was measured before.
+    "Newest" goes by a fingerprint's newest row, per (task, dataset name). The older rows are set
+    aside, or with `show_old` kept under `BACKBONE (weights|probe FP)` so they never mix."""
+    rows = list(rows)
+    out, phrases = [], []
+    for what, scope, column in (("weights", ("task", "dataset", "backbone"), "weights_fingerprint"),
+                                ("probe", ("task", "dataset", "backbone", "probe"), "probe_fingerprint")):
+        newest: dict[tuple, dict[str, str]] = defaultdict(dict)
+        for r in rows:
+            fps = newest[tuple(r[c] for c in scope)]
+            fps[r[column]] = max(fps.get(r[column], ""), r["created_at"] or "")
+        winner = {g: max(fps, key=lambda fp: (fps[fp], fp or "")) for g, fps in newest.items()}
+        old: dict[tuple, int] = defaultdict(int)
+        kept = []
+        for r in rows:
+            g = tuple(r[c] for c in scope)
+            if r[column] == winner[g]:
+                kept.append(r)
+                continue
+            old[(r["task"], r["backbone"], r[column])] += 1
+            if show_old:
+                out.append({**r, "backbone": f"{r['backbone']} ({what} {(r[column] or 'none')[:FINGERPRINT_CHARS]})"})
+        phrases += [f"{n} {task} rows of {backbone} with older {what} {(fp or 'none')[:FINGERPRINT_CHARS]} "
+                    "(--show-old shows them)" for (task, backbone, fp), n in sorted(old.items(), key=str)]
+        rows = kept
+    return Selection(rows + out, [] if show_old else phrases)
 
 
 def select_rows(rows: Iterable[dict[str, Any]], *, fingerprint: str | None = None,
@@ -138,19 +168,15 @@ def _set_aside_phrases(groups: dict[tuple, list], chosen: dict[tuple, str], newe
 
 
 def load_selected(results_dir: str | os.PathLike, *, fingerprint: str | None = None,
-                  include_limited: bool = False) -> Selection:
-    """`select_rows` of a directory's newest row per key (`latest`), with a phrase for files an
-    older BindingBench wrote (set aside, never mixed in)."""
-    older: list[Path] = []
-    selection = select_rows(latest(load_results(results_dir, older)), fingerprint=fingerprint,
-                            include_limited=include_limited)
-    if older:
-        versions = sorted({pq.read_schema(f).metadata[b"bindingbench_results_schema_version"].decode() for f in older})
-        selection.set_aside.append(
-            f"{len(older)} run file{'s' if len(older) > 1 else ''} of an older BindingBench (results schema "
-            f"{', '.join(versions)}; this one writes {RESULTS_SCHEMA_VERSION}: other probes), not mixed in; "
-            "`bench evaluate` measures them again")
-    return selection
+                  include_limited: bool = False, show_old: bool = False) -> Selection:
+    """`select_rows` of a directory's newest row per key (`latest`) of each backbone's newest
+    weights and probe settings (`newest_identity`); files of an older schema are named in the note."""
+    older: list[str] = []
+    current = newest_identity(latest(load_results(results_dir, older)), show_old=show_old)
+    selected = select_rows(current.rows, fingerprint=fingerprint, include_limited=include_limited)
+    files = [f"{len(older)} results files of an older schema ({', '.join(older)}; re-run `bench evaluate` "
+             "to measure them again)"] if older else []
+    return Selection(selected.rows, files + current.set_aside + selected.set_aside)
 
 
 def latest(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -46,7 +46,7 @@ from rich.markup import escape
 
 import numpy as np
 
-from bench.commands.common import Format, render_table
+from bench.console import Format, render_table
 from bench.errors import BenchError
 from bench.numbers import fixed, plus_minus
 from evaluators.metrics import metric_checks, paired_difference, validation_metric

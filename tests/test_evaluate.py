@@ -79,6 +79,56 @@ def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_pa
     assert len(keys) == len(set(keys)) == 4 + 2 + 2  # only quadratic x 2 models and oracle:features x 2 probes ran
 
 
+def test_an_edited_checkpoint_or_changed_probe_is_measured_again_and_supersedes(tiny, tmp_path, capsys):
+    from tests.test_backbones import tiny_checkpoint
+
+    model_dir, results = tmp_path / "mine", tmp_path / "results"
+    tiny_checkpoint("vit", model_dir, seed=0)
+    args = ["evaluate", "--dataset", str(tiny), "--model", str(model_dir), "--probes", "linear",
+            "--results", str(results), "--format", "json"]
+    assert main([*args, "--epochs", "1"]) == 0
+    assert main([*args, "--epochs", "1"]) == 0 and "nothing to do" in capsys.readouterr().err  # same weights, same probe
+    tiny_checkpoint("vit", model_dir, seed=1)  # the checkpoint is edited in place: same spec, new weights
+    assert main([*args, "--epochs", "1"]) == 0
+    assert main([*args, "--epochs", "2"]) == 0  # the probe's settings changed: measured again too
+    rows = sorted(read_results(results).to_pylist(), key=lambda r: r["created_at"] + r["run_id"])
+    assert len(rows) == 3 and {r["backbone"] for r in rows} == {str(model_dir)}
+    weights = [r["weights_fingerprint"] for r in rows]
+    assert weights[0] != weights[1] == weights[2] and weights[0].startswith("sha256:")
+    probes = [r["probe_fingerprint"] for r in rows]
+    assert probes[0] == probes[1] != probes[2]
+    assert [json.loads(r["config"])["train"]["epochs"] for r in rows] == [1, 1, 2]
+    capsys.readouterr()
+
+    from leaderboards.store import load_selected
+
+    chosen = load_selected(results)
+    assert [r["run_id"] for r in chosen.rows] == [rows[2]["run_id"]]  # the newest weights and probe win, alone
+    assert chosen.note.count("\n") == 0 and f"older weights {weights[0][:12]}" in chosen.note
+    assert f"older probe {probes[0][:12]}" in chosen.note and "--show-old" in chosen.note
+    shown = load_selected(results, show_old=True)
+    assert sorted(r["backbone"] for r in shown.rows) == sorted(
+        [str(model_dir), f"{model_dir} (weights {weights[0][:12]})", f"{model_dir} (probe {probes[0][:12]})"])
+    assert shown.note is None
+
+
+def test_rows_of_an_older_schema_are_set_aside_with_a_note(tiny, tmp_path, capsys):
+    import pyarrow as pa
+
+    from bench.results import RESULTS_SCHEMA_VERSION
+
+    assert RESULTS_SCHEMA_VERSION == 5
+    old = pa.table({"backbone": ["oracle:objects"], "beta_star": [0.5]})
+    pq.write_table(old.replace_schema_metadata({b"bindingbench_results_schema_version": b"4"}), tmp_path / "old.parquet")
+    assert main(["evaluate", "--dataset", str(tiny), "--model", "oracle:features", "--probes", "linear",
+                 "--epochs", "1", "--results", str(tmp_path)]) == 0  # the old file neither raises nor counts as done
+    capsys.readouterr()
+    assert main(["leaderboard", str(tmp_path), "--metric", "beta_star"]) == 0
+    out, err = capsys.readouterr()
+    assert "oracle:features" in out and "oracle:objects" not in out
+    assert err.count("\n") == 1 and "old.parquet (schema 4, 1 rows)" in err
+
+
 def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
     from evaluators.run import run_evaluation
 
@@ -190,3 +240,42 @@ def test_the_summary_fits_100_columns_unless_asked_for_every_column(tiny, tmp_pa
     assert main([*args, "--wide", "--overwrite"]) == 0
     wide = capsys.readouterr().out
     assert max(map(len, wide.splitlines())) > 100 and "beta_star_paper" in wide and "exact_accuracy" in wide
+
+
+def test_the_python_api_evaluates_loads_and_ranks(tiny, tmp_path):
+    from bench import api
+
+    df = api.evaluate(["oracle:objects", "oracle:features"], dataset=tiny, probes=["linear"], epochs=2,
+                      results=tmp_path)
+    assert sorted(df["backbone"]) == ["oracle:features", "oracle:objects"] and set(df["status"]) == {"ok"}
+    beta = dict(zip(df["backbone"], df["beta_star"]))
+    assert all(0 <= b <= 1 for b in beta.values())
+    loaded = api.load_results(tmp_path)
+    assert len(loaded) == 2 and "scene_bits_F" not in loaded.columns and loaded.attrs["set_aside"] is None
+    for check in {c for cs in loaded["checks"] for c in cs}:
+        assert list(loaded[f"‡ {check}"]) == [check in cs for cs in loaded["checks"]]
+    board = api.leaderboard(loaded, metric="beta_star")
+    assert sorted(board["backbone"]) == ["oracle:features", "oracle:objects"] and set(board["metric"]) == {"beta_star"}
+    assert dict(zip(board["backbone"], board["value"])) == pytest.approx(beta)  # the rows' numbers, ranked
+
+
+def test_a_display_name_fills_the_backbone_column_and_the_spec_keeps_its_own(tiny, tmp_path, capsys):
+    args = ["evaluate", "--dataset", str(tiny), "-m", "mine=oracle:objects", "-m", "oracle:features",
+            "--probes", "linear", "--epochs", "1", "--results", str(tmp_path)]
+    assert main(args) == 0
+    rows = {r["backbone"]: r for r in read_results(tmp_path).to_pylist()}
+    assert {b: r["spec"] for b, r in rows.items()} == {"mine": "oracle:objects", "oracle:features": "oracle:features"}
+    assert main(args) == 0 and "nothing to do" in capsys.readouterr().err  # the name is the key
+    assert main([*args[:3], "-m", "mine=", *args[7:]]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_readme_python_example_runs(tiny, tmp_path, monkeypatch):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(block.strip().splitlines()) <= 10
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(block.replace('"data/cs"', repr(str(tiny))).replace('probes=["linear"]', 'probes=["linear"], epochs=1'),
+         scope)
+    assert sorted(scope["board"]["backbone"]) == ["oracle:objects", "pixels"] and len(scope["rows"]) == 2

@@ -289,24 +289,6 @@ def test_a_dataset_regenerated_in_place_shows_its_newest_data_and_names_the_rest
     assert code == 2 and err.count("\n") == 1 and "present: aaaaaaaaaaaa, bbbbbbbbbbbb" in err
 
 
-def test_rows_of_an_older_schema_are_set_aside_with_a_note_and_measured_again(tmp_path, capsys):
-    """Rows an older BindingBench wrote came from other probes: never mixed into a table, named in
-    one line, and not counted as done (a re-run measures them again)."""
-    from bench.results import RESULTS_SCHEMA_VERSION, existing_keys
-
-    write_run([result_row("A", "linear", 0.1, run_id="run1")], tmp_path, "run1")
-    old = pq.read_table(tmp_path / "run1.parquet")
-    meta = {**old.schema.metadata, b"bindingbench_results_schema_version": str(RESULTS_SCHEMA_VERSION - 1).encode()}
-    pq.write_table(old.replace_schema_metadata(meta), tmp_path / "run1.parquet")
-    assert existing_keys(tmp_path) == set()
-    write_run([result_row("B", "linear", 0.3, run_id="run2")], tmp_path, "run2")
-    code, out, err = run_cli(["leaderboard", tmp_path, "--format", "markdown"], capsys)
-    assert code == 0 and "| 1 | B | 30.0 ± 2.0 |" in out and "| A |" not in out
-    assert err == (f"set aside: 1 run file of an older BindingBench (results schema {RESULTS_SCHEMA_VERSION - 1}; "
-                   f"this one writes {RESULTS_SCHEMA_VERSION}: other probes), not mixed in; "
-                   "`bench evaluate` measures them again\n")
-
-
 def test_limited_rows_never_mix_with_full_ones():
     full = [result_row("A", "linear", 0.5, fingerprint="full"), result_row("B", "linear", 0.4, fingerprint="full")]
     trial = [result_row("A", "linear", 0.9, fingerprint="first100", limit=100, created_at="2026-02-01T00:00:00+00:00"),

@@ -66,7 +66,7 @@ def _split(items: list[str]) -> list[str]:
 
 def evaluate(
     ctx: typer.Context,
-    model: list[str] = typer.Option(..., "--model", "-m", help="Backbone spec (repeatable; see `bench models`)."),
+    model: list[str] = typer.Option(..., "--model", "-m", help="Backbone spec, or NAME=SPEC to show it as NAME (repeatable; see `bench models`)."),
     dataset: Path = typer.Option(..., "--dataset", "-d", help="Dataset directory (from `bench generate`)."),
     task: str = typer.Option("binding", help="binding (B, β, β* from F/O probes) or issameobject (patch-pair probes)."),
     layers: Optional[str] = typer.Option(None, help="Hidden states: all, last, mid, integers or fractions like 0.5, comma-separated [binding: last; issameobject: all]."),

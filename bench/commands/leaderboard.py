@@ -35,19 +35,23 @@ _FINGERPRINT = typer.Option(
     help="Show the measurement on this dataset fingerprint (a prefix) instead of the newest on whole splits.")
 _INCLUDE_LIMITED = typer.Option(
     False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`.")
+_SHOW_OLD = typer.Option(
+    False, "--show-old",
+    help="Also show rows of a backbone's older weights or probe settings, as `NAME (weights|probe FINGERPRINT)`.")
 _WIDE = typer.Option(False, "--wide", help="A table as wide as its columns need (default: 100 columns, cells wrapped).")
 
 
 def _board(results_dir: Path, *, fingerprint: str | None = None, include_limited: bool = False,
-           **selection: Any) -> tuple[list[dict[str, Any]], Any]:
+           show_old: bool = False, **selection: Any) -> tuple[list[dict[str, Any]], Any]:
     """The selected, deduplicated rows (`leaderboards.store.load_selected`) and their leaderboard
     (BenchError when there are none); what the selection set aside goes to stderr in one line."""
     from leaderboards.store import load_selected
     from leaderboards.tables import build_leaderboard
 
-    selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
+    selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old)
     if not selected.rows:
-        raise BenchError(f"results: no runs in {results_dir} (run `bench evaluate` or `bench demo` first)")
+        aside = f"; {selected.note}" if selected.note else ""
+        raise BenchError(f"results: no runs in {results_dir} (run `bench evaluate` or `bench demo` first){aside}")
     if selected.note:
         stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
     return selected.rows, build_leaderboard(selected.rows, **selection)
@@ -63,6 +67,7 @@ def leaderboard(
     layer: str = _LAYER,
     fingerprint: Optional[str] = _FINGERPRINT,
     include_limited: bool = _INCLUDE_LIMITED,
+    show_old: bool = _SHOW_OLD,
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json (tidy records)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout."),
     wide: bool = _WIDE,
@@ -70,7 +75,8 @@ def leaderboard(
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
     from leaderboards.tables import render_leaderboard
 
-    _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, dataset=dataset,
+    _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old,
+                      dataset=dataset,
                       task=task, metric=metric, probes=probe, tokens=tokens, layer=layer)
     text = render_leaderboard(board, fmt, None if wide else TABLE_WIDTH)
     if out is None:

@@ -1,0 +1,81 @@
+"""One-way layers: nothing below the CLI imports the CLI, and evaluators/ has no import cycle.
+
+The graph is read from source with `ast`, imports inside functions included (a lazy import
+is still a dependency), and the check is shown to catch a planted violation."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("bench", "generators", "evaluators", "leaderboards")
+CLI = ("bench.cli", "bench.commands")
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its file (function bodies too)."""
+    files = {}
+    for pkg in PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            parts = list(f.relative_to(root).with_suffix("").parts)
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in files:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    found.add(t)
+        graph[name] = found
+    return graph
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """`A imports B` for every module below the CLI that imports the CLI, and any cycle in evaluators/."""
+    def is_cli(m: str) -> bool:
+        return any(m == c or m.startswith(c + ".") for c in CLI)
+
+    out = [f"{m} imports {t}" for m, ts in sorted(graph.items()) if not is_cli(m) for t in sorted(ts) if is_cli(t)]
+    evaluators = {m: {t for t in ts if t.startswith("evaluators.")} for m, ts in graph.items()
+                  if m.startswith("evaluators.")}
+    try:
+        TopologicalSorter(evaluators).prepare()
+    except CycleError as e:
+        out.append("import cycle: " + " -> ".join(e.args[1]))
+    return out
+
+
+def test_the_layers_run_one_way():
+    assert violations(import_graph(ROOT)) == []
+
+
+@pytest.mark.parametrize("planted, expected", [
+    ({"planted.py": "def f():\n    from bench.commands.common import stderr\n"},
+     "evaluators.planted imports bench.commands.common"),
+    ({"planted_a.py": "def f():\n    from evaluators import planted_b\n",
+      "planted_b.py": "import evaluators.planted_a\n"}, "import cycle: evaluators.planted_"),
+])
+def test_a_planted_violation_is_caught(tmp_path, planted, expected):
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for name, text in planted.items():  # an import inside a function body counts too
+        (tmp_path / "evaluators" / name).write_text(text)
+    assert [v for v in violations(import_graph(tmp_path)) if v.startswith(expected)]
