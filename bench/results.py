@@ -202,7 +202,7 @@ def read_results(results_dir: str | os.PathLike, older: list[str] | None = None)
                              "(its runs are lost; `bench evaluate` re-creates them)") from None
         raw = (t.schema.metadata or {}).get(b"bindingbench_results_schema_version", b"")
         version = int(raw) if raw.isdigit() else None
-        if version is not None and version < RESULTS_SCHEMA_VERSION and {"run_id", "backbone"} <= set(t.column_names):
+        if version is not None and version < RESULTS_SCHEMA_VERSION and "backbone" in t.column_names:
             if older is not None:
                 older.append(f"{f.name} (schema {version}, {t.num_rows} rows)")
             continue

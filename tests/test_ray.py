@@ -45,7 +45,8 @@ def local_rows(data, tmp_path_factory) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        path = run_evaluation(MODELS, data, results_dir=tmp_path_factory.mktemp("local"), **GRID)
+        # threads=1: the default takes the cores other work leaves free, which varies with load
+        path = run_evaluation(MODELS, data, results_dir=tmp_path_factory.mktemp("local"), threads=1, **GRID)
     finally:
         torch.set_num_threads(threads)
     return pq.read_table(path).to_pylist()
@@ -168,7 +169,7 @@ def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
     torch.set_num_threads(1)
     try:
         for i, (models, kw) in enumerate(runs):
-            local += pq.read_table(run_evaluation(models, data, results_dir=tmp_path / f"local{i}", **grid,
+            local += pq.read_table(run_evaluation(models, data, results_dir=tmp_path / f"local{i}", threads=1, **grid,
                                                   **kw)).to_pylist()
     finally:
         torch.set_num_threads(threads)

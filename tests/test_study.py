@@ -90,8 +90,8 @@ def test_limit_and_full_runs_of_both_tasks_share_one_results_folder(tiny, tmp_pa
     assert code == 0, err
     page = (tmp_path / "report.html").read_text()
     assert "Binding: β* by backbone" in page and "oracle:features" in page and "IsSameObject accuracy by layer" in page
-    assert "Identical objects (toys): empty — no --analysis directory given" in err
-    assert "Identical objects (toys): empty" in page and "--include-limited shows it" in page
+    assert "not shown: Identical objects (toys) (no --analysis directory given" in err
+    assert "Not shown: Identical objects (toys)" in page and "--include-limited shows it" in page
 
 
 def test_cls_and_mean_of_a_builtin_backbone_are_trained_once(tiny, tmp_path, cache_dir, capsys):
