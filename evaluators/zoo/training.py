@@ -140,7 +140,7 @@ def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None
         data=dict(generator="colorshape", preset=recipe.data_preset, seed=recipe.seed, fingerprint=data["fingerprint"],
                   n_train=len(data["train"]["x"]), n_val=len(data["val"]["x"])) if data else None,
         final_train_loss=float(np.mean(losses[-10:])) if losses else None, final_val_loss=val,
-        wall_time_s=round(clock(), 1), threads=1, torch=torch.__version__,
+        wall_time_s=round(clock(), 3), threads=1, torch=torch.__version__,
     )
     _publish(model, card, final)
     shutil.rmtree(partial_dir(root, recipe), ignore_errors=True)
