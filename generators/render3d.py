@@ -26,6 +26,7 @@ the counts are the same as one pass per object, at a fraction of the cost.
 from __future__ import annotations
 
 import ctypes.util
+import importlib.util
 import multiprocessing
 import os
 from dataclasses import dataclass, field
@@ -101,6 +102,11 @@ def _pyrender() -> Any:
         os.environ.setdefault("LP_NUM_THREADS", "0")
     if not hasattr(np, "infty"):
         np.infty = np.inf  # type: ignore[attr-defined]
+    if platform() == "osmesa" and importlib.util.find_spec("triton") is not None:
+        # OSMesa's llvmpipe loads the system LLVM; triton (shipped with torch's CUDA build, and
+        # imported by torch at a process's first optimizer) bundles its own, and loaded after
+        # Mesa's it segfaults. Loaded first, both coexist — `bench toys-analysis` renders, then trains.
+        import triton  # noqa: F401
     import OpenGL.contextdata
 
     OpenGL.contextdata.getContext = lambda context=None: 1
