@@ -91,6 +91,7 @@ def evaluate(
 ) -> None:
     """Measure binding (B, β, β*) or IsSameObject accuracy of backbones; write results/<run_id>.parquet."""
     from bench.errors import BenchError
+    from evaluators.plan import EvaluationPlan
     from evaluators.run import run_evaluation
 
     try:
@@ -102,13 +103,14 @@ def evaluate(
     if probes and not _split(probes):
         raise BenchError("probes: empty; name probe families (see `bench evaluate --help`) or leave --probes out")
     skipped: list[int] = []
-    path = run_evaluation(
+    plan = EvaluationPlan(
         _split(model), dataset, task=task, layers=layers, tokens=_split(tokens) or None,
         probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
         results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
-        unanchored=unanchored, on_skipped=skipped.append, executor=executor, address=address,
-        gpus_per_task=gpus_per_task, control=control, command=(ctx.obj or {}).get("command"), threads=threads,
+        unanchored=unanchored, executor=executor, address=address, gpus_per_task=gpus_per_task, control=control,
+        command=(ctx.obj or {}).get("command"), threads=threads,
     )
+    path = run_evaluation(plan, on_skipped=skipped.append)
     if skipped:
         stderr.print(f"skipped {sum(skipped)} row(s) already in {results} (--overwrite re-runs them)", soft_wrap=True)
     if path is None:
