@@ -123,7 +123,7 @@ def evaluate(
     layers: str | Sequence[int] | None = None,
     tokens: str | Sequence[str] | None = None,
     probes: str | Sequence[str] | None = None,
-    seeds: Sequence[int] = (0,),
+    seeds: int | Sequence[int] = (0,),
     device: str = "auto",
     dtype: str = "fp32",
     epochs: int | None = None,
@@ -156,7 +156,7 @@ def evaluate(
     from evaluators.run import run_evaluation
 
     plan = EvaluationPlan(models, Path(dataset), task=task, layers=layers, tokens=tokens, probes=probes,
-                          seeds=tuple(seeds), device=device, dtype=dtype, epochs=epochs, limit=limit,
+                          seeds=seeds, device=device, dtype=dtype, epochs=epochs, limit=limit,
                           results_dir=Path(results), overwrite=overwrite, unanchored=unanchored, control=control,
                           exclude_background=exclude_background, executor=executor, address=address,
                           gpus_per_task=gpus_per_task, threads=threads)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
+from numbers import Integral
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
@@ -36,6 +37,8 @@ DEFAULT_PROBES = {"binding": ("linear", "quadratic", "dnn"), "issameobject": ISO
 #: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
 #: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
 CONTROLS = ("resampled-o",)
+#: More probe seeds than this is a typo (each seed trains every probe again).
+MAX_SEEDS = 1000
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,8 @@ class EvaluationPlan:
     """One evaluation run's request, checked when made (a bad one raises BenchError, one line).
 
     `models`: spec strings, `NAME=SPEC`, backbone objects or `Model`s, or a mapping name ->
-    spec or object (stored as a tuple of `Model`). `layers`, `probes` and `tokens` None take the
+    spec or object (stored as a tuple of `Model`). `seeds`: one or more probe seeds in [0, 2^32)
+    (each trained once). `layers`, `probes` and `tokens` None take the
     task's defaults (`DEFAULT_LAYERS`, `DEFAULT_PROBES`; `cls` for binding; issameobject
     compares patch tokens, `all`). `limit` keeps only the first rows of every split, in
     extraction and training (the rows then carry it and the fingerprint of the evaluated
@@ -183,8 +187,12 @@ class EvaluationPlan:
             value = getattr(self, name)
             if value is not None:
                 put(name, tuple(p.strip() for p in value.split(",")) if isinstance(value, str) else tuple(value))
-        put("seeds", tuple(dict.fromkeys(int(s) for s in self.seeds)))
+        seeds = (self.seeds,) if isinstance(self.seeds, Integral) else tuple(self.seeds)
+        if not all(isinstance(s, Integral) and not isinstance(s, bool) for s in seeds):
+            raise BenchError(f"seeds: expected integers, got {', '.join(map(str, seeds))}")
+        put("seeds", tuple(int(s) for s in seeds))
         self._check()
+        put("seeds", tuple(dict.fromkeys(self.seeds)))  # each seed once, in order
 
     def _check(self) -> None:
         if self.control is not None and self.control not in CONTROLS:
@@ -212,8 +220,9 @@ class EvaluationPlan:
             for view in self.views:
                 for fam in self.families:
                     check_family(fam, view)
-        if not self.seeds:
-            raise BenchError("seeds: give at least one seed")
+        if not self.seeds or not all(0 <= s < 2**32 for s in self.seeds) or len(self.seeds) > MAX_SEEDS:
+            raise BenchError(f"seeds: 1 to {MAX_SEEDS} integers in [0, 2^32), got "
+                             f"{', '.join(map(str, self.seeds)) or 'none'}")
         for name in ("epochs", "limit", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:

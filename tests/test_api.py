@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,6 +82,7 @@ def test_a_plan_fills_the_task_defaults_and_is_frozen(tmp_path):
     assert plan.models == (Model("pixels", "pixels"), Model("mine", "oracle:objects"))  # the same model once
     assert (plan.layer_request, plan.views, plan.families, plan.seeds) == ("last", ["cls"], ["linear", "dnn"], (1, 0))
     assert plan.dataset == tmp_path and plan.results_dir == Path("results")
+    assert EvaluationPlan("pixels", tmp_path, seeds=np.int64(3)).seeds == (3,)  # one seed, a numpy integer too
     iso = EvaluationPlan({"p": "pixels"}, str(tmp_path), task="issameobject", layers=[0, 1])
     assert (iso.layer_request, iso.views, iso.families) == ((0, 1), ["all"], ["linear", "diag-quadratic", "quadratic"])
     assert iso.models == (Model("p", "pixels"),)
@@ -95,7 +97,9 @@ def test_a_plan_fills_the_task_defaults_and_is_frozen(tmp_path):
     (dict(probes=[]), "probes: give at least one probe family"),
     (dict(probes=["attention"]), "probe: 'attention' needs spatial tokens"),
     (dict(task="issameobject", tokens=["cls"]), "tokens: issameobject compares patch tokens"),
-    (dict(seeds=[]), "seeds: give at least one seed"),
+    (dict(seeds=[]), "seeds: 1 to 1000 integers in [0, 2^32), got none"),
+    (dict(seeds=[0, -1]), "seeds: 1 to 1000 integers in [0, 2^32), got 0, -1"),
+    (dict(seeds=["1"]), "seeds: expected integers, got 1"),
     (dict(epochs=0), "epochs: must be ≥ 1, got 0"),
     (dict(limit=0), "limit: must be ≥ 1, got 0"),
     (dict(threads=0), "threads: must be ≥ 1, got 0"),
