@@ -507,9 +507,10 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
                                              plan.command)
     request = {"train": {k: v for k, v in asdict(base_train).items() if k not in ("seed", "device")},
                "dtype": plan.dtype, "unanchored": plan.unanchored}
-    plans = _plan(plan.models, ds, task="binding", layers=plan.layer_request, views=plan.views, probes=plan.families,
-                  seeds=plan.seeds, done=done, test_fp=test_fp, limit=limit, progress=progress, control=plan.control,
-                  probe_fps=probe_fingerprints("binding", plan.families, request))
+    plans = _backbone_plans(plan.models, ds, task="binding", layers=plan.layer_request, views=plan.views,
+                            probes=plan.families, seeds=plan.seeds, done=done, test_fp=test_fp, limit=limit,
+                            progress=progress, control=plan.control,
+                            probe_fps=probe_fingerprints("binding", plan.families, request))
     _check_cache(plans, ds, plan.dtype, limit, progress, on_skipped)
     if plan.executor == "ray":
         from evaluators.ray_executor import BindingSteps, run_binding
@@ -545,7 +546,7 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
     return path
 
 
-def binding_common(prov: dict[str, Any], plan: _Plan, ds: Dataset, test_fp: str, limit: int | None,
+def binding_common(prov: dict[str, Any], plan: _BackbonePlan, ds: Dataset, test_fp: str, limit: int | None,
                    task_data: BindingTask) -> dict[str, Any]:
     """The columns every binding row of one backbone shares."""
     return {**_common_columns(prov, plan, ds.name, test_fp, "binding", limit),
@@ -553,7 +554,7 @@ def binding_common(prov: dict[str, Any], plan: _Plan, ds: Dataset, test_fp: str,
             "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
 
 
-def extraction_error_rows(common: dict[str, Any], plan: _Plan, todo: Sequence[tuple],
+def extraction_error_rows(common: dict[str, Any], plan: _BackbonePlan, todo: Sequence[tuple],
                           error: BaseException) -> list[dict[str, Any]]:
     """Error rows for every row of `todo` when the backbone failed to run."""
     message = f"extraction failed: {type(error).__name__}: {error}".splitlines()[0]
@@ -588,9 +589,9 @@ def _effective_limit(ds: Dataset, limit: int | None) -> int | None:
 
 
 @dataclass
-class _Plan:
-    """One backbone of a run: resolved and checked before any backbone extracts anything, with
-    the rows it still owes (`todo`). `aliases` maps a view to views that are the same vector
+class _BackbonePlan:
+    """One backbone of an `EvaluationPlan`: resolved and checked before any backbone extracts
+    anything, with the rows it still owes (`todo`). `aliases` maps a view to views that are the same vector
     on this backbone (on built-in backbones the class token is the mean patch token): their
     rows are copies of the view's, trained once."""
 
@@ -608,7 +609,7 @@ class _Plan:
         return [view, *self.aliases.get(view, [])]
 
     def stamp(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """`rows` with the probe fingerprint of their probe (part of the key, as `_plan` keyed them)."""
+        """`rows` with the probe fingerprint of their probe (part of the key, as `_backbone_plans` keyed them)."""
         return [{**r, "probe_fingerprint": self.probe_fps[r["probe"]]} for r in rows]
 
 
@@ -621,9 +622,10 @@ def probe_fingerprints(task: str, probes: Sequence[str], request: dict[str, Any]
                               "code": PROBE_CODE_VERSION, **request}) for fam in probes}
 
 
-def _plan(models: Sequence[Model], ds: Dataset, *, task: str, layers: str | Sequence[int], views: Sequence[str],
-          probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str, limit: int | None,
-          progress: bool, probe_fps: dict[str, str], control: str | None = None) -> list[_Plan]:
+def _backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: str | Sequence[int],
+                    views: Sequence[str], probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str,
+                    limit: int | None, progress: bool, probe_fps: dict[str, str],
+                    control: str | None = None) -> list[_BackbonePlan]:
     """Resolve every backbone and check it against the task, views and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
@@ -661,7 +663,7 @@ def _plan(models: Sequence[Model], ds: Dataset, *, task: str, layers: str | Sequ
                     skipped += len(here) - len(fams)
                     if fams:
                         todo.append((layer, view, seed, fams))
-        plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps, name))
+        plans.append(_BackbonePlan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps, name))
     for note in notes:
         _say(progress, note)
     return plans
@@ -681,7 +683,7 @@ def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], probes: 
     return []
 
 
-def _check_cache(plans: Sequence[_Plan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
+def _check_cache(plans: Sequence[_BackbonePlan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
                  on_skipped: Callable[[int], None] | None) -> None:
     """Before any work: report rows already done, estimate how much the activation cache will
     grow and refuse a run the disk cannot hold (warning when all tokens of all layers are kept)."""
@@ -719,15 +721,15 @@ def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, plan.overwrite, resolve_device(device),
                                              plan.command)
     request = {"epochs": epochs, "dtype": dtype, "exclude_background": exclude_background}
-    plans = _plan(plan.models, ds, task=task, layers=plan.layer_request, views=["all"], probes=probes, seeds=seeds,
-                  done=done, test_fp=test_fp, limit=limit, progress=progress,
-                  probe_fps=probe_fingerprints(task, probes, request))
+    plans = _backbone_plans(plan.models, ds, task=task, layers=plan.layer_request, views=["all"], probes=probes,
+                            seeds=seeds, done=done, test_fp=test_fp, limit=limit, progress=progress,
+                            probe_fps=probe_fingerprints(task, probes, request))
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):
         _say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
                        "96% against a 57% majority); compare backbones with pixels, not with the majority")
 
-    def work(one: _Plan) -> tuple[list[int], list[str]]:  # the layers and probes it still owes
+    def work(one: _BackbonePlan) -> tuple[list[int], list[str]]:  # the layers and probes it still owes
         return (sorted({layer for layer, _, _, _ in one.todo}),
                 [p for p in probes if any(p in fams for _, _, _, fams in one.todo)])
 
@@ -775,7 +777,7 @@ def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
     return path
 
 
-def _local_threads(threads: int | None, progress: bool, plans: Sequence[_Plan],
+def _local_threads(threads: int | None, progress: bool, plans: Sequence[_BackbonePlan],
                    local: bool = True) -> ContextManager[Any]:
     """The torch threads of the in-process work: `threads`, or the default `evaluators.threads`
     picks (None), chosen once the run has work and said once; Ray tasks pin their own (one)."""
@@ -793,7 +795,7 @@ def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: boo
     return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device, command)
 
 
-def _common_columns(prov: dict[str, Any], plan: _Plan, dataset: str, test_fp: str, task: str,
+def _common_columns(prov: dict[str, Any], plan: _BackbonePlan, dataset: str, test_fp: str, task: str,
                    limit: int | None) -> dict[str, Any]:
     """The columns every row of one backbone shares: provenance, backbone, dataset, task, limit."""
     info: BackboneInfo = plan.backbone.info
