@@ -66,7 +66,6 @@ def generate(
     and a line when it is written."""
     from bench.outdir import check_target
     from generators.base import build_config, get_generator
-    from generators.engine import generate as render
 
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
@@ -90,17 +89,19 @@ def generate(
         gen(cfg)  # validate every variant and its destination before any work
         check_target(out / sub if sub else out, overwrite)
     for sub, cfg in variants:
-        _render_one(render, gen, cfg, out / sub if sub else out, workers=workers, overwrite=overwrite, shards=shards,
+        _render_one(gen, cfg, out / sub if sub else out, workers=workers, overwrite=overwrite, shards=shards,
                     progress=progress)
     return out
 
 
-def _render_one(render: Any, gen: Any, cfg: Any, target: Path, *, workers: int, overwrite: bool, shards: Any,
+def _render_one(gen: Any, cfg: Any, target: Path, *, workers: int, overwrite: bool, shards: Any,
                 progress: bool) -> None:
-    """One dataset of `generate`, with its progress bar and closing line when `progress`."""
+    """One dataset of `generate` (a generator class and its config), with its progress bar and
+    closing line when `progress`."""
     from contextlib import nullcontext
 
     from bench.console import progress_bar, stderr
+    from generators.engine import generate as render
 
     def say(text: str) -> None:
         if progress:
