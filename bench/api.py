@@ -1,63 +1,170 @@
-"""The public Python API: evaluate models, load a results folder, build a leaderboard table.
+"""The public Python API: generate a dataset, evaluate models, load a results folder, build a
+leaderboard table.
 
     from bench import api
 
-    df = api.evaluate(["pixels", "oracle:objects"], dataset="data/cs", probes=["linear"])
+    data = api.generate("colorshape", preset="small", out="data/cs")
+    df = api.evaluate(["pixels", "oracle:objects"], data, probes=["linear"])
     board = api.leaderboard(df, metric="beta_star")
 
-Every function takes keyword arguments with the CLI's defaults and returns pandas
+Every function takes keyword arguments with the CLI's defaults and returns a path or pandas
 DataFrames, so a notebook computes the rows `bench evaluate` computes and reads them the
 way `bench leaderboard` does (each backbone's newest weights and probe settings; what was
-set aside is in `df.attrs["set_aside"]`). Bad input raises `BenchError` with one line.
+set aside is in `df.attrs["set_aside"]`). `bench generate` and `bench evaluate` are these
+functions with a command line around them. Bad input raises `BenchError` with one line.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import pandas as pd
 
 from bench.errors import BenchError
 
-PathLike = Union[str, "os.PathLike[str]"]
+if TYPE_CHECKING:  # importing a backbone imports torch: only `evaluate` needs it, when called
+    from evaluators.backbones.base import Backbone
 
-__all__ = ["BenchError", "evaluate", "leaderboard", "load_results"]
+PathLike = Union[str, "os.PathLike[str]"]
+#: What `evaluate` takes as models: a spec string (as `bench models` lists them), `NAME=SPEC`,
+#: a backbone object, a sequence of those, or a mapping display name -> spec or object.
+Models = Union[str, "Backbone", Sequence[Union[str, "Backbone"]], Mapping[str, Union[str, "Backbone"]]]
+
+__all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results"]
+
+
+def generate(
+    generator: str,
+    *,
+    out: PathLike,
+    preset: str | None = None,
+    n_train: int | None = None,
+    n_val: int | None = None,
+    n_test: int | None = None,
+    seed: int | None = None,
+    image_size: int | None = None,
+    workers: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    executor: str = "local",
+    address: str | None = None,
+    progress: bool = False,
+) -> Path:
+    """Render a synthetic dataset of `generator` (see `bench generators`) into `out` and return
+    `out`; the same config and seed give the same bytes, whatever `workers` (default: every core).
+
+    `preset` defaults to the generator's own; `n_train`, `n_val`, `n_test`, `seed` and
+    `image_size` override it, as does any config parameter in `overrides` (values typed, or
+    strings as `--set KEY=VALUE` gives them; the named arguments win over `overrides`). A
+    generator that sweeps a parameter (3D scenes' `camera_heights`) writes one dataset per
+    setting in a subfolder of `out`. Every dataset's config and destination are checked
+    before any is written; `overwrite` replaces existing ones. `executor` "ray" renders the
+    shards as Ray tasks (on the cluster at `address`). `progress` shows a bar per dataset
+    and a line when it is written."""
+    from bench.outdir import check_target
+    from generators.base import build_config, get_generator
+
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if workers < 1:
+        raise BenchError(f"workers: must be ≥ 1, got {workers}")
+    shards = None
+    if executor != "local":
+        from bench.ray_cluster import require_ray
+
+        require_ray(executor, address)
+        from generators.ray_shards import ray_shards
+
+        shards = ray_shards(address)
+    elif address is not None:
+        raise BenchError("executor: --address needs --executor ray")
+    gen = get_generator(generator)
+    named = dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, image_size=image_size)
+    config = build_config(gen, preset, {**(overrides or {}), **{k: v for k, v in named.items() if v is not None}})
+    out = Path(out)
+    variants = gen.expand(config)
+    for sub, cfg in variants:
+        gen(cfg)  # validate every variant and its destination before any work
+        check_target(out / sub if sub else out, overwrite)
+    for sub, cfg in variants:
+        _render_one(gen, cfg, out / sub if sub else out, workers=workers, overwrite=overwrite, shards=shards,
+                    progress=progress)
+    return out
+
+
+def _render_one(gen: Any, cfg: Any, target: Path, *, workers: int, overwrite: bool, shards: Any,
+                progress: bool) -> None:
+    """One dataset of `generate` (a generator class and its config), with its progress bar and
+    closing line when `progress`."""
+    from contextlib import nullcontext
+
+    from bench.console import progress_bar, stderr
+    from generators.engine import generate as render
+
+    def say(text: str) -> None:
+        if progress:
+            stderr.print(text, soft_wrap=True, markup=False, highlight=False)
+
+    t0 = time.perf_counter()
+    with progress_bar(f"generate {target}") if progress else nullcontext() as bar:
+        card = render(gen, cfg, target, workers=workers, overwrite=overwrite, progress=bar and bar.advance,
+                      on_start=bar and bar.set_total, shards=shards, say=say)
+    n = sum(s["n"] for s in card["splits"].values())
+    dt = time.perf_counter() - t0
+    say(f"wrote {n} scenes to {target} in {dt:.1f} s ({n / dt:.0f} scenes/s)")
 
 
 def evaluate(
-    models: str | Sequence[str],
-    *,
+    models: Models,
     dataset: PathLike,
+    *,
     task: str = "binding",
     layers: str | Sequence[int] | None = None,
-    tokens: Sequence[str] | None = None,
-    probes: Sequence[str] | None = None,
-    seeds: Sequence[int] = (0,),
+    tokens: str | Sequence[str] | None = None,
+    probes: str | Sequence[str] | None = None,
+    seeds: int | Sequence[int] = (0,),
     device: str = "auto",
     dtype: str = "fp32",
     epochs: int | None = None,
     limit: int | None = None,
     results: PathLike = "results",
     overwrite: bool = False,
+    unanchored: bool = False,
+    control: str | None = None,
+    exclude_background: bool = False,
+    executor: str = "local",
+    address: str | None = None,
+    gpus_per_task: float | None = None,
+    threads: int | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Measure binding (β*, B*, ...) or IsSameObject accuracy of `models` (spec strings, as
-    `bench models` lists them) on a dataset, writing rows into `results` as `bench evaluate`
-    does; returns the current rows of these models on this dataset and task (rows already
-    present are reused, not recomputed, unless `overwrite`)."""
+    """Measure binding (β*, B*, ...) or IsSameObject accuracy of `models` on `dataset`, writing
+    rows into `results` as `bench evaluate` does (the options are its options); returns the
+    current rows of these models on this dataset, task and probes (rows already present are
+    reused, not recomputed, unless `overwrite`).
+
+    `models`: a spec string (as `bench models` lists them), `"NAME=SPEC"`, a backbone object
+    (an `evaluators.backbones.base.Backbone`, e.g. your own), a list of those, or a mapping
+    `{NAME: spec or object}`. Rows carry NAME in their `backbone` column: a mapping's key, an
+    object's `display_name` attribute, else its `info.spec`. An object's weights fingerprint
+    (part of each row's key) is its `info.revision`; leave that empty ("") and it is a
+    `sha256:` of the object's state dict (its own, if it is a `torch.nn.Module`, else its
+    `model` attribute's), so re-evaluating edited weights measures them again. Objects run
+    in this process only (`executor` "local")."""
+    from evaluators.plan import EvaluationPlan
     from evaluators.run import run_evaluation
 
-    specs = [models] if isinstance(models, str) else list(models)
-    run_evaluation(specs, Path(dataset), task=task, layers=layers, tokens=tokens, probes=probes, seeds=seeds,
-                   device=device, dtype=dtype, epochs=epochs, results_dir=Path(results), overwrite=overwrite,
-                   limit=limit, progress=progress)
+    plan = EvaluationPlan(models, Path(dataset), task=task, layers=layers, tokens=tokens, probes=probes,
+                          seeds=seeds, device=device, dtype=dtype, epochs=epochs, limit=limit,
+                          results_dir=Path(results), overwrite=overwrite, unanchored=unanchored, control=control,
+                          exclude_background=exclude_background, executor=executor, address=address,
+                          gpus_per_task=gpus_per_task, threads=threads)
+    run_evaluation(plan, progress=progress)
     frame = load_results(results)
-    name = Path(dataset).name
-    mine = frame[frame["backbone"].isin(specs) & (frame["task"] == task) & (frame["dataset"] == name)]
-    if probes is not None:
-        mine = mine[mine["probe"].isin(list(probes))]
+    mine = frame[frame["backbone"].isin([m.name for m in plan.models]) & (frame["task"] == task)
+                 & (frame["dataset"] == plan.dataset.name) & frame["probe"].isin(plan.families)]
     out = mine.reset_index(drop=True)
     out.attrs = dict(frame.attrs)
     return out

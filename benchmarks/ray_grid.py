@@ -29,12 +29,13 @@ import pyarrow.parquet as pq
 import ray
 import torch
 
+from evaluators.plan import EvaluationPlan
 from evaluators.run import run_evaluation
 from generators.base import build_config, get_generator
 from generators.engine import generate
 
 MODELS = ["random:dinov2-small", "random:dinov2-small-reg"]
-GRID = dict(layers="0.25,0.5,0.75,last", probes=["linear", "quadratic", "dnn"], seeds=[0], progress=False)
+GRID = dict(layers="0.25,0.5,0.75,last", probes=["linear", "quadratic", "dnn"], seeds=[0])
 SKIP = {"run_id", "created_at", "wall_time_s", "host", "package_versions"}
 
 
@@ -42,7 +43,8 @@ def timed_run(root: Path, name: str, data: Path, epochs: int, **kw) -> tuple[flo
     """One grid run from an empty cache; (seconds, rows)."""
     os.environ["BINDINGBENCH_CACHE"] = str(root / f"cache-{name}")
     t0 = time.perf_counter()
-    path = run_evaluation(MODELS, data, results_dir=root / f"results-{name}", epochs=epochs, **GRID, **kw)
+    plan = EvaluationPlan(MODELS, data, results_dir=root / f"results-{name}", epochs=epochs, **GRID, **kw)
+    path = run_evaluation(plan, progress=False)
     return time.perf_counter() - t0, pq.read_table(path).to_pylist()
 
 

@@ -30,25 +30,20 @@ from bench.dataset import Dataset
 from bench.errors import BenchError
 from bench.hashing import config_hash, derive_seed
 from bench.results import check_writable, existing_keys, new_run_id, provenance, write_run
-from evaluators.backbones import resolve_backbone
 from evaluators.backbones.base import BackboneInfo
 from evaluators.backbones.ground_truth import GroundTruthBackbone
-from evaluators.extract import (check_cache_space, check_views, extract_activations, gib, parse_layers, parse_views,
-                                pending_bytes, split_fingerprint)
-from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
-from evaluators.issameobject import (ATTENTION_BASELINES, TRAINED_PROBES, check_attention_qk, check_probes,
-                                     evaluate_issameobject, layer_probes)
+from evaluators.extract import (check_cache_space, check_views, extract_activations, gib, parse_layers, pending_bytes,
+                                split_fingerprint)
+from evaluators.issameobject import (ATTENTION_BASELINES, TRAINED_PROBES, check_attention_qk, evaluate_issameobject,
+                                     layer_probes)
 from evaluators.metrics import TARGET_STATS, Priors, binding_metrics, group_labels, mean_se, row_checks
-from evaluators.probes import DEFAULTS, build_probe, check_family, conjunction_factors, conjunction_members
+from evaluators.plan import EvaluationPlan, Model
+from evaluators.probes import DEFAULTS, build_probe, conjunction_factors, conjunction_members
 from evaluators.threads import chosen_threads
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
 from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of, resample_o
 from generators.importers.common import EMPIRICAL
 
-TASKS = ("binding", "issameobject")
-#: Per task: the layers and probe families evaluated when none are named.
-DEFAULT_LAYERS = {"binding": "last", "issameobject": "all"}
-DEFAULT_PROBES = {"binding": ("linear", "quadratic", "dnn"), "issameobject": ISO_PROBES}
 SPLITS = ("train", "val", "test")
 #: The probes per family: the anchored F- and O|F-probes (headline), the paper's unanchored
 #: direct O- and F-probes. Without exact priors F is unanchored already and serves both.
@@ -61,9 +56,6 @@ WARM_STARTED = ("attention",)
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
 PROBE_CODE_VERSION = 1
-#: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
-#: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
-CONTROLS = ("resampled-o",)
 #: The planted binding behind every row's sensitivity: its share of scenes, and the seeds of its
 #: O′ draws and of the scenes that carry it (fixed: every backbone meets the same plant).
 PLANT_Q = 0.5
@@ -98,7 +90,7 @@ class BindingTask:
     #: validation metrics, on which layers are chosen, are measured from them.
     val_ref_F: np.ndarray | None = None
     val_ref_O_given_F: np.ndarray | None = None
-    #: The control this task is (`CONTROLS`), None for the real O.
+    #: The control this task is (`evaluators.plan.CONTROLS`), None for the real O.
     control: str | None = None
     #: The planted binding every family is also trained on, for its sensitivity (exact priors only).
     plant: "Plant | None" = None
@@ -478,132 +470,83 @@ def sensitivity_columns(task: BindingTask, fit: FitResult, n_boot: int, seed: in
             "sensitivity_hi": m["beta_star_hi"] / share}
 
 
-def run_evaluation(
-    models: Sequence[str], dataset: Path, *, task: str = "binding",
-    layers: str | Sequence[int] | None = None, tokens: Sequence[str] | None = None,
-    probes: Sequence[str] | None = None, seeds: Sequence[int] = (0,),
-    device: str = "auto", dtype: str = "fp32", epochs: int | None = None,
-    results_dir: Path = Path("results"), overwrite: bool = False, limit: int | None = None,
-    progress: bool = True, train: TrainConfig | None = None, exclude_background: bool = False,
-    unanchored: bool = False, on_skipped: Callable[[int], None] | None = None,
-    executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
-    control: str | None = None, command: str | None = None, threads: int | None = None,
-) -> Path | None:
-    """Evaluate backbones on a dataset; returns the results file written (None if nothing to do).
+def run_evaluation(plan: EvaluationPlan, *, progress: bool = True,
+                   on_skipped: Callable[[int], None] | None = None) -> Path | None:
+    """Evaluate the plan's backbones on its dataset; returns the results file written (None if
+    nothing to do). The CLI, the Python API, `bench demo` and the Ray path all come here with
+    an `EvaluationPlan`, so they compute the same rows.
 
-    `layers` and `probes` default per task (`DEFAULT_LAYERS`, `DEFAULT_PROBES`); tokens
-    default to `cls` for binding and must be `all` (the patch tokens) for issameobject.
-    `limit` keeps only the first rows of every split, in extraction and training (the rows
-    then carry it and the fingerprint of the evaluated rows, so they never pass for a full
-    evaluation). Every backbone is resolved and checked, and the activation cache's growth
-    estimated against free disk, before any extraction; `on_skipped(n)` hears how many
-    requested rows already exist (and are skipped).
-    `train` overrides the binding training defaults (epochs and seed are still taken from
-    `epochs` and `seeds`); `exclude_background` drops issameobject pairs that involve
-    background patches; `unanchored` evaluates a dataset without exact priors (see
-    `binding_task`). `executor` "ray" runs the same units as Ray tasks (see
-    `evaluators.ray_executor`), on the cluster at `address` with `gpus_per_task` GPUs a task.
-    `control` (binding only, `CONTROLS`) evaluates a control null instead of the real O.
-    `command` (the command line that asked for the run) goes into every row's provenance.
-    `threads`: torch threads of the in-process work; None picks the usable cores other work
-    leaves free (`evaluators.threads`), which never oversubscribes a busy machine.
+    Every backbone is resolved and checked, and the activation cache's growth estimated against
+    free disk, before any extraction; `on_skipped(n)` hears how many requested rows already
+    exist (and are skipped). `progress` shows bars and notes on stderr.
     """
-    if control is not None and control not in CONTROLS:
-        raise BenchError(f"control: unknown {control!r}; allowed: {', '.join(CONTROLS)}")
-    if control is not None and task != "binding":
-        raise BenchError(f"control: {control} is a binding control; --task {task} has none")
-    if executor != "local":
+    if plan.executor != "local":
         from evaluators.ray_executor import check_options
 
-        check_options(executor, task, gpus_per_task, address)
-    elif address is not None or gpus_per_task is not None:
-        raise BenchError("executor: --address and --gpus-per-task need --executor ray")
-    if task not in TASKS:
-        raise BenchError(f"task: unknown {task!r}; allowed: {', '.join(TASKS)}")
-    if not models:
-        raise BenchError("model: give at least one backbone")
-    layers = DEFAULT_LAYERS[task] if layers is None else layers
-    probes = list(dict.fromkeys(DEFAULT_PROBES[task] if probes is None else probes))
-    if not probes:
-        raise BenchError("probes: give at least one probe family")
-    if task == "issameobject":
-        if tokens is not None and list(parse_views(tokens)) != ["all"]:
-            raise BenchError(f"tokens: issameobject compares patch tokens; use --tokens all, got {', '.join(tokens)}")
-        check_probes(probes)
-        views = ["all"]
-    else:
-        views = parse_views(("cls",) if tokens is None else tokens)
-        for view in views:
-            for fam in probes:
-                check_family(fam, view)
-    seeds = list(dict.fromkeys(int(s) for s in seeds))
-    if not seeds:
-        raise BenchError("seeds: give at least one seed")
-    if epochs is not None and epochs < 1:
-        raise BenchError(f"epochs: must be ≥ 1, got {epochs}")
-    if limit is not None and limit < 1:
-        raise BenchError(f"limit: must be ≥ 1, got {limit}")
-    if threads is not None and threads < 1:
-        raise BenchError(f"threads: must be ≥ 1, got {threads}")
-    ds = open_dataset(Path(dataset), need_codes=task == "binding")
-    check_writable(results_dir)
-    if task == "issameobject":
-        return _run_issameobject(
-            models, ds, layers=layers, probes=probes, seeds=seeds,
-            device=device, dtype=dtype, epochs=epochs, results_dir=results_dir, overwrite=overwrite, limit=limit,
-            progress=progress, exclude_background=exclude_background, on_skipped=on_skipped, executor=executor,
-            address=address, gpus_per_task=gpus_per_task, command=command, threads=threads,
-        )
-    limit = _effective_limit(ds, limit)
-    base_train = replace(train or TrainConfig(), device=resolve_device(device))
-    if epochs is not None:
-        base_train = replace(base_train, epochs=epochs)
-    check_priors(ds, unanchored)
-    if control is not None and (unanchored or ds.card.get("priors") == EMPIRICAL):
-        raise BenchError(f"control: {control} draws O from the generator's exact p(O|F); {Path(dataset)} has no "
+        check_options(plan.executor, plan.task, plan.gpus_per_task, plan.address)
+    ds = open_dataset(plan.dataset, need_codes=plan.task == "binding")
+    check_writable(plan.results_dir)
+    if plan.task == "issameobject":
+        return _run_issameobject(plan, ds, progress, on_skipped)
+    return _run_binding(plan, ds, progress, on_skipped)
+
+
+def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
+                 on_skipped: Callable[[int], None] | None) -> Path | None:
+    """Binding rows of every backbone of `plan`: in this process, or with executor "ray" as Ray tasks."""
+    limit = _effective_limit(ds, plan.limit)
+    base_train = replace(plan.train or TrainConfig(), device=resolve_device(plan.device))
+    if plan.epochs is not None:
+        base_train = replace(base_train, epochs=plan.epochs)
+    check_priors(ds, plan.unanchored)
+    if plan.control is not None and (plan.unanchored or ds.card.get("priors") == EMPIRICAL):
+        raise BenchError(f"control: {plan.control} draws O from the generator's exact p(O|F); {plan.dataset} has no "
                          "exact priors")
     task_data: BindingTask | None = None  # built when the first row needs training
-    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, base_train.device, command)
+    test_fp, done, run_id, prov = _run_start(ds, limit, plan.results_dir, plan.overwrite, base_train.device,
+                                             plan.command)
     request = {"train": {k: v for k, v in asdict(base_train).items() if k not in ("seed", "device")},
-               "dtype": dtype, "unanchored": unanchored}
-    plans = _plan(models, ds, task=task, layers=layers, views=views, probes=probes, seeds=seeds, done=done,
-                  test_fp=test_fp, limit=limit, progress=progress, control=control,
-                  probe_fps=probe_fingerprints(task, probes, request))
-    _check_cache(plans, ds, dtype, limit, progress, on_skipped)
-    if executor == "ray":
+               "dtype": plan.dtype, "unanchored": plan.unanchored}
+    plans = _backbone_plans(plan.models, ds, task="binding", layers=plan.layer_request, views=plan.views,
+                            probes=plan.families, seeds=plan.seeds, done=done, test_fp=test_fp, limit=limit,
+                            progress=progress, control=plan.control,
+                            probe_fps=probe_fingerprints("binding", plan.families, request))
+    _check_cache(plans, ds, plan.dtype, limit, progress, on_skipped)
+    if plan.executor == "ray":
         from evaluators.ray_executor import BindingSteps, run_binding
 
-        return run_binding([p for p in plans if p.todo], ds, unanchored=unanchored, prov=prov, test_fp=test_fp,
-                           base_train=base_train, device=device, dtype=dtype, limit=limit, results_dir=results_dir,
-                           run_id=run_id, progress=progress, address=address, gpus_per_task=gpus_per_task,
+        return run_binding([p for p in plans if p.todo], ds, unanchored=plan.unanchored, prov=prov, test_fp=test_fp,
+                           base_train=base_train, device=plan.device, dtype=plan.dtype, limit=limit,
+                           results_dir=plan.results_dir, run_id=run_id, progress=progress, address=plan.address,
+                           gpus_per_task=plan.gpus_per_task,
                            steps=BindingSteps(binding_task, binding_common, extraction_error_rows, binding_rows),
-                           control=control)
-    with _local_threads(threads, progress, plans):
+                           control=plan.control)
+    with _local_threads(plan.threads, progress, plans):
         rows: list[dict[str, Any]] = []
         path = None
-        for plan in plans:
-            if not plan.todo:
+        for one in plans:
+            if not one.todo:
                 continue
-            backbone = plan.backbone
-            task_data = task_data or binding_task(ds, limit, unanchored, control)
-            common = binding_common(prov, plan, ds, test_fp, limit, task_data)
+            task_data = task_data or binding_task(ds, limit, plan.unanchored, plan.control)
+            common = binding_common(prov, one, ds, test_fp, limit, task_data)
             try:
-                acts = {s: extract_activations(backbone, ds, s, layers=plan.layers, views=plan.views, device=device,
-                                               dtype=dtype, progress=progress, limit=limit) for s in SPLITS}
+                acts = {s: extract_activations(one.backbone, ds, s, layers=one.layers, views=one.views,
+                                               device=plan.device, dtype=plan.dtype, progress=progress, limit=limit)
+                        for s in SPLITS}
             except BenchError:
                 raise
             except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
-                rows += plan.stamp(extraction_error_rows(common, plan, plan.todo, e))
-                path = write_run(rows, results_dir, run_id)
+                rows += one.stamp(extraction_error_rows(common, one, one.todo, e))
+                path = write_run(rows, plan.results_dir, run_id)
                 continue
-            for layer, view, seed, fams in plan.todo:
-                rows += plan.stamp(binding_rows(common, acts, task_data, layer, plan.shown(view), seed, fams,
-                                                replace(base_train, seed=seed), dtype, limit, progress))
-            path = write_run(rows, results_dir, run_id)
+            for layer, view, seed, fams in one.todo:
+                rows += one.stamp(binding_rows(common, acts, task_data, layer, one.shown(view), seed, fams,
+                                               replace(base_train, seed=seed), plan.dtype, limit, progress))
+            path = write_run(rows, plan.results_dir, run_id)
     return path
 
 
-def binding_common(prov: dict[str, Any], plan: _Plan, ds: Dataset, test_fp: str, limit: int | None,
+def binding_common(prov: dict[str, Any], plan: _BackbonePlan, ds: Dataset, test_fp: str, limit: int | None,
                    task_data: BindingTask) -> dict[str, Any]:
     """The columns every binding row of one backbone shares."""
     return {**_common_columns(prov, plan, ds.name, test_fp, "binding", limit),
@@ -611,7 +554,7 @@ def binding_common(prov: dict[str, Any], plan: _Plan, ds: Dataset, test_fp: str,
             "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
 
 
-def extraction_error_rows(common: dict[str, Any], plan: _Plan, todo: Sequence[tuple],
+def extraction_error_rows(common: dict[str, Any], plan: _BackbonePlan, todo: Sequence[tuple],
                           error: BaseException) -> list[dict[str, Any]]:
     """Error rows for every row of `todo` when the backbone failed to run."""
     message = f"extraction failed: {type(error).__name__}: {error}".splitlines()[0]
@@ -646,9 +589,9 @@ def _effective_limit(ds: Dataset, limit: int | None) -> int | None:
 
 
 @dataclass
-class _Plan:
-    """One backbone of a run: resolved and checked before any backbone extracts anything, with
-    the rows it still owes (`todo`). `aliases` maps a view to views that are the same vector
+class _BackbonePlan:
+    """One backbone of an `EvaluationPlan`: resolved and checked before any backbone extracts
+    anything, with the rows it still owes (`todo`). `aliases` maps a view to views that are the same vector
     on this backbone (on built-in backbones the class token is the mean patch token): their
     rows are copies of the view's, trained once."""
 
@@ -666,7 +609,7 @@ class _Plan:
         return [view, *self.aliases.get(view, [])]
 
     def stamp(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """`rows` with the probe fingerprint of their probe (part of the key, as `_plan` keyed them)."""
+        """`rows` with the probe fingerprint of their probe (part of the key, as `_backbone_plans` keyed them)."""
         return [{**r, "probe_fingerprint": self.probe_fps[r["probe"]]} for r in rows]
 
 
@@ -679,16 +622,17 @@ def probe_fingerprints(task: str, probes: Sequence[str], request: dict[str, Any]
                               "code": PROBE_CODE_VERSION, **request}) for fam in probes}
 
 
-def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequence[int], views: Sequence[str],
-          probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str, limit: int | None,
-          progress: bool, probe_fps: dict[str, str], control: str | None = None) -> list[_Plan]:
+def _backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: str | Sequence[int],
+                    views: Sequence[str], probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str,
+                    limit: int | None, progress: bool, probe_fps: dict[str, str],
+                    control: str | None = None) -> list[_BackbonePlan]:
     """Resolve every backbone and check it against the task, views and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
     plans, notes = [], []
     for model in models:
-        name, spec = display_name(model)
-        backbone = resolve_backbone(spec).bind(ds)
+        name, spec = model.name, model.spec
+        backbone = model.resolve().bind(ds)
         if task == "issameobject":
             check_attention_qk(backbone, probes)
         check_views(backbone, ds, "test", views)
@@ -719,22 +663,10 @@ def _plan(models: Sequence[str], ds: Dataset, *, task: str, layers: str | Sequen
                     skipped += len(here) - len(fams)
                     if fams:
                         todo.append((layer, view, seed, fams))
-        plans.append(_Plan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps, name))
+        plans.append(_BackbonePlan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps, name))
     for note in notes:
         _say(progress, note)
     return plans
-
-
-def display_name(model: str) -> tuple[str, str]:
-    """(name, spec) of a model argument: `NAME=SPEC` names a spec for tables (the `backbone`
-    column; the spec keeps its own column), so a long path or a zoo card reads as `mine`.
-    A NAME holds no `/`, `:` or `=`, so a path or hub id that contains `=` stays a spec."""
-    name, sep, spec = model.partition("=")
-    if not sep or any(c in name for c in "/:\\") or not name:
-        return model, model
-    if not spec:
-        raise BenchError(f"model: {model!r} names no spec; use NAME=SPEC, e.g. mine=oracle:objects")
-    return name, spec
 
 
 def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], probes: Sequence[str]) -> list[str]:
@@ -751,7 +683,7 @@ def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], probes: 
     return []
 
 
-def _check_cache(plans: Sequence[_Plan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
+def _check_cache(plans: Sequence[_BackbonePlan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
                  on_skipped: Callable[[int], None] | None) -> None:
     """Before any work: report rows already done, estimate how much the activation cache will
     grow and refuse a run the disk cannot hold (warning when all tokens of all layers are kept)."""
@@ -779,55 +711,53 @@ def _say(enabled: bool, text: str) -> None:
         stderr.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
-def _run_issameobject(
-    models: Sequence[str], ds: Dataset, *, layers: str | Sequence[int], probes: Sequence[str], seeds: Sequence[int],
-    device: str, dtype: str, epochs: int | None, results_dir: Path, overwrite: bool, limit: int | None,
-    progress: bool, exclude_background: bool, on_skipped: Callable[[int], None] | None = None,
-    executor: str = "local", address: str | None = None, gpus_per_task: float | None = None,
-    command: str | None = None, threads: int | None = None,
-) -> Path | None:
+def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
+                      on_skipped: Callable[[int], None] | None) -> Path | None:
     """IsSameObject rows of every backbone, with the same provenance, keys and crash safety as binding
-    rows; with `executor` "ray", every backbone's rows are computed by Ray tasks first."""
-    task = "issameobject"
-    limit = _effective_limit(ds, limit)
-    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, overwrite, resolve_device(device), command)
+    rows; with executor "ray", every backbone's rows are computed by Ray tasks first."""
+    task, probes, seeds, exclude_background = "issameobject", plan.families, plan.seeds, plan.exclude_background
+    device, dtype, epochs, results_dir = plan.device, plan.dtype, plan.epochs, plan.results_dir
+    limit = _effective_limit(ds, plan.limit)
+    test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, plan.overwrite, resolve_device(device),
+                                             plan.command)
     request = {"epochs": epochs, "dtype": dtype, "exclude_background": exclude_background}
-    plans = _plan(models, ds, task=task, layers=layers, views=["all"], probes=probes, seeds=seeds, done=done,
-                  test_fp=test_fp, limit=limit, progress=progress, probe_fps=probe_fingerprints(task, probes, request))
+    plans = _backbone_plans(plan.models, ds, task=task, layers=plan.layer_request, views=["all"], probes=probes,
+                            seeds=seeds, done=done, test_fp=test_fp, limit=limit, progress=progress,
+                            probe_fps=probe_fingerprints(task, probes, request))
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):
         _say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
                        "96% against a 57% majority); compare backbones with pixels, not with the majority")
 
-    def work(plan: _Plan) -> tuple[list[int], list[str]]:  # the layers and probes it still owes
-        return (sorted({layer for layer, _, _, _ in plan.todo}),
-                [p for p in probes if any(p in fams for _, _, _, fams in plan.todo)])
+    def work(one: _BackbonePlan) -> tuple[list[int], list[str]]:  # the layers and probes it still owes
+        return (sorted({layer for layer, _, _, _ in one.todo}),
+                [p for p in probes if any(p in fams for _, _, _, fams in one.todo)])
 
     computed: dict[str, Any] = {}
-    if executor == "ray":
+    if plan.executor == "ray":
         from evaluators.ray_executor import run_issameobject
 
         computed = run_issameobject([(p, *work(p)) for p in plans if p.todo], ds, seeds=seeds, device=device,
                                     dtype=dtype, epochs=epochs, exclude_background=exclude_background, limit=limit,
-                                    results_dir=results_dir, run_id=run_id, progress=progress, address=address,
-                                    gpus_per_task=gpus_per_task)
-    with _local_threads(threads, progress, plans, local=executor != "ray"):
+                                    results_dir=results_dir, run_id=run_id, progress=progress, address=plan.address,
+                                    gpus_per_task=plan.gpus_per_task)
+    with _local_threads(plan.threads, progress, plans, local=plan.executor != "ray"):
         rows: list[dict[str, Any]] = []
         path = None
-        for plan in plans:
-            spec = plan.spec
-            todo = {(layer, fam, seed) for layer, _, seed, fams in plan.todo for fam in fams}
+        for one in plans:
+            spec = one.spec
+            todo = {(layer, fam, seed) for layer, _, seed, fams in one.todo for fam in fams}
             if not todo:
                 continue
-            common = {**_common_columns(prov, plan, ds.name, test_fp, task, limit), "tokens": "all"}
+            common = {**_common_columns(prov, one, ds.name, test_fp, task, limit), "tokens": "all"}
             try:
                 if spec in computed:
                     if isinstance(computed[spec], BaseException):
                         raise computed[spec]
                     new = computed[spec]
                 else:
-                    layer_ids, fams = work(plan)
-                    new = evaluate_issameobject(plan.backbone, ds, layers=layer_ids, probes=fams, seeds=seeds,
+                    layer_ids, fams = work(one)
+                    new = evaluate_issameobject(one.backbone, ds, layers=layer_ids, probes=fams, seeds=seeds,
                                                 device=device, dtype=dtype, epochs=epochs,
                                                 exclude_background=exclude_background, limit=limit, progress=progress)
             except BenchError:
@@ -836,7 +766,7 @@ def _run_issameobject(
                 message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
                 new = [{"layer": layer, "probe": fam, "seed": seed, "status": "error", "error": message}
                        for layer, fam, seed in sorted(todo, key=str)]
-            mine = plan.stamp([{**r, **common} for r in new
+            mine = one.stamp([{**r, **common} for r in new
                                if (r["layer"], r["probe"], r["seed"]) in todo])
             if any(r["status"] == "ok" and r.get("auroc") is None for r in mine):
                 _say(progress, f"warning: {spec}: some test pair sets hold one class only (all 'same' or all 'different'"
@@ -847,7 +777,7 @@ def _run_issameobject(
     return path
 
 
-def _local_threads(threads: int | None, progress: bool, plans: Sequence[_Plan],
+def _local_threads(threads: int | None, progress: bool, plans: Sequence[_BackbonePlan],
                    local: bool = True) -> ContextManager[Any]:
     """The torch threads of the in-process work: `threads`, or the default `evaluators.threads`
     picks (None), chosen once the run has work and said once; Ray tasks pin their own (one)."""
@@ -865,7 +795,7 @@ def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: boo
     return split_fingerprint(ds, "test", limit), done, run_id, provenance(run_id, device, command)
 
 
-def _common_columns(prov: dict[str, Any], plan: _Plan, dataset: str, test_fp: str, task: str,
+def _common_columns(prov: dict[str, Any], plan: _BackbonePlan, dataset: str, test_fp: str, task: str,
                    limit: int | None) -> dict[str, Any]:
     """The columns every row of one backbone shares: provenance, backbone, dataset, task, limit."""
     info: BackboneInfo = plan.backbone.info

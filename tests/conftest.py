@@ -7,15 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from generators.base import build_config, get_generator
-from generators.engine import generate
+from bench import api
 
 
 def make_dataset(out: Path, generator: str = "colorshape", preset: str | None = "small", **overrides) -> Path:
-    """Generate a dataset with the Python API (the same path `bench generate` takes)."""
-    gen = get_generator(generator)
-    generate(gen, build_config(gen, preset, overrides), out)
-    return out
+    """Generate a dataset with the Python API (the function `bench generate` calls), in this process."""
+    return api.generate(generator, out=out, preset=preset, overrides=overrides, workers=1)
 
 
 @pytest.fixture(scope="session", autouse=True)

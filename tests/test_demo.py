@@ -37,12 +37,14 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     stand-in control reads 0.9: merged into zoo:conjunctions' cells it would change them)."""
     calls = []
 
-    def run_evaluation(models, dataset, *, results_dir, probes, layers, tokens, control=None, **kw):
-        calls.append(dict(models=list(models), probes=list(probes), layers=layers, tokens=list(tokens), control=control))
-        ds = Dataset(dataset)
+    def run_evaluation(plan, **kw):
+        models, control = [m.spec for m in plan.models], plan.control
+        calls.append(dict(models=models, probes=plan.families, layers=plan.layers, tokens=list(plan.tokens),
+                          control=control))
+        ds = Dataset(plan.dataset)
         rows = [dict(result_row(m, p, 0.9 if control else 1.0 if m == "oracle:objects" else 0.0, dataset=ds.name,
-                                fingerprint=ds.fingerprint("test")), control=control) for m in models for p in probes]
-        return write_run(rows, results_dir, f"stand-in-{len(calls)}")
+                                fingerprint=ds.fingerprint("test")), control=control) for m in models for p in plan.families]
+        return write_run(rows, plan.results_dir, f"stand-in-{len(calls)}")
 
     monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation))
     code = main(["demo", "--out", str(tmp_path / "demo"), *SMALL])
@@ -113,8 +115,8 @@ def test_a_zoo_training_error_in_the_second_process_exits_2(tmp_path, capsys, mo
     the backbones it did not hold up were evaluated, and the models it did train stay trained."""
     calls = []
 
-    def run_evaluation(models, dataset, **kw):
-        calls.append(list(models))
+    def run_evaluation(plan, **kw):
+        calls.append([m.spec for m in plan.models])
 
     monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation))
     bad = tiny("masked").with_(data=dict(tiny("masked").data, object_size=80))  # cannot fit a 64-px image

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.cli import main
+from bench.dataset import Dataset
 from bench.results import KEY_COLUMNS, read_results
 from tests.conftest import make_dataset
 
@@ -130,10 +131,11 @@ def test_rows_of_an_older_schema_are_set_aside_with_a_note(tiny, tmp_path, capsy
 
 
 def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
+    from evaluators.plan import EvaluationPlan
     from evaluators.run import run_evaluation
 
-    path = run_evaluation(["oracle:features"], tiny, probes=["linear"], epochs=1, results_dir=tmp_path, limit=8,
-                          progress=False)
+    plan = EvaluationPlan(["oracle:features"], tiny, probes=["linear"], epochs=1, results_dir=tmp_path, limit=8)
+    path = run_evaluation(plan, progress=False)
     (row,) = pq.read_table(path).to_pylist()
     assert row["n_train"] == 8 and row["n_test"] == 8 and len(row["scene_bits_O_given_F"]) == 8
     full = json.loads((tiny / "dataset.json").read_text())["splits"]["test"]["fingerprint"]
@@ -142,14 +144,15 @@ def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
 
 def test_a_failing_probe_becomes_an_error_row(tiny, tmp_path, monkeypatch):
     import evaluators.probes as probes
+    from evaluators.plan import EvaluationPlan
     from evaluators.run import run_evaluation
 
     def broken(self, x, t, cond):
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr(probes.QuadraticProbe, "readout", broken)
-    path = run_evaluation(["oracle:objects"], tiny, probes=["linear", "quadratic"], epochs=1, results_dir=tmp_path,
-                          progress=False)
+    path = run_evaluation(EvaluationPlan(["oracle:objects"], tiny, probes=["linear", "quadratic"], epochs=1,
+                                         results_dir=tmp_path), progress=False)
     rows = {r["probe"]: r for r in pq.read_table(path).to_pylist()}
     assert rows["linear"]["status"] == "ok"
     assert rows["quadratic"]["status"] == "error" and "probe exploded" in rows["quadratic"]["error"]
@@ -270,12 +273,19 @@ def test_a_display_name_fills_the_backbone_column_and_the_spec_keeps_its_own(tin
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_the_readme_python_example_runs(tiny, tmp_path, monkeypatch):
+def test_the_readme_python_example_runs(tmp_path, monkeypatch):
+    """The README's generate -> evaluate -> leaderboard block, as written but at tiny sizes."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = readme.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert len(block.strip().splitlines()) <= 10
+    small = {"n_train=400, n_val=100, n_test=100": "n_train=24, n_val=8, n_test=8, workers=1",
+             'probes=["linear"]': 'probes=["linear"], epochs=1'}
+    for written, tiny in small.items():
+        assert block.count(written) == 1, written
+        block = block.replace(written, tiny)
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(block.replace('"data/cs"', repr(str(tiny))).replace('probes=["linear"]', 'probes=["linear"], epochs=1'),
-         scope)
+    exec(block, scope)
+    assert scope["data"] == Path("data/cs") and Dataset(scope["data"]).num_rows("test") == 8
+    assert sorted(scope["df"]["backbone"]) == ["oracle:objects", "pixels"] and set(scope["df"]["status"]) == {"ok"}
     assert sorted(scope["board"]["backbone"]) == ["oracle:objects", "pixels"] and len(scope["rows"]) == 2

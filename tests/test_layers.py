@@ -1,4 +1,5 @@
-"""One-way layers: nothing below the CLI imports the CLI, and evaluators/ has no import cycle.
+"""One-way layers: nothing below the CLI imports the CLI, nothing below the API imports the API,
+and evaluators/ has no import cycle.
 
 The graph is read from source with `ast`, imports inside functions included (a lazy import
 is still a dependency), and the check is shown to catch a planted violation."""
@@ -15,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bench", "generators", "evaluators", "leaderboards")
 CLI = ("bench.cli", "bench.commands")
+#: The public API sits above generators, evaluators and leaderboards, below the CLI.
+API = ("bench.api",)
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
@@ -49,11 +52,16 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def violations(graph: dict[str, set[str]]) -> list[str]:
-    """`A imports B` for every module below the CLI that imports the CLI, and any cycle in evaluators/."""
-    def is_cli(m: str) -> bool:
-        return any(m == c or m.startswith(c + ".") for c in CLI)
+    """`A imports B` for every module below the CLI that imports the CLI or below the API that imports
+    the API, and any cycle in evaluators/."""
+    def within(m: str, layer: tuple[str, ...]) -> bool:
+        return any(m == c or m.startswith(c + ".") for c in layer)
 
-    out = [f"{m} imports {t}" for m, ts in sorted(graph.items()) if not is_cli(m) for t in sorted(ts) if is_cli(t)]
+    def below(m: str, layer: tuple[str, ...]) -> bool:
+        return not within(m, CLI) and not within(m, layer)
+
+    out = [f"{m} imports {t}" for m, ts in sorted(graph.items()) for t in sorted(ts)
+           if (within(t, CLI) and below(m, CLI)) or (within(t, API) and below(m, API))]
     evaluators = {m: {t for t in ts if t.startswith("evaluators.")} for m, ts in graph.items()
                   if m.startswith("evaluators.")}
     try:
@@ -70,6 +78,7 @@ def test_the_layers_run_one_way():
 @pytest.mark.parametrize("planted, expected", [
     ({"planted.py": "def f():\n    from bench.commands.common import stderr\n"},
      "evaluators.planted imports bench.commands.common"),
+    ({"planted.py": "def f():\n    from bench import api\n"}, "evaluators.planted imports bench.api"),
     ({"planted_a.py": "def f():\n    from evaluators import planted_b\n",
       "planted_b.py": "import evaluators.planted_a\n"}, "import cycle: evaluators.planted_"),
 ])

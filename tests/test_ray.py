@@ -20,6 +20,7 @@ import torch
 
 from bench.cli import main
 from evaluators import cache
+from evaluators.plan import EvaluationPlan
 from evaluators.run import run_evaluation
 from tests.conftest import make_dataset
 
@@ -27,9 +28,14 @@ ray = pytest.importorskip("ray")
 
 #: The calibration's backbones: oracles whose binding is known exactly, and the no-learning controls.
 MODELS = ["oracle:objects", "oracle:features", "oracle:mix-0.5", "pixels", "random:dinov2-small"]
-GRID = dict(layers="0.5,last", probes=["linear", "dnn"], seeds=[0], epochs=3, progress=False)
+GRID = dict(layers="0.5,last", probes=["linear", "dnn"], seeds=[0], epochs=3)
 #: Columns that differ between any two runs of the same grid.
 RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "host", "package_versions", "command"}
+
+
+def run_plan(models: list[str], data: Path, **options) -> Path | None:
+    """The run of one plan, quietly: the local and the Ray path take the same plan."""
+    return run_evaluation(EvaluationPlan(models, data, **options), progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +52,7 @@ def local_rows(data, tmp_path_factory) -> list[dict]:
     torch.set_num_threads(1)
     try:
         # threads=1: the default takes the cores other work leaves free, which varies with load
-        path = run_evaluation(MODELS, data, results_dir=tmp_path_factory.mktemp("local"), threads=1, **GRID)
+        path = run_plan(MODELS, data, results_dir=tmp_path_factory.mktemp("local"), threads=1, **GRID)
     finally:
         torch.set_num_threads(threads)
     return pq.read_table(path).to_pylist()
@@ -74,7 +80,7 @@ def assert_same_rows(got: list[dict], want: list[dict]) -> None:
 
 def test_ray_rows_equal_local_rows_and_logs_every_task(data, local_rows, local_ray, tmp_path):
     results = tmp_path / "results"
-    path = run_evaluation(MODELS, data, results_dir=results, executor="ray", **GRID)
+    path = run_plan(MODELS, data, results_dir=results, executor="ray", **GRID)
     rows = pq.read_table(path).to_pylist()
     assert_same_rows(rows, local_rows)
     assert {r["status"] for r in rows} == {"ok"} and {r["layer"] for r in rows} == {0, 6, 12}
@@ -84,7 +90,7 @@ def test_ray_rows_equal_local_rows_and_logs_every_task(data, local_rows, local_r
     assert sum(n.startswith("extract-") for n in logs) == 25 and len(logs) == 1 + 25 + 6 and sum(n.startswith("train-") for n in logs) == 6 and "driver.log" in logs
     assert "trained" in (results / "logs" / rows[0]["run_id"] / logs[-1]).read_text()  # train-random:...L12
     # a second run skips every finished row, as locally
-    assert run_evaluation(MODELS, data, results_dir=results, executor="ray", **GRID) is None
+    assert run_plan(MODELS, data, results_dir=results, executor="ray", **GRID) is None
 
 
 @pytest.mark.parametrize("stage", ["extract", "train"])
@@ -161,7 +167,7 @@ def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
     from test_backbones import tiny_checkpoint
 
     ckpt = str(tiny_checkpoint("dinov2", tmp_path / "m")[1])
-    grid = dict(task="issameobject", seeds=[0, 1], tokens=["all"], epochs=2, progress=False)
+    grid = dict(task="issameobject", seeds=[0, 1], tokens=["all"], epochs=2)
     runs = [([ckpt], dict(layers="0,1", probes=["linear", "cosine", "attention-qk"])),
             (["oracle:patches"], dict(probes=["linear", "cosine"]))]
     local, got = [], []
@@ -169,12 +175,12 @@ def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
     torch.set_num_threads(1)
     try:
         for i, (models, kw) in enumerate(runs):
-            local += pq.read_table(run_evaluation(models, data, results_dir=tmp_path / f"local{i}", threads=1, **grid,
+            local += pq.read_table(run_plan(models, data, results_dir=tmp_path / f"local{i}", threads=1, **grid,
                                                   **kw)).to_pylist()
     finally:
         torch.set_num_threads(threads)
     for i, (models, kw) in enumerate(runs):
-        got += pq.read_table(run_evaluation(models, data, results_dir=tmp_path / f"ray{i}", executor="ray", **grid,
+        got += pq.read_table(run_plan(models, data, results_dir=tmp_path / f"ray{i}", executor="ray", **grid,
                                             **kw)).to_pylist()
     assert len(got) == 2 * 2 * 3 + 2 * 2 and {r["status"] for r in got} == {"ok"}
     assert any(r["attention_r"] is not None for r in got)

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from bench.commands.common import Format, echo, progress_bar, render_table, stderr
+from bench.commands.common import Format, echo, render_table, stderr
 from bench.dataset import Dataset
 from bench.errors import BenchError
 from bench.paths import check_output_file
-from generators.base import build_config, get_generator, list_generators
+from generators.base import get_generator, list_generators
 
 
 def register(app: typer.Typer) -> None:
@@ -52,44 +51,12 @@ def generate(
     address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
 ) -> None:
     """Render a synthetic dataset with exact codes, masks and analytic priors."""
-    if workers < 1:
-        raise BenchError(f"workers: must be ≥ 1, got {workers}")
-    shards = None
-    if executor != "local":
-        from bench.ray_cluster import require_ray
+    from bench import api
 
-        require_ray(executor, address)
-        from generators.ray_shards import ray_shards
-
-        shards = ray_shards(address)
-    elif address is not None:
-        raise BenchError("executor: --address needs --executor ray")
-    gen = get_generator(generator)
     overrides = _parse_sets(set_ + ([f"camera_heights={camera_heights}"] if camera_heights is not None else []))
-    for key, value in dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, image_size=image_size).items():
-        if value is not None:
-            overrides[key] = value
-    config = build_config(gen, preset, overrides)
-    from bench.outdir import check_target
-    from generators.engine import generate as run
-
-    variants = gen.expand(config)
-    for sub, cfg in variants:
-        gen(cfg)  # validate every variant and its destination before any work
-        check_target(out / sub if sub else out, overwrite)
-    for sub, cfg in variants:
-        target = out / sub if sub else out
-        t0 = time.perf_counter()
-        with progress_bar(f"generate {target}") as bar:
-            card = run(gen, cfg, target, workers=workers, overwrite=overwrite, progress=bar.advance, on_start=bar.set_total,
-                       shards=shards, say=_say)
-        n = sum(s["n"] for s in card["splits"].values())
-        dt = time.perf_counter() - t0
-        stderr.print(f"wrote {n} scenes to {target} in {dt:.1f} s ({n / dt:.0f} scenes/s)")
-
-
-def _say(text: str) -> None:
-    stderr.print(text, soft_wrap=True, markup=False, highlight=False)
+    api.generate(generator, out=out, preset=preset, n_train=n_train, n_val=n_val, n_test=n_test, seed=seed,
+                 image_size=image_size, workers=workers, overrides=overrides, overwrite=overwrite, executor=executor,
+                 address=address, progress=True)
 
 
 def generators_cmd(fmt: Format = typer.Option(Format.table, "--format")) -> None:

@@ -270,10 +270,11 @@ def _evaluation_settings(results: Path) -> Iterator[None]:
 
 def _evaluate(models: Sequence[str], data: Path, results: Path, epochs: int | None, control: str | None = None) -> None:
     """The evaluator with its defaults, on `cls` at the last layer."""
+    from evaluators.plan import EvaluationPlan
     from evaluators.run import run_evaluation
 
-    run_evaluation(list(models), data, task="binding", layers="last", tokens=("cls",), probes=DEMO_PROBES,
-                   results_dir=results, epochs=epochs, progress=True, control=control)
+    run_evaluation(EvaluationPlan(list(models), data, task="binding", layers="last", tokens=("cls",),
+                                  probes=DEMO_PROBES, results_dir=results, epochs=epochs, control=control))
 
 
 def _demo_boards(results: Path, fmt: Format) -> list[Any]:

@@ -1,0 +1,246 @@
+"""What one evaluation run is asked to do, as one typed, frozen value.
+
+`EvaluationPlan` gathers everything `bench evaluate`, `bench.api.evaluate`, `bench demo` and
+the Ray path ask of a run (models, dataset, task, layers, views, probes, seeds, training and
+execution settings), checks it when it is made, and is what `evaluators.run.run_evaluation`
+takes. Every caller builds the same value, so they all run the same code on the same request;
+a bad request fails here, in one line, before a dataset is opened or a backbone loaded.
+
+A model is a spec string (as `bench models` lists them), `NAME=SPEC` (rows show NAME), or a
+backbone object (`evaluators.backbones.base.Backbone`), e.g. a user's own; see `model_of`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from numbers import Integral
+from pathlib import Path
+from typing import Mapping, Sequence, Union
+
+import torch
+
+from bench.errors import BenchError
+from evaluators.backbones import resolve_backbone
+from evaluators.backbones.base import Backbone, BackboneInfo
+from evaluators.backbones.weights import state_dict_hash
+from evaluators.extract import parse_views
+from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
+from evaluators.issameobject import check_probes
+from evaluators.probes import check_family
+from evaluators.training import TrainConfig
+
+TASKS = ("binding", "issameobject")
+#: Per task: the layers and probe families evaluated when none are named.
+DEFAULT_LAYERS = {"binding": "last", "issameobject": "all"}
+DEFAULT_PROBES = {"binding": ("linear", "quadratic", "dnn"), "issameobject": ISO_PROBES}
+#: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
+#: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
+CONTROLS = ("resampled-o",)
+#: More probe seeds than this is a typo (each seed trains every probe again).
+MAX_SEEDS = 1000
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model of a run: `name` fills the rows' `backbone` column (and their key), `spec` the
+    `spec` column; `backbone` is the object itself when one was given (a spec string is
+    resolved when the run starts, so a plan stays cheap to make)."""
+
+    name: str
+    spec: str
+    backbone: Backbone | None = field(default=None, compare=False)
+
+    def resolve(self) -> Backbone:
+        """The backbone to run: the object given, or the one the spec names."""
+        return self.backbone if self.backbone is not None else resolve_backbone(self.spec)
+
+
+ModelInput = Union[str, Backbone, Model]
+
+
+def named_spec(model: str) -> Model:
+    """The model of a spec argument: `NAME=SPEC` names a spec for tables (the `backbone`
+    column; the spec keeps its own column), so a long path or a zoo card reads as `mine`.
+    A NAME holds no `/`, `:` or `=`, so a path or hub id that contains `=` stays a spec."""
+    name, sep, spec = model.partition("=")
+    if not sep or any(c in name for c in "/:\\") or not name:
+        return Model(model, model)
+    if not spec:
+        raise BenchError(f"model: {model!r} names no spec; use NAME=SPEC, e.g. mine=oracle:objects")
+    return Model(name, spec)
+
+
+def model_of(item: ModelInput, name: str | None = None) -> Model:
+    """The model of one argument: a spec string (or `NAME=SPEC`), a `Model`, or a backbone object.
+
+    A backbone object is shown under `name`, else its `display_name` attribute, else its
+    `info.spec`. Its weights fingerprint (the rows' `weights_fingerprint`, part of their key,
+    and of its activation cache entries) is the object's own `info.revision` when it states
+    one, as every built-in backbone does; when `info.revision` is empty it is `sha256:` of
+    the state dict of the object (if it is a `torch.nn.Module`) or of its `model` attribute,
+    so editing the weights measures the model again."""
+    if isinstance(item, Model):
+        return item if name is None else replace(item, name=_checked_name(name))
+    if isinstance(item, str):
+        return named_spec(item) if name is None else Model(_checked_name(name), item)
+    if not isinstance(item, Backbone):
+        raise BenchError(f"model: expected a spec string or a Backbone object, got {type(item).__name__}")
+    info = getattr(item, "info", None)
+    if not isinstance(info, BackboneInfo):
+        raise BenchError(f"model: {type(item).__name__} has no `info` (a BackboneInfo); a Backbone must set one")
+    if not info.revision:
+        item = _fingerprinted(item, info)
+    shown = name if name is not None else getattr(item, "display_name", None)
+    return Model(info.spec if shown is None else _checked_name(shown), info.spec, item)
+
+
+def _fingerprinted(backbone: Backbone, info: BackboneInfo) -> Backbone:
+    """A shallow copy of `backbone` whose `info.revision` is `sha256:` of its weights."""
+    module = backbone if isinstance(backbone, torch.nn.Module) else getattr(backbone, "model", None)
+    if not isinstance(module, torch.nn.Module):
+        raise BenchError(f"model: {info.spec} states no weights fingerprint (info.revision is empty) and has no "
+                         "torch module (a `model` attribute) to hash; set info.revision")
+    out = copy.copy(backbone)  # the caller's object keeps its own info
+    out.info = replace(info, revision=f"sha256:{state_dict_hash(module)[:12]}")
+    return out
+
+
+def _checked_name(name: object) -> str:
+    if not isinstance(name, str) or not name or any(c in name for c in "/:\\="):
+        raise BenchError(f"model: a display name is a non-empty string without / : \\ or =, got {name!r}")
+    return name
+
+
+def models_of(models: ModelInput | Sequence[ModelInput] | Mapping[str, str | Backbone]) -> tuple[Model, ...]:
+    """The models of a run, from one model, a sequence of them, or a mapping name -> model;
+    the same model twice counts once, two different models under one name are refused."""
+    if isinstance(models, Mapping):
+        items = [model_of(m, name) for name, m in models.items()]
+    elif isinstance(models, (str, Backbone, Model)):
+        items = [model_of(models)]
+    else:
+        items = [model_of(m) for m in models]
+    out: dict[str, Model] = {}
+    for m in items:
+        seen = out.setdefault(m.name, m)
+        if seen != m or seen.backbone is not m.backbone:
+            raise BenchError(f"model: two models are named {m.name} ({seen.spec}, {m.spec}); name them apart "
+                             "with NAME=SPEC")
+    return tuple(out.values())
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """One evaluation run's request, checked when made (a bad one raises BenchError, one line).
+
+    `models`: spec strings, `NAME=SPEC`, backbone objects or `Model`s, or a mapping name ->
+    spec or object (stored as a tuple of `Model`). `seeds`: one or more probe seeds in [0, 2^32)
+    (each trained once). `layers`, `probes` and `tokens` None take the
+    task's defaults (`DEFAULT_LAYERS`, `DEFAULT_PROBES`; `cls` for binding; issameobject
+    compares patch tokens, `all`). `limit` keeps only the first rows of every split, in
+    extraction and training (the rows then carry it and the fingerprint of the evaluated
+    rows, so they never pass for a full evaluation). `train` overrides the binding training
+    defaults (epochs and seed still come from `epochs` and `seeds`); `exclude_background`
+    drops issameobject pairs that involve background patches; `unanchored` evaluates a
+    dataset without exact priors; `control` (binding only, `CONTROLS`) evaluates a control
+    null instead of the real O. `executor` "ray" runs the same units as Ray tasks (on the
+    cluster at `address`, `gpus_per_task` GPUs a task); `threads`: torch threads of the
+    in-process work (None: the usable cores other work leaves free). `command`, the command
+    line that asked for the run, goes into every row's provenance.
+    """
+
+    models: tuple[Model, ...]
+    dataset: Path
+    task: str = "binding"
+    layers: str | tuple[int, ...] | None = None
+    tokens: tuple[str, ...] | None = None
+    probes: tuple[str, ...] | None = None
+    seeds: tuple[int, ...] = (0,)
+    device: str = "auto"
+    dtype: str = "fp32"
+    epochs: int | None = None
+    limit: int | None = None
+    results_dir: Path = Path("results")
+    overwrite: bool = False
+    train: TrainConfig | None = None
+    exclude_background: bool = False
+    unanchored: bool = False
+    control: str | None = None
+    executor: str = "local"
+    address: str | None = None
+    gpus_per_task: float | None = None
+    threads: int | None = None
+    command: str | None = None
+
+    def __post_init__(self) -> None:
+        # frozen: the normalised values are set once, here, through object.__setattr__
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        put("models", models_of(self.models))
+        put("dataset", Path(self.dataset))
+        put("results_dir", Path(self.results_dir))
+        if isinstance(self.layers, Sequence) and not isinstance(self.layers, str):
+            put("layers", tuple(self.layers))
+        for name in ("tokens", "probes"):  # a string is a comma-separated list, as on the command line
+            value = getattr(self, name)
+            if value is not None:
+                put(name, tuple(p.strip() for p in value.split(",")) if isinstance(value, str) else tuple(value))
+        seeds = (self.seeds,) if isinstance(self.seeds, Integral) else tuple(self.seeds)
+        if not all(isinstance(s, Integral) and not isinstance(s, bool) for s in seeds):
+            raise BenchError(f"seeds: expected integers, got {', '.join(map(str, seeds))}")
+        put("seeds", tuple(int(s) for s in seeds))
+        self._check()
+        put("seeds", tuple(dict.fromkeys(self.seeds)))  # each seed once, in order
+
+    def _check(self) -> None:
+        if self.control is not None and self.control not in CONTROLS:
+            raise BenchError(f"control: unknown {self.control!r}; allowed: {', '.join(CONTROLS)}")
+        if self.control is not None and self.task != "binding":
+            raise BenchError(f"control: {self.control} is a binding control; --task {self.task} has none")
+        if self.executor == "local" and (self.address is not None or self.gpus_per_task is not None):
+            raise BenchError("executor: --address and --gpus-per-task need --executor ray")
+        objects = [m.name for m in self.models if m.backbone is not None]
+        if self.executor == "ray" and objects:
+            raise BenchError(f"executor: Ray workers build each backbone from its spec, and {objects[0]} is a Python "
+                             "object; evaluate it with the local executor")
+        if self.task not in TASKS:
+            raise BenchError(f"task: unknown {self.task!r}; allowed: {', '.join(TASKS)}")
+        if not self.models:
+            raise BenchError("model: give at least one backbone")
+        if not self.families:
+            raise BenchError("probes: give at least one probe family")
+        if self.task == "issameobject":
+            if self.tokens is not None and list(parse_views(self.tokens)) != ["all"]:
+                raise BenchError(f"tokens: issameobject compares patch tokens; use --tokens all, got "
+                                 f"{', '.join(self.tokens)}")
+            check_probes(self.families)
+        else:
+            for view in self.views:
+                for fam in self.families:
+                    check_family(fam, view)
+        if not self.seeds or not all(0 <= s < 2**32 for s in self.seeds) or len(self.seeds) > MAX_SEEDS:
+            raise BenchError(f"seeds: 1 to {MAX_SEEDS} integers in [0, 2^32), got "
+                             f"{', '.join(map(str, self.seeds)) or 'none'}")
+        for name in ("epochs", "limit", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise BenchError(f"{name}: must be ≥ 1, got {value}")
+
+    @property
+    def layer_request(self) -> str | tuple[int, ...]:
+        """The layers asked for, the task's default when none were named."""
+        return DEFAULT_LAYERS[self.task] if self.layers is None else self.layers
+
+    @property
+    def families(self) -> list[str]:
+        """The probe families asked for (each once, in order), the task's default when none were named."""
+        return list(dict.fromkeys(DEFAULT_PROBES[self.task] if self.probes is None else self.probes))
+
+    @property
+    def views(self) -> list[str]:
+        """The token views: `cls` unless named for binding; issameobject reads the patch tokens, `all`."""
+        if self.task == "issameobject":
+            return ["all"]
+        return parse_views(("cls",) if self.tokens is None else self.tokens)
