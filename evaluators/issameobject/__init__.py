@@ -1,0 +1,84 @@
+"""IsSameObject (docs/ARCHITECTURE.md §3; Li et al., NeurIPS 2025): is "these two patches belong to the
+same object" decodable from a layer's patch tokens?
+
+Pairs. Patch labels come from the instance masks at the backbone's grid
+(`evaluators.patch_labels`); background is one region, so two background patches are a
+"same" pair unless `exclude_background` drops background patches altogether. Pairs are
+drawn per image, never across images, from distinct valid patches (i < j):
+- `balanced` (default, used for train, val and test): a quarter of `pairs_per_image`
+  from each pair kind — same object, background-background (both "same"), two
+  different objects, object-background (both "different") — without replacement.
+  Drawn uniformly instead, background pairs swamp both classes and a probe scores
+  well by finding the background alone, never telling two objects apart. With
+  `exclude_background` the two object kinds get half each. An image short of a kind
+  contributes what it has, so the mix is near, not exactly, 50/50; the majority
+  baseline reports the residual imbalance.
+- `natural`: up to `pairs_per_image` pairs uniformly among all pairs of the image, so
+  the classes keep their natural (mostly "same background") proportion.
+
+Scorers, all symmetric in their two inputs by construction (score(x, y) = score(y, x)):
+- probes trained with binary cross-entropy on standardised tokens, AdamW, early
+  stopping on validation loss: `linear` σ(w·x + w·y + b); `diag-quadratic`
+  σ(xᵀdiag(v)y + w·(x + y) + b); `quadratic` σ(xᵀWy + w·(x + y) + b),
+  W = (UᵀV + VᵀU)/2 of rank r. The quadratic forms keep the linear term, so each
+  family contains the one before it (as the binding probes do): without it a pure
+  bilinear form cannot say "both patches are background" when background tokens are
+  near zero (oracle:patches), and trains badly from a small start;
+  `pointwise-identity` σ(a·⟨p(x), p(y)⟩ + b) with p a softmax over K instance slots
+  (each patch names its object; two patches agree when their slot distributions do).
+- bias-only baselines on the raw tokens, σ((s - μ_s)/σ_s + b) with only b learned (μ_s,
+  σ_s the similarity's training mean and spread, so the sign is fixed and nothing but a
+  threshold is fitted):
+  `cosine`, `dot`, `distance` (s = -‖x - y‖), `attention-qk` (the attention logit of
+  the block that reads the layer, symmetrised and averaged over heads:
+  s = mean_h (q_h(n(x))·k_h(n(y)) + q_h(n(y))·k_h(n(x))) / 2 / sqrt(d_head), n that
+  block's pre-attention norm, q and k its query/key projections with their biases;
+  computed from the cached tokens and the backbone's weights, `Backbone.attention_qk`),
+  and `majority` (the training majority class). `attention-qk` needs a backbone that
+  exposes those projections (Hugging Face, timm and OpenCLIP ViTs whose logits depend on
+  the two tokens alone, `random:` presets included); asking it of any other is an error.
+  The last hidden state feeds no block, so there is no attention-qk row for it (a run
+  says so in one line).
+
+Metrics on test pairs: accuracy (threshold 0.5), balanced accuracy, AUROC (exact, ties
+count one half), majority-baseline accuracy, each with a percentile bootstrap interval
+over test *images* (pairs of one image are not independent). Accuracy, balanced accuracy
+and AUROC are also measured on the validation pairs (`val_*` columns): a leaderboard's
+`best` layer is chosen there, so the test number it reports is not the luckiest of several.
+
+Correlation with attention (trained probes; backbones that expose query/key projections,
+layers a block reads, i.e. not the last hidden state): `attention_r` is the Pearson r,
+over test pairs, between the probe's scores and the attention weights of the block
+that reads the layer, symmetrised and averaged over heads, (A_ij + A_ji) / 2 with
+A_ij = mean_h softmax_j(q_h(n(x_i))·k_h(n(x_j)) / sqrt(d_head)). The softmax runs over
+the tokens the cache holds for the image, its patch tokens: prefix tokens (CLS,
+registers) are not cached, so A is the model's attention renormalised over the patches.
+`attention_p` is a two-sided permutation p-value, (1 + #{|r_perm| ≥ |r|}) / (1 + n),
+1000 seeded permutations of the pairs within their images. Both are null elsewhere.
+
+The code is split by concern: `pairs` (sampling), `scorers` (probes, baselines, fitting),
+`metrics`, `attention` (correlation with attention) and `evaluate` (the orchestration).
+"""
+
+from __future__ import annotations
+
+from evaluators.issameobject.attention import attention_correlation, pair_attention, permutation_correlation
+from evaluators.issameobject.evaluate import (check_attention_qk, check_probes, evaluate_activations,
+                                              evaluate_issameobject, evaluate_layer, layer_data, layer_probes,
+                                              maybe_progress, pair_configs, read_by_a_block, wants_qk)
+from evaluators.issameobject.metrics import VALIDATION_METRICS, pair_metrics, validation_metrics, weighted_auroc
+from evaluators.issameobject.pairs import PairConfig, Pairs, gather_tokens, pair_kind, sample_pairs, valid_patches
+from evaluators.issameobject.scorers import (ALL_PROBES, ATTENTION_BASELINES, BASELINES, DEFAULT_PROBES, SAMPLINGS,
+                                             TRAINED_PROBES, DiagQuadraticPair, FittedScorer, LinearPair, PairProbe,
+                                             PairTrainConfig, PointwiseIdentityPair, QuadraticPair, attention_qk_scores,
+                                             build_probe, fit_bias, fit_scorer, similarity)
+
+__all__ = [
+    "PairConfig", "Pairs", "valid_patches", "pair_kind", "sample_pairs", "gather_tokens", "TRAINED_PROBES", "BASELINES",
+    "ALL_PROBES", "DEFAULT_PROBES", "SAMPLINGS", "ATTENTION_BASELINES", "PairTrainConfig", "PairProbe", "LinearPair",
+    "DiagQuadraticPair", "QuadraticPair", "PointwiseIdentityPair", "build_probe", "similarity", "attention_qk_scores",
+    "FittedScorer", "fit_bias", "fit_scorer", "weighted_auroc", "pair_metrics", "VALIDATION_METRICS",
+    "validation_metrics", "pair_attention", "permutation_correlation", "attention_correlation", "layer_data",
+    "evaluate_layer", "check_probes", "check_attention_qk", "read_by_a_block", "layer_probes", "wants_qk",
+    "pair_configs", "evaluate_issameobject", "evaluate_activations", "maybe_progress",
+]
