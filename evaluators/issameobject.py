@@ -79,13 +79,10 @@ from bench.dataset import Dataset
 from bench.errors import BenchError, ConfigError
 from bench.hashing import config_hash, derive_seed
 from evaluators.backbones.base import AttentionQK
+from evaluators.families import DEFAULT_PROBES, PAIR_PROBES, pair_probe_names
 from evaluators.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE, split_patch_labels
 from evaluators.training import resolve_device
 
-TRAINED_PROBES = ("linear", "diag-quadratic", "quadratic", "pointwise-identity")
-BASELINES = ("cosine", "dot", "attention-qk", "distance", "majority")
-ALL_PROBES = TRAINED_PROBES + BASELINES
-DEFAULT_PROBES = ("linear", "diag-quadratic", "quadratic")
 SAMPLINGS = ("balanced", "natural")
 
 
@@ -267,7 +264,7 @@ def build_probe(name: str, d: int, config: PairTrainConfig) -> PairProbe:
         return QuadraticPair(d, config.rank)
     if name == "pointwise-identity":
         return PointwiseIdentityPair(d, config.slots)
-    raise BenchError(f"probe: unknown {name!r}; allowed: {', '.join(ALL_PROBES)}")
+    raise PAIR_PROBES.unknown(name)
 
 
 def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
@@ -287,7 +284,7 @@ def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None =
         return np.einsum("pd,pd->p", x, y, dtype=np.float64) / np.maximum(nx * ny, 1e-12)
     if name == "distance":
         return -np.linalg.norm(x.astype(np.float64) - y, axis=1)
-    raise BenchError(f"probe: unknown baseline {name!r}; allowed: {', '.join(BASELINES)}")
+    raise BenchError(f"probe: unknown baseline {name!r}; allowed: {', '.join(pair_probe_names(False))}")
 
 
 @torch.no_grad()
@@ -345,7 +342,7 @@ def fit_scorer(
     if name == "majority":
         p = float(same.mean() >= 0.5)
         return FittedScorer(name, lambda x, y: np.full(len(x), p))
-    if name in BASELINES:
+    if name in pair_probe_names(False):
         qk = qk.copy_to(config.device) if name == "attention-qk" and qk is not None else None
         s = similarity(name, u[ix], u[iy], qk)
         center, scale = float(s.mean()), float(s.std()) or 1.0
@@ -624,7 +621,7 @@ def evaluate_layer(
             scores = scorer.score(u[ix], u[iy])
             row.update(pair_metrics(scores, same, pairs["test"].image, majority, n_boot=n_boot, seed=config.seed))
             row.update(validation_metrics(scorer.score(vu[vix], vu[viy]), vsame, majority))
-            if qk is not None and name in TRAINED_PROBES:
+            if qk is not None and name in pair_probe_names(True):
                 if attention is None:
                     attention = pair_attention(qk.copy_to(config.device), tokens["test"], pairs["test"])
                 corr = attention_correlation(qk, tokens["test"], pairs["test"], scores, n_perm=attention_perms,
@@ -641,9 +638,8 @@ def evaluate_layer(
 
 
 def check_probes(probes: Sequence[str]) -> None:
-    unknown = [p for p in probes if p not in ALL_PROBES]
-    if unknown:
-        raise BenchError(f"probe: unknown {', '.join(map(repr, unknown))}; allowed: {', '.join(ALL_PROBES)}")
+    """Raise a one-line BenchError for the first name that is no IsSameObject probe."""
+    PAIR_PROBES.check(probes)
 
 
 def check_attention_qk(backbone: Any, probes: Sequence[str]) -> None:
@@ -671,7 +667,7 @@ def layer_probes(probes: Sequence[str], layer: int, n_layers: int) -> list[str]:
 
 def wants_qk(probes: Sequence[str], attention_corr: bool = True) -> bool:
     """The run needs the backbone's query/key projections (the model, not only its cached tokens)."""
-    return "attention-qk" in probes or (attention_corr and any(p in TRAINED_PROBES for p in probes))
+    return "attention-qk" in probes or (attention_corr and any(p in pair_probe_names(True) for p in probes))
 
 
 def pair_configs(device: str, epochs: int | None, exclude_background: bool, pair_config: PairConfig | None = None,
@@ -691,7 +687,7 @@ def evaluate_issameobject(
     dataset: Path | Dataset,
     *,
     layers: str | Sequence[int] = "all",
-    probes: Sequence[str] = DEFAULT_PROBES,
+    probes: Sequence[str] = DEFAULT_PROBES["issameobject"],
     seeds: Sequence[int] = (0,),
     device: str = "auto",
     dtype: str = "fp32",
@@ -739,7 +735,7 @@ def evaluate_activations(
     acts: dict[str, Any],
     ds: Dataset,
     *,
-    probes: Sequence[str] = DEFAULT_PROBES,
+    probes: Sequence[str] = DEFAULT_PROBES["issameobject"],
     seeds: Sequence[int] = (0,),
     pair_config: PairConfig = PairConfig(),
     train_config: PairTrainConfig = PairTrainConfig(),
