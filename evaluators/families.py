@@ -119,3 +119,8 @@ def tokens_help() -> str:
     """`bench evaluate --tokens` help: every registered token view."""
     return (f"Token views: {', '.join(TOKEN_VIEWS.names())} (repeatable or comma-separated) "
             "[binding: cls; issameobject: all].")
+
+
+def tokens_filter_help() -> str:
+    """The leaderboard's `--tokens` help: every registered token view."""
+    return f"Only these token views (repeatable): {', '.join(TOKEN_VIEWS.names())}."

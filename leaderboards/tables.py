@@ -103,6 +103,13 @@ DEFAULT_METRIC = {"binding": "beta_star", "issameobject": "accuracy"}
 TASKS = tuple(DEFAULT_METRIC)
 
 
+def metrics_help() -> str:
+    """`bench leaderboard --metric` help: every registered metric per task, the default first."""
+    per_task = {t: [m.name for _, m in METRICS.items() if m.task == t] for t in TASKS}
+    return ("beta_star (β* from prior-anchored probes, default), beta_star_paper (the paper's two-probe estimator); "
+            + "; ".join(f"{t}: {', '.join(names)}" for t, names in per_task.items()) + ".")
+
+
 def resolve_metric(name: str | None, task: str) -> Metric:
     """A metric by results-column name or printed label (β*, β*_paper, L_O|F, ...), checked against the task."""
     if name is None:

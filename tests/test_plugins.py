@@ -1,7 +1,7 @@
 """Third-party entries through Python entry points (bench/registry.py), in a real process.
 
 A throwaway `*.dist-info` with an `entry_points.txt` and a one-file plugin on PYTHONPATH
-(no pip, no network) registers a backbone source, a binding probe family and a generator;
+(no pip, no network; both from the README) registers a backbone source, a binding probe family and a generator;
 the new names must reach `bench models`, `bench evaluate --help`, a results row and the
 leaderboard, exactly as built-in ones do."""
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,54 +23,23 @@ from bench.registry import Registry
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = [sys.executable, "-c", "from bench.cli import main; main()"]
 
-PLUGIN = '''
-"""A tiny BindingBench plugin: a backbone source, a probe family and a generator."""
-from evaluators.backbones import backbone_source
-from evaluators.backbones.ground_truth import PixelsBackbone
-from evaluators.families import BINDING_PROBES, ProbeFamily
-from evaluators.probes import LinearProbe
-from generators.base import register_generator
-from generators.colorshape import ColorShapeGenerator
+README = ROOT / "README.md"
 
 
-@backbone_source("coarse", "coarse:<P> (mean pixels over P x P patches)", lambda s: s.startswith("coarse:"),
-                 lambda: [PixelsBackbone("coarse:16", 16).info])
-def coarse(spec, seed):
-    return PixelsBackbone(spec, int(spec.split(":", 1)[1]))
-
-
-class WideLinearProbe(LinearProbe):
-    """The linear probe under another name (a plugin's family only has to be a Probe)."""
-
-
-BINDING_PROBES.register("plug-linear", ProbeFamily(WideLinearProbe, {"lr": 3e-2}))
-
-
-@register_generator
-class PlugShapes(ColorShapeGenerator):
-    name = "plug-shapes"
-'''
-
-ENTRY_POINTS = """\
-[bindingbench.backbones]
-coarse = bbplugin
-
-[bindingbench.probes]
-plug-linear = bbplugin
-
-[bindingbench.generators]
-plug-shapes = bbplugin
-"""
+def readme_block(lang: str) -> str:
+    """The README's "Extending BindingBench" code block in `lang`: the test runs what the README shows."""
+    section = README.read_text().split("## Extending BindingBench", 1)[1].split("\n## ", 1)[0]
+    return re.search(rf"```{lang}\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
     site = tmp_path_factory.mktemp("site")
-    (site / "bbplugin.py").write_text(PLUGIN)
+    (site / "bbplugin.py").write_text(readme_block("python"))
     info = site / "bbplugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bbplugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    (info / "entry_points.txt").write_text(readme_block("ini"))
     path = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
 
