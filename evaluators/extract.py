@@ -28,8 +28,8 @@ from bench.hashing import fingerprint
 from bench.results import check_writable
 from evaluators import cache
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
+from evaluators.families import TOKEN_VIEWS
 
-VIEWS = ("cls", "mean", "all", "cls+mean")
 DTYPES = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 #: Images a model sees at once (every executor: the same batches give the same bits).
@@ -50,8 +50,8 @@ class Activations:
 
     def get(self, layer: int, view: str) -> np.memmap:
         """Rows in dataset order: cls/mean (N, D), cls+mean (N, 2D), all (N, T, D) spatial tokens only."""
-        if view not in VIEWS:
-            raise BenchError(f"view: unknown {view!r}; allowed: {', '.join(VIEWS)}")
+        if view not in TOKEN_VIEWS:
+            raise BenchError(f"view: unknown {view!r}; allowed: {', '.join(TOKEN_VIEWS.names())}")
         if layer not in self.layers:
             raise BenchError(f"layer: {layer} was not extracted; available: {', '.join(map(str, self.layers))}")
         if view == "all" and self.grid is None:
@@ -101,8 +101,8 @@ def parse_views(views: str | Sequence[str]) -> list[str]:
     items = views.split(",") if isinstance(views, str) else list(views)
     out = []
     for v in (s.strip() for s in items):
-        if v not in VIEWS:
-            raise BenchError(f"tokens: unknown view {v!r}; allowed: {', '.join(VIEWS)}")
+        if v not in TOKEN_VIEWS:
+            raise TOKEN_VIEWS.unknown(v)
         if v not in out:
             out.append(v)
     if not out:

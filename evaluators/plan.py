@@ -25,7 +25,7 @@ from evaluators.backbones import resolve_backbone
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.weights import state_dict_hash
 from evaluators.extract import parse_views
-from evaluators.issameobject import DEFAULT_PROBES as ISO_PROBES
+from evaluators.families import DEFAULT_PROBES
 from evaluators.issameobject import check_probes
 from evaluators.probes import check_family
 from evaluators.training import TrainConfig
@@ -33,7 +33,6 @@ from evaluators.training import TrainConfig
 TASKS = ("binding", "issameobject")
 #: Per task: the layers and probe families evaluated when none are named.
 DEFAULT_LAYERS = {"binding": "last", "issameobject": "all"}
-DEFAULT_PROBES = {"binding": ("linear", "quadratic", "dnn"), "issameobject": ISO_PROBES}
 #: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
 #: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
 CONTROLS = ("resampled-o",)

@@ -38,32 +38,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from bench.errors import BenchError
+from evaluators.families import BINDING_PROBES, TOKEN_VIEWS
 
-#: Probe families, and the token views they accept.
-FAMILIES = ("linear", "quadratic", "quadratic-shared", "dnn", "attention")
-SPATIAL_FAMILIES = ("attention",)
-POOLED_VIEWS = ("cls", "mean", "cls+mean")
-SPATIAL_VIEWS = ("all",)
-
-#: Default hyper-parameters per family (recorded in every result row's config). `lr` is the
-#: AdamW learning rate at input widths up to `LR_WIDTH`; `build_probe` scales it down as
-#: sqrt(LR_WIDTH / in_dim) beyond (see `probe_lr`). Chosen on planted teachers
-#: (benchmarks/planted_teacher.py, z = 64 and 1024, 2,000 training scenes) and on copy tasks:
-#: the dnn overfits within an epoch or two at 1e-2 and ends closest to its teacher at 1e-3;
-#: the linear probe needs 3e-2 to grow the large weights of near-deterministic (oracle)
-#: targets within the budget (1e-2 took 160 epochs on a copy task), at +0.2 bit on a
-#: noisy teacher; the quadratic forms and attention do best at 1e-2. `weight_decay` (AdamW,
-#: default 1e-4): quadratic-shared's bilinear colour x shape factors fit spurious products
-#: within a few epochs; 0.1 holds them back (oracle:mix-0.25 β* 0.21 -> 0.23 of a true
-#: 0.27, oracle:objects 0.97 -> 0.98, 2,000 scenes), where it would stop the linear probe
-#: from growing the large weights oracle targets need.
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "linear": {"lr": 3e-2},
-    "quadratic": {"rank": 8, "lr": 1e-2},
-    "quadratic-shared": {"rank": 8, "lr": 2e-2, "weight_decay": 0.1},
-    "dnn": {"hidden": 256, "depth": 1, "lr": 1e-3},
-    "attention": {"heads": 2, "key_dim": 32, "rank": 8, "width": 256, "lr": 3e-3, "weight_decay": 0.05, "ema": 0.998},
-}
 LR_WIDTH = 64
 
 
@@ -77,16 +53,18 @@ def probe_lr(lr: float, in_dim: int) -> float:
 
 def check_family(family: str, view: str) -> None:
     """Reject an unknown family, or a family that cannot read the given token view."""
-    if family not in FAMILIES:
-        raise BenchError(f"probe: unknown {family!r}; allowed: {', '.join(FAMILIES)}")
-    if family in SPATIAL_FAMILIES and view not in SPATIAL_VIEWS:
+    spatial = BINDING_PROBES.get(family).spatial
+    view_spatial = TOKEN_VIEWS.get(view).spatial
+    if spatial and not view_spatial:
         raise BenchError(
             f"probe: {family!r} needs spatial tokens (--tokens all); view {view!r} has none"
         )
-    if family not in SPATIAL_FAMILIES and view in SPATIAL_VIEWS:
+    if not spatial and view_spatial:
+        readers = [n for n, f in BINDING_PROBES.items() if f.spatial]
+        pooled = [n for n, v in TOKEN_VIEWS.items() if not v.spatial]
         raise BenchError(
             f"probe: {family!r} reads one pooled vector per scene; view {view!r} is spatial "
-            f"(use {', '.join(SPATIAL_FAMILIES)} for it, or --tokens {'/'.join(POOLED_VIEWS)})"
+            f"(use {', '.join(readers)} for it, or --tokens {'/'.join(pooled)})"
         )
 
 
@@ -129,7 +107,7 @@ class Probe(nn.Module):
 
     spatial = False
     #: AdamW learning rate and weight decay `fit_probes` uses for this probe unless its config
-    #: overrides them; `build_probe` sets the family's from `DEFAULTS`.
+    #: overrides them; `build_probe` sets the family's from its registry defaults (evaluators.families).
     lr = 1e-2
     weight_decay = 1e-4
     #: Decay of the exponential moving average of the weights that validation scores and the
@@ -351,20 +329,6 @@ class AttentionProbe(Probe):
         return self.attend(x, target.to(x.dtype), cond)[1]
 
 
-_CLASSES: dict[str, type[Probe]] = {
-    "linear": LinearProbe,
-    "quadratic": QuadraticProbe,
-    "quadratic-shared": SharedQuadraticProbe,
-    "dnn": MadeProbe,
-    "attention": AttentionProbe,
-}
-
-
-#: Families whose learning rate is not scaled down with the input width (`probe_lr`): their
-#: inputs pass through a learned encoder first, whose width, not the input's, sets the step.
-_RAW_LR = ("attention",)
-
-
 def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
                 factors: tuple[np.ndarray, np.ndarray] | None = None, members: np.ndarray | None = None,
                 seed: int = 0, anchored: bool = False, **hparams: Any) -> Probe:
@@ -381,10 +345,9 @@ def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
     Its initial weights depend on `seed` alone (not on what the global RNG did before),
     so a result row is reproducible whichever other probes were built beside it.
     """
-    if family not in _CLASSES:
-        raise BenchError(f"probe: unknown {family!r}; allowed: {', '.join(FAMILIES)}")
-    params = {**DEFAULTS[family], **hparams}
-    lr = probe_lr(params.pop("lr"), in_dim) if family not in _RAW_LR else params.pop("lr")
+    entry = BINDING_PROBES.get(family)
+    params = {**entry.defaults, **hparams}
+    lr = params.pop("lr") if entry.raw_lr else probe_lr(params.pop("lr"), in_dim)
     weight_decay = params.pop("weight_decay", Probe.weight_decay)
     ema = params.pop("ema", None)
     if family == "quadratic-shared":
@@ -393,7 +356,7 @@ def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
         params["members"] = members
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        probe = _CLASSES[family](in_dim, n_bits, cond_dim, **params)
+        probe = entry.probe_class()(in_dim, n_bits, cond_dim, **params)
     probe.lr, probe.weight_decay, probe.ema = lr, weight_decay, ema
     if anchored:
         frozen = probe.context.detach()

@@ -34,11 +34,11 @@ from evaluators.backbones.base import BackboneInfo
 from evaluators.backbones.ground_truth import GroundTruthBackbone
 from evaluators.extract import (check_cache_space, check_views, extract_activations, gib, parse_layers, pending_bytes,
                                 split_fingerprint)
-from evaluators.issameobject import (ATTENTION_BASELINES, TRAINED_PROBES, check_attention_qk, evaluate_issameobject,
-                                     layer_probes)
+from evaluators.families import family_defaults, pair_probe_names
+from evaluators.issameobject import ATTENTION_BASELINES, check_attention_qk, evaluate_issameobject, layer_probes
 from evaluators.metrics import TARGET_STATS, Priors, binding_metrics, group_labels, mean_se, row_checks
 from evaluators.plan import EvaluationPlan, Model
-from evaluators.probes import DEFAULTS, build_probe, conjunction_factors, conjunction_members
+from evaluators.probes import build_probe, conjunction_factors, conjunction_members
 from evaluators.threads import chosen_threads
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, fit_probes, resolve_device
 from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of, resample_o
@@ -618,7 +618,7 @@ def probe_fingerprints(task: str, probes: Sequence[str], request: dict[str, Any]
     task's options) with the family's defaults and `PROBE_CODE_VERSION`. The settings a
     validation sweep then picks are an outcome, not a request, so they stay out: a re-run
     of the same request is skipped, a changed request or probe code is measured again."""
-    return {fam: config_hash({"task": task, "probe": fam, "hparams": DEFAULTS.get(fam) if task == "binding" else None,
+    return {fam: config_hash({"task": task, "probe": fam, "hparams": family_defaults(fam) if task == "binding" else None,
                               "code": PROBE_CODE_VERSION, **request}) for fam in probes}
 
 
@@ -676,7 +676,7 @@ def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], probes: 
     if not n or n not in layers:
         return []
     baselines = [p for p in probes if p in ATTENTION_BASELINES]
-    correlated = any(p in TRAINED_PROBES for p in probes) and backbone.attention_qk(0) is not None
+    correlated = any(p in pair_probe_names(True) for p in probes) and backbone.attention_qk(0) is not None
     if baselines or correlated:
         what = " and ".join([*(f"no {p} row" for p in baselines), *(["no attention_r/attention_p"] if correlated else [])])
         return [f"note: {spec}: hidden state {n} (the last) feeds no block, so it gets {what}"]
@@ -818,7 +818,7 @@ _OUTCOME_KEYS = ("best_epochs", "chosen")
 def _result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str, limit: int | None,
                     task: BindingTask) -> dict[str, Any]:
     fits = r.fits or {}
-    config = {"probe": r.family, "hparams": DEFAULTS[r.family], "train": asdict(cfg), "dtype": dtype,
+    config = {"probe": r.family, "hparams": family_defaults(r.family), "train": asdict(cfg), "dtype": dtype,
               "resolution": "native", "limit": limit, "control": task.control,
               "best_epochs": {t: f.best_epoch for t, f in fits.items()},
               "chosen": {t: {**f.setting, "guard": f.guard, "val_saving_se": f.val_saving_se}

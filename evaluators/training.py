@@ -45,7 +45,7 @@ class TrainConfig:
     """Optimiser and stopping settings shared by every probe of one `fit_probes` call.
 
     `lr` / `weight_decay` None mean each probe's own (`Probe.lr`, `Probe.weight_decay`, set
-    per family from `DEFAULTS` by `build_probe`); a number overrides it for every probe.
+    per family from its registry defaults, `evaluators.families`, by `build_probe`); a number overrides it for every probe.
     """
 
     epochs: int = 200

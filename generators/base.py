@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from bench.codes import FeatureSpace
 from bench.dataset import Scene
-from bench.errors import BenchError, ConfigError
+from bench.errors import ConfigError
+from bench.registry import Registry
 from generators.priors import CoveringSets, ListedSets, SplitPriors
 from generators.splits import FCode, active_counts, assign_splits
 
@@ -158,37 +159,23 @@ class SceneGenerator(ABC):
     summary_columns: ClassVar[tuple[str, ...]] = ()
 
 
-_REGISTRY: dict[str, type[SceneGenerator]] = {}
+#: Generators by name: the built-in ones register when their modules are imported (on first
+#: use), plugins' through the `bindingbench.generators` entry-point group.
+GENERATORS: Registry[type[SceneGenerator]] = Registry(
+    "generator", group="bindingbench.generators", builtins=("generators.colorshape", "generators.scenes3d"))
 
 
 def register_generator(cls: type[SceneGenerator]) -> type[SceneGenerator]:
     """Class decorator: make a generator available by its `name`."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise RuntimeError(f"generator {cls.name!r} registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return GENERATORS.register(cls.name, cls)
 
 
 def list_generators() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    return sorted(GENERATORS.names())
 
 
 def get_generator(name: str) -> type[SceneGenerator]:
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise BenchError(f"generator: unknown {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
-
-
-def _load_builtin() -> None:
-    """Import the modules that register the built-in generators."""
-    import generators.colorshape  # noqa: F401
-
-    try:
-        import generators.scenes3d  # noqa: F401
-    except ImportError:  # the 3D family is optional until its module lands
-        pass
+    return GENERATORS.get(name)
 
 
 def build_config(gen: type[SceneGenerator], preset: str | None, overrides: dict[str, Any]) -> CommonConfig:

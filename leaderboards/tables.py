@@ -49,6 +49,8 @@ import numpy as np
 from bench.console import Format, render_table
 from bench.errors import BenchError
 from bench.numbers import fixed, plus_minus
+from bench.registry import Registry
+from evaluators.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
 from evaluators.metrics import metric_checks, paired_difference, validation_metric
 
 
@@ -71,7 +73,8 @@ def _binding(name: str, label: str, unit: str, higher_is_better: bool = True) ->
     return Metric(name, label, "binding", unit, higher_is_better, screened=True)
 
 
-_METRIC_LIST = [
+METRICS: Registry[Metric] = Registry("metric")
+for _m in [
     # headline: the chain rule on prior-anchored probes
     _binding("beta_star", "β*", "%"),
     _binding("beta_star_paper", "β*_paper", "%"),
@@ -94,27 +97,30 @@ _METRIC_LIST = [
     Metric("accuracy", "IsSameObject accuracy", "issameobject", "%"),
     Metric("balanced_accuracy", "balanced accuracy", "issameobject", "%"),
     Metric("auroc", "AUROC", "issameobject", "%"),
-]
-METRICS: dict[str, Metric] = {m.name: m for m in _METRIC_LIST}
+]:
+    METRICS.register(_m.name, _m)
 DEFAULT_METRIC = {"binding": "beta_star", "issameobject": "accuracy"}
 TASKS = tuple(DEFAULT_METRIC)
-#: Column order: the paper's table reads left to right from weakest to strongest reader.
-PROBE_ORDER = ("linear", "diag-quadratic", "quadratic", "quadratic-shared", "dnn", "attention",
-               "pointwise-identity", "cosine", "dot", "attention-qk", "distance", "majority")
-TOKEN_ORDER = ("cls", "mean", "cls+mean", "all")
+
+
+def metrics_help() -> str:
+    """`bench leaderboard --metric` help: every registered metric per task, the default first."""
+    per_task = {t: [m.name for _, m in METRICS.items() if m.task == t] for t in TASKS}
+    return ("beta_star (β* from prior-anchored probes, default), beta_star_paper (the paper's two-probe estimator); "
+            + "; ".join(f"{t}: {', '.join(names)}" for t, names in per_task.items()) + ".")
 
 
 def resolve_metric(name: str | None, task: str) -> Metric:
     """A metric by results-column name or printed label (β*, β*_paper, L_O|F, ...), checked against the task."""
     if name is None:
-        return METRICS[DEFAULT_METRIC[task]]
+        return METRICS.get(DEFAULT_METRIC[task])
     wanted = _norm(name)
-    for m in _METRIC_LIST:
+    for _, m in METRICS.items():
         if wanted in (_norm(m.name), _norm(m.label)):
             if m.task != task:
                 raise BenchError(f"metric: {m.name!r} belongs to task {m.task!r}, not {task!r}")
             return m
-    allowed = ", ".join(f"{m.name} ({m.label})" for m in _METRIC_LIST if m.task == task)
+    allowed = ", ".join(f"{m.name} ({m.label})" for _, m in METRICS.items() if m.task == task)
     raise BenchError(f"metric: unknown {name!r} for task {task!r}; allowed: {allowed}")
 
 
@@ -257,7 +263,8 @@ def build_leaderboard(
     rows = _filter(rows, "dataset", [dataset] if dataset else [])
     rows = _filter(rows, "probe", probes)
     rows = _filter(rows, "tokens", tokens)
-    columns = sorted({(r["probe"], r["tokens"]) for r in rows}, key=_column_order)
+    order = probe_order(task)
+    columns = sorted({(r["probe"], r["tokens"]) for r in rows}, key=lambda col: _column_order(col, order))
     # Seeds a column was run with, over all backbones: a cell short of them is incomplete.
     expected = defaultdict(set)
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -298,11 +305,20 @@ def _filter(rows: list[dict], column: str, allowed: Sequence[str]) -> list[dict]
     return [r for r in rows if r[column] in allowed]
 
 
-def _column_order(col: tuple[str, str]) -> tuple:
+def probe_order(task: str) -> tuple[str, ...]:
+    """Column order: the task's probes in registration order, which reads left to right from
+    weakest to strongest reader, as the paper's table does (plugins' probes come last)."""
+    return (BINDING_PROBES if task == "binding" else PAIR_PROBES).names()
+
+
+def _column_order(col: tuple[str, str], order: Sequence[str]) -> tuple:
+    """Pooled views before spatial ones, then probes in `order`, then views in registration order."""
     probe, tokens = col
-    p = PROBE_ORDER.index(probe) if probe in PROBE_ORDER else len(PROBE_ORDER)
-    t = TOKEN_ORDER.index(tokens) if tokens in TOKEN_ORDER else len(TOKEN_ORDER)
-    return (t == TOKEN_ORDER.index("all"), p, probe, t, tokens)
+    views = TOKEN_VIEWS.names()
+    p = order.index(probe) if probe in order else len(order)
+    t = views.index(tokens) if tokens in views else len(views)
+    spatial = tokens in TOKEN_VIEWS and TOKEN_VIEWS.get(tokens).spatial
+    return (spatial, p, probe, t, tokens)
 
 
 def _cell(rows: list[dict], m: Metric, layer: str | int, seeds: set[int]) -> Cell | None:

@@ -109,7 +109,7 @@ def test_bad_configurations_exit_2_with_one_line(tmp_path, capsys, extra, needle
 def test_bad_input_in_a_real_process(tmp_path):
     p = subprocess.run([*BENCH, "generate", "nosuch", "--out", str(tmp_path / "y")], capture_output=True, text=True)
     assert p.returncode == 2
-    assert p.stderr.startswith("bench: error: generator: unknown 'nosuch'; available: clevr, colorshape, toys")
+    assert p.stderr.startswith("bench: error: generator: unknown 'nosuch'; allowed: colorshape, clevr, toys")
     assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1
 
 

@@ -17,8 +17,8 @@ from bench.errors import BenchError
 from bench.results import make_table
 from tests.conftest import make_dataset
 from evaluators.backbones.base import AttentionQK
+from evaluators.families import PAIR_PROBES
 from evaluators.issameobject import (
-    ALL_PROBES,
     PairConfig,
     PairTrainConfig,
     Pairs,
@@ -105,7 +105,7 @@ def _toy_split(rng, protos, n_img=30, t=12, d=6):
     return tokens.astype(np.float16), labels
 
 
-@pytest.mark.parametrize("name", ALL_PROBES)
+@pytest.mark.parametrize("name", PAIR_PROBES.names())
 def test_fitted_scorers_are_symmetric_and_learn(name):
     rng = np.random.default_rng(0)
     protos = rng.normal(size=(5, 6)) * 3

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bench.errors import BenchError
-from evaluators.probes import FAMILIES, MadeProbe, build_probe, check_family, conjunction_factors, scene_bits
+from evaluators.families import BINDING_PROBES
+from evaluators.probes import MadeProbe, build_probe, check_family, conjunction_factors, scene_bits
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, feature_stats, fit_probes
 
 K, D, T, C = 6, 5, 7, 3
@@ -26,7 +27,7 @@ def _inputs(family: str, batch: int = 4) -> torch.Tensor:
     return torch.randn(batch, T, D) if family == "attention" else torch.randn(batch, D)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", BINDING_PROBES.names())
 @pytest.mark.parametrize("cond_dim", [0, C])
 def test_conditional_k_depends_only_on_earlier_bits(family, cond_dim):
     torch.manual_seed(0)
@@ -44,7 +45,7 @@ def test_conditional_k_depends_only_on_earlier_bits(family, cond_dim):
             assert grad[:, :k].abs().sum() > 0, f"{family}: logit {k} ignores its prefix"
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", BINDING_PROBES.names())
 def test_probes_read_the_input(family):
     torch.manual_seed(0)
     model = build_probe(family, D, K)

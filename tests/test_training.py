@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from evaluators.probes import DEFAULTS, LR_WIDTH, build_probe, probe_lr
+from evaluators.families import BINDING_PROBES, family_defaults
+from evaluators.probes import LR_WIDTH, build_probe, probe_lr
 from evaluators.training import ProbeJob, RowReader, TrainConfig, class_directions, fit_probes, saving_and_se
 
 N = {"train": 2000, "val": 500, "test": 500}
@@ -111,7 +112,7 @@ def test_a_budget_too_small_is_not_converged():
 
 
 def test_per_family_learning_rates_scale_with_input_width():
-    for family, hp in DEFAULTS.items():
+    for family, hp in ((n, f.defaults) for n, f in BINDING_PROBES.items()):
         assert build_probe(family, LR_WIDTH // 2, 4).lr == hp["lr"]  # narrow inputs: the family's rate
         wide = hp["lr"] if family == "attention" else hp["lr"] / 2  # attention reads a learned encoder's width
         assert build_probe(family, 4 * LR_WIDTH, 4).lr == pytest.approx(wide)
@@ -126,8 +127,8 @@ def test_an_explicit_learning_rate_overrides_the_familys():
     fast = fit_probes([ProbeJob("d", build_probe("dnn", D, K), targets, prior=prior)], inputs,
                       TrainConfig(epochs=6))["d"]
     best = {r.setting["lr"]: min(v for _, v in r.history) for r in (slow, fast)}
-    assert best[1e-7] > best[DEFAULTS["dnn"]["lr"] * math.sqrt(LR_WIDTH / D) if D > LR_WIDTH else
-                             DEFAULTS["dnn"]["lr"]] + 0.5
+    assert best[1e-7] > best[family_defaults("dnn")["lr"] * math.sqrt(LR_WIDTH / D) if D > LR_WIDTH else
+                             family_defaults("dnn")["lr"]] + 0.5
 
 
 def test_the_savings_standard_error_resamples_whole_groups():

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import pyarrow.parquet as pq
 import typer
 
-from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr
 from bench.numbers import fixed, plus_minus
 
 #: Every column of the summary: `--wide`, CSV and JSON (raw numbers).
@@ -52,7 +52,9 @@ def short_summary(rows: list[dict[str, Any]], task: str) -> tuple[list[dict[str,
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
-    app.command("evaluate")(evaluate)
+    from evaluators.families import probes_help, tokens_help
+
+    app.command("evaluate", cls=registry_help({"probes": probes_help, "tokens": tokens_help}))(evaluate)
 
 
 
@@ -67,8 +69,8 @@ def evaluate(
     dataset: Path = typer.Option(..., "--dataset", "-d", help="Dataset directory (from `bench generate`)."),
     task: str = typer.Option("binding", help="binding (B, β, β* from F/O probes) or issameobject (patch-pair probes)."),
     layers: Optional[str] = typer.Option(None, help="Hidden states: all, last, mid, integers or fractions like 0.5, comma-separated [binding: last; issameobject: all]."),
-    tokens: list[str] = typer.Option([], help="Token views: cls, mean, cls+mean, all (repeatable or comma-separated) [binding: cls; issameobject: all]."),
-    probes: list[str] = typer.Option([], help="Probe families. binding: linear, quadratic, quadratic-shared, dnn, attention (needs --tokens all) [linear,quadratic,dnn]. issameobject: linear, diag-quadratic, quadratic, pointwise-identity, cosine, dot, attention-qk (Hugging Face backbones), distance, majority [linear,diag-quadratic,quadratic]."),
+    tokens: list[str] = typer.Option([], help="Token views (listed by `--help` from the registry)."),
+    probes: list[str] = typer.Option([], help="Probe families (listed by `--help` from the registry)."),
     seeds: list[str] = typer.Option(["0"], help="Probe seeds (repeatable or comma-separated)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda (used for extraction and probe training)."),
     dtype: str = typer.Option("fp32", help="Backbone dtype for extraction: fp32, bf16, fp16."),

@@ -9,14 +9,22 @@ from typing import Any, Optional
 import typer
 from rich.text import Text
 
-from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr
 from bench.errors import BenchError
 
 
 def register(app: typer.Typer) -> None:
-    app.command("leaderboard")(leaderboard)
-    app.command("compare")(compare)
-    app.command("plot")(plot)
+    from evaluators.families import tokens_filter_help
+
+    app.command("leaderboard", cls=registry_help({"metric": _metrics_help, "tokens": tokens_filter_help}))(leaderboard)
+    app.command("compare", cls=registry_help({"tokens": tokens_filter_help}))(compare)
+    app.command("plot", cls=registry_help({"tokens": tokens_filter_help}))(plot)
+
+
+def _metrics_help() -> str:
+    from leaderboards.tables import metrics_help  # only when help is shown: tables load numpy and the metrics
+
+    return metrics_help()
 
 
 _RESULTS = typer.Argument(Path("results"), help="Results directory (every *.parquet in it).")
@@ -24,11 +32,9 @@ _DATASET = typer.Option(None, "--dataset", help="Only this dataset (name as in t
 _TASK = typer.Option(None, "--task", help="binding | issameobject (default: binding when present).")
 _METRIC = typer.Option(
     None, "--metric",
-    help="beta_star (β* from prior-anchored probes, default), beta_star_paper (the paper's two-probe estimator), "
-         "B_star, B_star_paper, beta_O, beta_O_paper, B_O, B_F, beta_F, L_F, L_O_given_F, L_O, L_O_paper, "
-         "exact_accuracy; issameobject: accuracy, balanced_accuracy, auroc.")
+    help="Metric (listed by `--help` from the registry).")
 _PROBE = typer.Option([], "--probe", help="Only these probe families (repeatable).")
-_TOKENS = typer.Option([], "--tokens", help="Only these token views (repeatable): cls, mean, cls+mean, all.")
+_TOKENS = typer.Option([], "--tokens", help="Only these token views (listed by `--help` from the registry).")
 _LAYER = typer.Option("best", "--layer", help="best (per cell), last, or a layer index (0 = embeddings).")
 _FINGERPRINT = typer.Option(
     None, "--fingerprint",

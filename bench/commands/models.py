@@ -26,27 +26,28 @@ def models(
     spec: Optional[str] = typer.Argument(None, help="Show one backbone (resolved, so hub ids must be cached)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
 ) -> None:
-    """List the registered backbones: presets, random-init controls, pixels and oracles."""
-    from evaluators.backbones import LIBRARY_PRESETS, PRESETS, list_backbones, resolve_backbone
+    """List the registered backbones: every backbone source's (presets, random-init controls, pixels, oracles, zoo, plugins')."""
+    from evaluators.backbones import LIBRARY_PRESETS, PRESETS, SOURCES, listed_by_source, resolve_backbone, source_of
 
     if spec is not None and not spec.strip():
         raise BenchError("model: empty spec; name a backbone, or give none to list them all")
-    infos = [resolve_backbone(spec).info] if spec else list_backbones()
+    listed = [(source_of(spec), [resolve_backbone(spec).info])] if spec else listed_by_source()
     rows = []
-    for info in infos:
-        name = info.spec.removeprefix("random:")
-        preset = PRESETS.get(name)
-        origin = preset.hub_id if preset else LIBRARY_PRESETS[name].spec if name in LIBRARY_PRESETS else None
-        source = ("random init" if info.spec.startswith("random:") else origin) if origin else "builtin"
-        rows.append({**info.to_dict(), "source": source})
+    for source_name, infos in listed:
+        for info in infos:
+            name = info.spec.removeprefix("random:")
+            preset = PRESETS.get(name)
+            origin = preset.hub_id if preset else LIBRARY_PRESETS[name].spec if name in LIBRARY_PRESETS else None
+            source = ("random init" if info.spec.startswith("random:") else origin) if origin else source_name
+            rows.append({**info.to_dict(), "source": source})
     if fmt == Format.json:
         echo(render_table(rows, list(rows[0]), fmt))
         return
     short = [{"spec": r["spec"], "source": r["source"], "revision": r["revision"][:10],
               "params_M": round(r["n_params"] / 1e6, 1), "input": r["input_size"], "patch": r["patch_size"],
               "L": r["n_layers"], "D": r["width"] or "data", "pre": r["n_prefix"]} for r in rows]
-    echo(render_table(short, list(short[0]), fmt,
-                      title="Backbones (also: pixels:<P>, oracle:mix-<q> for q in [0, 1], HF ids, local dirs)"))
+    forms = "; ".join(f"{name}: {source.forms}" for name, source in SOURCES.items())
+    echo(render_table(short, list(short[0]), fmt, title=f"Backbones (spec forms by source: {forms})"))
 
 
 def extract(

@@ -10,24 +10,57 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from bench.errors import BenchError
+from bench.registry import Registry
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels
 from evaluators.backbones.presets import LIBRARY_PRESETS, PRESETS, LibraryPreset, Preset
 from evaluators.zoo.listing import zoo_infos, zoo_specs
 
-__all__ = ["Backbone", "BackboneInfo", "LIBRARY_PRESETS", "PRESETS", "list_backbones", "resolve_backbone",
-           "known_specs"]
+__all__ = ["Backbone", "BackboneInfo", "BackboneSource", "LIBRARY_PRESETS", "PRESETS", "SOURCES", "backbone_source",
+           "list_backbones", "resolve_backbone", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 
 
+@dataclass(frozen=True)
+class BackboneSource:
+    """One way to name a backbone: which specs it `matches`, how it `load`s one (spec, seed),
+    the backbones `bench models` lists for it (`listing`, needing no download) and the
+    spec forms it accepts (`forms`, shown by `bench models`). A `fallback` source is tried
+    after every other (a directory, a hub id), so a plugin's prefix wins over them."""
+
+    forms: str
+    matches: Callable[[str], bool]
+    load: Callable[[str, int], Backbone]
+    listing: Callable[[], list[BackboneInfo]] = list
+    fallback: bool = False
+
+
+#: Backbone sources by name (`bench models` lists them); plugins add more through the
+#: `bindingbench.backbones` entry-point group.
+SOURCES: Registry[BackboneSource] = Registry("backbone source", group="bindingbench.backbones")
+
+
+def backbone_source(name: str, forms: str, matches: Callable[[str], bool],
+                    listing: Callable[[], list[BackboneInfo]] = list,
+                    fallback: bool = False) -> Callable[[Callable[[str, int], Backbone]], Callable[[str, int], Backbone]]:
+    """Decorator: register a loader `fn(spec, seed) -> Backbone` as the source `name`."""
+    def decorate(fn: Callable[[str, int], Backbone]) -> Callable[[str, int], Backbone]:
+        SOURCES.register(name, BackboneSource(forms, matches, fn, listing, fallback))
+        return fn
+    return decorate
+
+
 def resolve_backbone(spec: str, **options: object) -> Backbone:
     """The backbone a spec names; options: `seed` (random: and oracle:mix, default 0).
 
+    The first registered source that matches the spec loads it (fallback sources last).
     Unknown specs raise BenchError naming the closest known ones.
     """
     unknown = set(options) - {"seed"}
@@ -35,43 +68,85 @@ def resolve_backbone(spec: str, **options: object) -> Backbone:
         raise BenchError(f"backbone option: unknown {', '.join(sorted(unknown))}; allowed: seed")
     seed = int(options.get("seed", 0))  # type: ignore[arg-type]
     spec = spec.strip()
-    if spec.startswith("random:"):
-        name = spec.split(":", 1)[1]
-        if name in LIBRARY_PRESETS or name.startswith(LIBRARIES):
-            return _load_library(spec, name, seed)
-        if name not in PRESETS:
-            raise _unknown(spec, [f"random:{p}" for p in PRESETS])
-        from evaluators.backbones.hf import build_random
+    name = source_of(spec)
+    if name == "unknown":
+        raise _unknown(spec, known_specs())
+    return SOURCES.get(name).load(spec, seed)
 
-        return build_random(spec, PRESETS[name], seed=seed)
-    if spec == "pixels" or spec.startswith("pixels:"):
-        return parse_pixels(spec)
-    if spec.startswith("oracle:"):
-        return parse_oracle(spec, seed=seed)
-    if spec.startswith("zoo:"):  # a checkpoint directory in the cache: the local-checkpoint path, nothing else
-        from evaluators.backbones.hf import load_local
-        from evaluators.zoo import model_path
 
-        return load_local(spec, model_path(spec.split(":", 1)[1]).resolve())
-    if spec in LIBRARY_PRESETS or spec.startswith(LIBRARIES):
-        return _load_library(spec, spec, None)
-    if spec in PRESETS:
-        from evaluators.backbones.hf import load_hub
+def _is_library(spec: str) -> bool:
+    return spec in LIBRARY_PRESETS or spec.startswith(LIBRARIES)
 
-        return load_hub(spec, PRESETS[spec].hub_id)
+
+@backbone_source("preset", "preset names (Hugging Face hub)", lambda s: s in PRESETS,
+                 lambda: [_preset_info(n, p, _cached_revision(p.hub_id)) for n, p in PRESETS.items()])
+def _preset(spec: str, seed: int) -> Backbone:
+    from evaluators.backbones.hf import load_hub
+
+    return load_hub(spec, PRESETS[spec].hub_id)
+
+
+@backbone_source("library", "timm:<name>, open_clip:<arch>@<tag or file>, library presets", _is_library,
+                 lambda: [_library_info(n, p, _cached_weights(p)) for n, p in LIBRARY_PRESETS.items()])
+def _library(spec: str, seed: int) -> Backbone:
+    return _load_library(spec, spec, None)
+
+
+@backbone_source("random", "random:<preset> (random-init controls)", lambda s: s.startswith("random:"),
+                 lambda: [*(_preset_info(f"random:{n}", p, "seed=0") for n, p in PRESETS.items()),
+                          *(_library_info(f"random:{n}", p, "seed=0") for n, p in LIBRARY_PRESETS.items())])
+def _random(spec: str, seed: int) -> Backbone:
+    name = spec.split(":", 1)[1]
+    if _is_library(name):
+        return _load_library(spec, name, seed)
+    if name not in PRESETS:
+        raise _unknown(spec, [f"random:{p}" for p in PRESETS])
+    from evaluators.backbones.hf import build_random
+
+    return build_random(spec, PRESETS[name], seed=seed)
+
+
+@backbone_source("pixels", "pixels[:P]", lambda s: s == "pixels" or s.startswith("pixels:"),
+                 lambda: [parse_pixels("pixels").info])
+def _pixels(spec: str, seed: int) -> Backbone:
+    return parse_pixels(spec)
+
+
+@backbone_source("oracle", "oracle:<kind>, oracle:mix-<q> for q in [0, 1]", lambda s: s.startswith("oracle:"),
+                 lambda: [parse_oracle(f"oracle:{k}").info for k in ("objects", "features", "patches", "mix-0.5")])
+def _oracle(spec: str, seed: int) -> Backbone:
+    return parse_oracle(spec, seed=seed)
+
+
+@backbone_source("zoo", "zoo:<name>", lambda s: s.startswith("zoo:"), zoo_infos)
+def _zoo(spec: str, seed: int) -> Backbone:
+    """A checkpoint directory in the cache: the local-checkpoint path, nothing else."""
+    from evaluators.backbones.hf import load_local
+    from evaluators.zoo import model_path
+
+    return load_local(spec, model_path(spec.split(":", 1)[1]).resolve())
+
+
+def _is_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
+
+
+@backbone_source("folder", "a local checkpoint directory", _is_path, fallback=True)
+def _folder(spec: str, seed: int) -> Backbone:
     path = Path(spec).expanduser()
-    if path.is_dir():
-        from evaluators.backbones.hf import load_local
-
-        return load_local(spec, path.resolve())
-    if spec.startswith((".", "/", "~")) or path.exists():
+    if not path.is_dir():
         raise BenchError(f"model: {spec} is not a checkpoint directory")
-    if _HUB_ID.fullmatch(spec):
-        from evaluators.backbones.hf import load_hub
+    from evaluators.backbones.hf import load_local
 
-        repo, _, revision = spec.partition("@")
-        return load_hub(spec, repo, revision or None)
-    raise _unknown(spec, known_specs())
+    return load_local(spec, path.resolve())
+
+
+@backbone_source("hub", "a Hugging Face id[@revision]", lambda s: bool(_HUB_ID.fullmatch(s)), fallback=True)
+def _hub(spec: str, seed: int) -> Backbone:
+    from evaluators.backbones.hf import load_hub
+
+    repo, _, revision = spec.partition("@")
+    return load_hub(spec, repo, revision or None)
 
 
 def _load_library(spec: str, name: str, seed: int | None) -> Backbone:
@@ -91,10 +166,11 @@ def _load_library(spec: str, name: str, seed: int | None) -> Backbone:
 
 
 def known_specs() -> list[str]:
-    """Every spec `bench models` lists (preset names, their hub ids, random:, pixels, oracles)."""
-    return ([*PRESETS, *(p.hub_id for p in PRESETS.values()), *(f"random:{p}" for p in PRESETS),
+    """Every spec `bench models` lists, and the hub ids and library names behind the presets."""
+    return list(dict.fromkeys([*PRESETS, *(p.hub_id for p in PRESETS.values()), *(f"random:{p}" for p in PRESETS),
              "pixels", f"pixels:{DEFAULT_PIXEL_PATCH}"] + [f"oracle:{k}" for k in ORACLE_KINDS] + zoo_specs()
-            + [*LIBRARY_PRESETS, *(p.spec for p in LIBRARY_PRESETS.values()), *(f"random:{p}" for p in LIBRARY_PRESETS)])
+            + [*LIBRARY_PRESETS, *(p.spec for p in LIBRARY_PRESETS.values()), *(f"random:{p}" for p in LIBRARY_PRESETS)]
+                             + [info.spec for _, infos in listed_by_source() for info in infos]))
 
 
 def _unknown(spec: str, candidates: list[str]) -> BenchError:
@@ -104,17 +180,22 @@ def _unknown(spec: str, candidates: list[str]) -> BenchError:
 
 
 def list_backbones() -> list[BackboneInfo]:
-    """Presets, their random-init controls and the built-in baselines; needs no download."""
-    out = []
-    for name, preset in PRESETS.items():
-        out.append(_preset_info(name, preset, _cached_revision(preset.hub_id)))
-    out += [_preset_info(f"random:{name}", preset, "seed=0") for name, preset in PRESETS.items()]
-    out += [_library_info(name, p, _cached_weights(p)) for name, p in LIBRARY_PRESETS.items()]
-    out += [_library_info(f"random:{name}", p, "seed=0") for name, p in LIBRARY_PRESETS.items()]
-    out.append(parse_pixels("pixels").info)
-    out += [parse_oracle(f"oracle:{k}").info for k in ("objects", "features", "patches", "mix-0.5")]
-    out += zoo_infos()
-    return out
+    """What every source lists (presets, random-init controls, baselines, zoo, plugins'); needs no download."""
+    return [info for _, infos in listed_by_source() for info in infos]
+
+
+def listed_by_source() -> list[tuple[str, list[BackboneInfo]]]:
+    """(source name, the backbones it lists) for every registered source, in registration order."""
+    return [(name, source.listing()) for name, source in SOURCES.items()]
+
+
+def source_of(spec: str) -> str:
+    """The name of the source that loads `spec` (as `resolve_backbone` picks it), or "unknown"."""
+    sources = list(SOURCES.items())
+    for name, source in [s for s in sources if not s[1].fallback] + [s for s in sources if s[1].fallback]:
+        if source.matches(spec.strip()):
+            return name
+    return "unknown"
 
 
 def _cached_revision(hub_id: str) -> str:

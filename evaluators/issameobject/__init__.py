@@ -68,14 +68,13 @@ from evaluators.issameobject.evaluate import (check_attention_qk, check_probes, 
                                               maybe_progress, pair_configs, read_by_a_block, wants_qk)
 from evaluators.issameobject.metrics import VALIDATION_METRICS, pair_metrics, validation_metrics, weighted_auroc
 from evaluators.issameobject.pairs import PairConfig, Pairs, gather_tokens, pair_kind, sample_pairs, valid_patches
-from evaluators.issameobject.scorers import (ALL_PROBES, ATTENTION_BASELINES, BASELINES, DEFAULT_PROBES, SAMPLINGS,
-                                             TRAINED_PROBES, DiagQuadraticPair, FittedScorer, LinearPair, PairProbe,
+from evaluators.issameobject.scorers import (ATTENTION_BASELINES, SAMPLINGS, DiagQuadraticPair, FittedScorer, LinearPair, PairProbe,
                                              PairTrainConfig, PointwiseIdentityPair, QuadraticPair, attention_qk_scores,
                                              build_probe, fit_bias, fit_scorer, similarity)
 
 __all__ = [
-    "PairConfig", "Pairs", "valid_patches", "pair_kind", "sample_pairs", "gather_tokens", "TRAINED_PROBES", "BASELINES",
-    "ALL_PROBES", "DEFAULT_PROBES", "SAMPLINGS", "ATTENTION_BASELINES", "PairTrainConfig", "PairProbe", "LinearPair",
+    "PairConfig", "Pairs", "valid_patches", "pair_kind", "sample_pairs", "gather_tokens",
+    "SAMPLINGS", "ATTENTION_BASELINES", "PairTrainConfig", "PairProbe", "LinearPair",
     "DiagQuadraticPair", "QuadraticPair", "PointwiseIdentityPair", "build_probe", "similarity", "attention_qk_scores",
     "FittedScorer", "fit_bias", "fit_scorer", "weighted_auroc", "pair_metrics", "VALIDATION_METRICS",
     "validation_metrics", "pair_attention", "permutation_correlation", "attention_correlation", "layer_data",

@@ -20,8 +20,8 @@ from evaluators.backbones.base import AttentionQK
 from evaluators.issameobject.attention import attention_correlation, pair_attention
 from evaluators.issameobject.metrics import pair_metrics, validation_metrics
 from evaluators.issameobject.pairs import PairConfig, Pairs, gather_tokens, sample_pairs
-from evaluators.issameobject.scorers import (ALL_PROBES, ATTENTION_BASELINES, DEFAULT_PROBES, TRAINED_PROBES,
-                                             PairTrainConfig, fit_scorer)
+from evaluators.families import DEFAULT_PROBES, PAIR_PROBES, pair_probe_names
+from evaluators.issameobject.scorers import ATTENTION_BASELINES, PairTrainConfig, fit_scorer
 from evaluators.patch_labels import split_patch_labels
 from evaluators.training import resolve_device
 
@@ -62,7 +62,7 @@ def evaluate_layer(
             scores = scorer.score(u[ix], u[iy])
             row.update(pair_metrics(scores, same, pairs["test"].image, majority, n_boot=n_boot, seed=config.seed))
             row.update(validation_metrics(scorer.score(vu[vix], vu[viy]), vsame, majority))
-            if qk is not None and name in TRAINED_PROBES:
+            if qk is not None and name in pair_probe_names(True):
                 if attention is None:
                     attention = pair_attention(qk.copy_to(config.device), tokens["test"], pairs["test"])
                 corr = attention_correlation(qk, tokens["test"], pairs["test"], scores, n_perm=attention_perms,
@@ -79,9 +79,8 @@ def evaluate_layer(
 
 
 def check_probes(probes: Sequence[str]) -> None:
-    unknown = [p for p in probes if p not in ALL_PROBES]
-    if unknown:
-        raise BenchError(f"probe: unknown {', '.join(map(repr, unknown))}; allowed: {', '.join(ALL_PROBES)}")
+    """Raise a one-line BenchError for the first name that is no IsSameObject probe."""
+    PAIR_PROBES.check(probes)
 
 
 def check_attention_qk(backbone: Any, probes: Sequence[str]) -> None:
@@ -105,7 +104,7 @@ def layer_probes(probes: Sequence[str], layer: int, n_layers: int) -> list[str]:
 
 def wants_qk(probes: Sequence[str], attention_corr: bool = True) -> bool:
     """The run needs the backbone's query/key projections (the model, not only its cached tokens)."""
-    return "attention-qk" in probes or (attention_corr and any(p in TRAINED_PROBES for p in probes))
+    return "attention-qk" in probes or (attention_corr and any(p in pair_probe_names(True) for p in probes))
 
 
 def pair_configs(device: str, epochs: int | None, exclude_background: bool, pair_config: PairConfig | None = None,
@@ -125,7 +124,7 @@ def evaluate_issameobject(
     dataset: Path | Dataset,
     *,
     layers: str | Sequence[int] = "all",
-    probes: Sequence[str] = DEFAULT_PROBES,
+    probes: Sequence[str] = DEFAULT_PROBES["issameobject"],
     seeds: Sequence[int] = (0,),
     device: str = "auto",
     dtype: str = "fp32",
@@ -173,7 +172,7 @@ def evaluate_activations(
     acts: dict[str, Any],
     ds: Dataset,
     *,
-    probes: Sequence[str] = DEFAULT_PROBES,
+    probes: Sequence[str] = DEFAULT_PROBES["issameobject"],
     seeds: Sequence[int] = (0,),
     pair_config: PairConfig = PairConfig(),
     train_config: PairTrainConfig = PairTrainConfig(),

@@ -16,11 +16,8 @@ from torch.nn import functional as F
 
 from bench.errors import BenchError
 from evaluators.backbones.base import AttentionQK
+from evaluators.families import PAIR_PROBES, pair_probe_names
 
-TRAINED_PROBES = ("linear", "diag-quadratic", "quadratic", "pointwise-identity")
-BASELINES = ("cosine", "dot", "attention-qk", "distance", "majority")
-ALL_PROBES = TRAINED_PROBES + BASELINES
-DEFAULT_PROBES = ("linear", "diag-quadratic", "quadratic")
 SAMPLINGS = ("balanced", "natural")
 
 #: The baselines that read the attention of the block that reads a layer: none for the last hidden state.
@@ -120,7 +117,7 @@ def build_probe(name: str, d: int, config: PairTrainConfig) -> PairProbe:
         return QuadraticPair(d, config.rank)
     if name == "pointwise-identity":
         return PointwiseIdentityPair(d, config.slots)
-    raise BenchError(f"probe: unknown {name!r}; allowed: {', '.join(ALL_PROBES)}")
+    raise PAIR_PROBES.unknown(name)
 
 
 def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
@@ -140,7 +137,7 @@ def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None =
         return np.einsum("pd,pd->p", x, y, dtype=np.float64) / np.maximum(nx * ny, 1e-12)
     if name == "distance":
         return -np.linalg.norm(x.astype(np.float64) - y, axis=1)
-    raise BenchError(f"probe: unknown baseline {name!r}; allowed: {', '.join(BASELINES)}")
+    raise BenchError(f"probe: unknown baseline {name!r}; allowed: {', '.join(pair_probe_names(False))}")
 
 
 @torch.no_grad()
@@ -198,7 +195,7 @@ def fit_scorer(
     if name == "majority":
         p = float(same.mean() >= 0.5)
         return FittedScorer(name, lambda x, y: np.full(len(x), p))
-    if name in BASELINES:
+    if name in pair_probe_names(False):
         qk = qk.copy_to(config.device) if name == "attention-qk" and qk is not None else None
         s = similarity(name, u[ix], u[iy], qk)
         center, scale = float(s.mean()), float(s.std()) or 1.0
