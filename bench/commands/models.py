@@ -27,22 +27,16 @@ def models(
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
 ) -> None:
     """List the registered backbones: presets, random-init controls, pixels and oracles."""
-    from evaluators.backbones import LIBRARY_PRESETS, PRESETS, list_backbones, resolve_backbone
+    from evaluators.backbones import list_backbones, resolve_backbone, spec_source
 
     if spec is not None and not spec.strip():
         raise BenchError("model: empty spec; name a backbone, or give none to list them all")
     infos = [resolve_backbone(spec).info] if spec else list_backbones()
-    rows = []
-    for info in infos:
-        name = info.spec.removeprefix("random:")
-        preset = PRESETS.get(name)
-        origin = preset.hub_id if preset else LIBRARY_PRESETS[name].spec if name in LIBRARY_PRESETS else None
-        source = ("random init" if info.spec.startswith("random:") else origin) if origin else "builtin"
-        rows.append({**info.to_dict(), "source": source})
+    rows = [{**info.to_dict(), "source": spec_source(info.spec)} for info in infos]
     if fmt == Format.json:
         echo(render_table(rows, list(rows[0]), fmt))
         return
-    short = [{"spec": r["spec"], "source": r["source"], "revision": r["revision"][:10],
+    short = [{"spec": r["spec"], "source": r["source"], "revision": r["revision"][:19],
               "params_M": round(r["n_params"] / 1e6, 1), "input": r["input_size"], "patch": r["patch_size"],
               "L": r["n_layers"], "D": r["width"] or "data", "pre": r["n_prefix"]} for r in rows]
     echo(render_table(short, list(short[0]), fmt,

@@ -2,7 +2,8 @@
 
 Spec forms: a preset name (`dinov2-large`), a Hugging Face id (`facebook/dinov2-large`,
 optionally `@revision`), a local checkpoint directory, `random:<preset>`,
-`pixels[:P]`, `oracle:<kind>`, `timm:<name>` and `open_clip:<arch>@<tag or file>`
+`pixels[:P]`, `oracle:<kind>`, `timm:<name>`, `timm:<arch>@<state-dict file>`,
+`py:<file>:<function>` and `open_clip:<arch>@<tag or file>`
 (optional extras; `random:timm:<name>` and `random:open_clip:<arch>` build them untrained).
 """
 
@@ -19,7 +20,7 @@ from evaluators.backbones.presets import LIBRARY_PRESETS, PRESETS, LibraryPreset
 from evaluators.zoo.listing import zoo_infos, zoo_specs
 
 __all__ = ["Backbone", "BackboneInfo", "LIBRARY_PRESETS", "PRESETS", "list_backbones", "resolve_backbone",
-           "known_specs"]
+           "spec_source", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
@@ -48,6 +49,10 @@ def resolve_backbone(spec: str, **options: object) -> Backbone:
         return parse_pixels(spec)
     if spec.startswith("oracle:"):
         return parse_oracle(spec, seed=seed)
+    if spec.startswith("py:"):
+        from evaluators.backbones.module_adapter import load_py
+
+        return load_py(spec, spec[3:])
     if spec.startswith("zoo:"):  # a checkpoint directory in the cache: the local-checkpoint path, nothing else
         from evaluators.backbones.hf import load_local
         from evaluators.zoo import model_path
@@ -81,13 +86,38 @@ def _load_library(spec: str, name: str, seed: int | None) -> Backbone:
         name = LIBRARY_PRESETS[name].spec
     library, _, rest = name.partition(":")
     if library == "timm":
-        from evaluators.backbones.timm_models import load_timm
+        from evaluators.backbones.timm_models import load_timm, load_timm_file
 
+        arch, _, weights = rest.partition("@")
+        if weights:
+            if seed is not None:
+                raise BenchError(f"model: {spec}: random: builds an untrained model; drop @{weights}")
+            return load_timm_file(spec, arch, Path(weights))
         return load_timm(spec, rest, seed=seed)
     from evaluators.backbones.open_clip_models import load_open_clip
 
     arch, _, tag = rest.partition("@")
     return load_open_clip(spec, arch, tag or None, seed=seed)
+
+
+def spec_source(spec: str) -> str:
+    """Where a spec's weights come from, as `bench models` shows it: random init, a
+    preset's hub id, hub, hf-folder, timm-file, timm, open_clip, py-file, zoo or builtin."""
+    spec = spec.strip()
+    if spec.startswith("random:"):
+        return "random init"
+    if spec in PRESETS:
+        return PRESETS[spec].hub_id
+    if spec in LIBRARY_PRESETS:
+        return LIBRARY_PRESETS[spec].spec
+    for prefix, source in (("py:", "py-file"), ("zoo:", "zoo"), ("open_clip:", "open_clip")):
+        if spec.startswith(prefix):
+            return source
+    if spec.startswith("timm:"):
+        return "timm-file" if "@" in spec else "timm"
+    if spec == "pixels" or spec.startswith(("pixels:", "oracle:")):
+        return "builtin"
+    return "hf-folder" if Path(spec).expanduser().is_dir() else "hub"
 
 
 def known_specs() -> list[str]:

@@ -24,7 +24,7 @@ import torch
 from bench.errors import BenchError
 from bench.hashing import stable_json
 from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo, decode_resized
-from evaluators.backbones.presets import FAMILIES, Family, Preprocess, Preset
+from evaluators.backbones.presets import FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess, Preset
 from evaluators.backbones.weights import files_hash, state_dict_hash
 
 
@@ -178,10 +178,14 @@ def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone
             config = config.vision_config
         if family.name == "mae":
             config.mask_ratio = 0.0
-        try:
-            processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise BenchError(f"model: {path} has no usable preprocessor_config.json ({str(e).splitlines()[0]})") from None
+        if (path / "preprocessor_config.json").is_file():
+            try:
+                processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+            except (OSError, ValueError) as e:
+                raise BenchError(f"model: {path} has no usable preprocessor_config.json ({str(e).splitlines()[0]})") from None
+            preprocess, native = _processor_settings(processor)
+        else:
+            preprocess, native = _config_settings(config, path)
         cls = getattr(transformers, family.model_class)
         extra = {"add_pooling_layer": False} if family.name == "vit" else {}
         from safetensors import SafetensorError
@@ -191,9 +195,22 @@ def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # weights missing or cut short
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BenchError(f"model: {path} has no readable weights ({first})") from None
-    preprocess, native = _processor_settings(processor)
     weights = files_hash(sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat)))
     return HFBackbone(spec, model, config, family, preprocess, native, revision or f"sha256:{weights[:12]}", weights)
+
+
+def _config_settings(config: Any, path: Path) -> tuple[Preprocess, int]:
+    """A `save_pretrained` folder without preprocessor_config.json: the input side is the
+    config's `image_size`, mean/std the config's `image_mean`/`image_std` or ImageNet's;
+    the choice is printed once (on stderr) because it changes every number."""
+    import sys
+
+    mean = tuple(float(v) for v in getattr(config, "image_mean", None) or IMAGENET_MEAN)
+    std = tuple(float(v) for v in getattr(config, "image_std", None) or IMAGENET_STD)
+    native = int(config.image_size)
+    print(f"model: {path} has no preprocessor_config.json; using image size {native} px from config.json, "
+          f"mean {list(mean)}, std {list(std)}, bicubic resize", file=sys.stderr)
+    return Preprocess(mean=mean, std=std), native
 
 
 def _processor_settings(processor: Any) -> tuple[Preprocess, int]:
