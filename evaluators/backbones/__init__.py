@@ -15,11 +15,12 @@ from pathlib import Path
 
 from bench.errors import BenchError
 from evaluators.backbones.base import Backbone, BackboneInfo
+from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels
 from evaluators.backbones.presets import LIBRARY_PRESETS, PRESETS, LibraryPreset, Preset
 from evaluators.zoo.listing import zoo_infos, zoo_specs
 
-__all__ = ["Backbone", "BackboneInfo", "LIBRARY_PRESETS", "PRESETS", "list_backbones", "resolve_backbone",
+__all__ = ["Backbone", "BackboneInfo", "ModuleAdapter", "LIBRARY_PRESETS", "PRESETS", "list_backbones", "resolve_backbone",
            "spec_source", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
