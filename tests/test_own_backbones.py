@@ -178,3 +178,29 @@ def test_adapter_with_wrong_token_count_is_refused(tmp_path):
     (tmp_path / "toy.py").write_text(PY_MODEL.replace("prefix_tokens=1)", "prefix_tokens=2)"))
     with pytest.raises(BenchError, match=r"expected 1 x 18 x D"):
         resolve_backbone(f"py:{tmp_path / 'toy.py'}:make")
+
+
+def test_preprocessing_overrides(tmp_path, capsys):
+    _, path = _tiny_vit_folder(tmp_path / "mine")
+    bb = resolve_backbone(str(path), image_size=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    assert bb.info.input_size == 32 and bb.input_side(64) == 32
+    assert bb.preprocess.mean == (0.5,) * 3 and bb.identity() != resolve_backbone(str(path)).identity()
+    row = bb.prepare({"image": [_png(0)]}, 32)
+    assert torch.allclose(row, torch.full_like(row, -1.0))  # black pixels: (0 - 0.5) / 0.5
+    assert main(["models", str(path), "--image-size", "36", "--format", "json"]) == 2  # not a multiple of 8
+    assert "patch size 8" in capsys.readouterr().err
+    assert main(["models", str(path), "--image-size", "64", "--std", "1,1", "--format", "json"]) == 2
+    assert "three values" in capsys.readouterr().err
+    assert main(["models", str(path), "--image-size", "64", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["input_size"] == 64
+    assert main(["models", "pixels", "--mean", "0,0,0"]) == 2
+
+
+def _png(value: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (value,) * 3).save(buf, format="PNG")
+    return buf.getvalue()

@@ -25,13 +25,19 @@ def register(app: typer.Typer) -> None:
 def models(
     spec: Optional[str] = typer.Argument(None, help="Show one backbone (resolved, so hub ids must be cached)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+    image_size: Optional[int] = typer.Option(None, help="With a spec: its native input side in px, in place of its own."),
+    mean: Optional[str] = typer.Option(None, help="With a spec: normalisation mean R,G,B in place of its own."),
+    std: Optional[str] = typer.Option(None, help="With a spec: normalisation std R,G,B in place of its own."),
 ) -> None:
     """List the registered backbones: presets, random-init controls, pixels and oracles."""
     from evaluators.backbones import list_backbones, resolve_backbone, spec_source
 
     if spec is not None and not spec.strip():
         raise BenchError("model: empty spec; name a backbone, or give none to list them all")
-    infos = [resolve_backbone(spec).info] if spec else list_backbones()
+    overrides = {"image_size": image_size, "mean": _floats(mean, "mean"), "std": _floats(std, "std")}
+    if not spec and any(v is not None for v in overrides.values()):
+        raise BenchError("model: --image-size, --mean and --std need a spec")
+    infos = [resolve_backbone(spec, **overrides).info] if spec else list_backbones()
     rows = [{**info.to_dict(), "source": spec_source(info.spec)} for info in infos]
     if fmt == Format.json:
         echo(render_table(rows, list(rows[0]), fmt))
@@ -41,6 +47,16 @@ def models(
               "L": r["n_layers"], "D": r["width"] or "data", "pre": r["n_prefix"]} for r in rows]
     echo(render_table(short, list(short[0]), fmt,
                       title="Backbones (also: pixels:<P>, oracle:mix-<q> for q in [0, 1], HF ids, local dirs)"))
+
+
+def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
+    """Comma-separated numbers (`0.5,0.5,0.5`), one line on anything else."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise BenchError(f"{name}: comma-separated numbers R,G,B, got {text!r}") from None
 
 
 def extract(

@@ -24,18 +24,33 @@ __all__ = ["Backbone", "BackboneInfo", "ModuleAdapter", "LIBRARY_PRESETS", "PRES
            "spec_source", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
+PREPROCESSING = ("image_size", "mean", "std")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 
 
 def resolve_backbone(spec: str, **options: object) -> Backbone:
-    """The backbone a spec names; options: `seed` (random: and oracle:mix, default 0).
+    """The backbone a spec names; options: `seed` (random: and oracle:mix, default 0), and
+    `image_size`, `mean`, `std` in place of an image model's own preprocessing.
 
     Unknown specs raise BenchError naming the closest known ones.
     """
-    unknown = set(options) - {"seed"}
+    unknown = set(options) - {"seed", *PREPROCESSING}
     if unknown:
-        raise BenchError(f"backbone option: unknown {', '.join(sorted(unknown))}; allowed: seed")
-    seed = int(options.get("seed", 0))  # type: ignore[arg-type]
+        raise BenchError(f"backbone option: unknown {', '.join(sorted(unknown))}; allowed: seed, "
+                         f"{', '.join(PREPROCESSING)}")
+    overrides = {k: options[k] for k in PREPROCESSING if options.get(k) is not None}
+    backbone = _resolve(spec, int(options.get("seed", 0)))  # type: ignore[arg-type]
+    if not overrides:
+        return backbone
+    from evaluators.backbones.hf import HFBackbone
+
+    if not isinstance(backbone, HFBackbone):
+        raise BenchError(f"model: {spec} reads no images through a normaliser; "
+                         f"{', '.join(sorted(overrides))} apply to image models only")
+    return backbone.override_preprocessing(**overrides)  # type: ignore[arg-type]
+
+
+def _resolve(spec: str, seed: int) -> Backbone:
     spec = spec.strip()
     if spec.startswith("random:"):
         name = spec.split(":", 1)[1]

@@ -10,6 +10,7 @@ so a hub id and a local copy take exactly the same path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -62,6 +63,24 @@ class HFBackbone(Backbone):
         self._mean = torch.tensor(p.mean if p.do_normalize else (0.0,) * 3).view(1, 3, 1, 1)
         self._std = torch.tensor(p.std if p.do_normalize else (1.0,) * 3).view(1, 3, 1, 1)
         self._scale = p.rescale_factor if p.do_rescale else 1.0
+
+    def override_preprocessing(self, image_size: int | None = None, mean: Sequence[float] | None = None,
+                               std: Sequence[float] | None = None) -> "HFBackbone":
+        """The user's native input side and normalisation in place of the checkpoint's (a folder
+        without a preprocessor config, or a model trained with other statistics). Both enter
+        `identity`, so activations cached under the old settings are never reused."""
+        for name, v in (("mean", mean), ("std", std)):
+            if v is not None and (len(v) != 3 or (name == "std" and min(v) <= 0)):
+                raise BenchError(f"{name}: three values (R, G, B){', all > 0' if name == 'std' else ''}; got {list(v)}")
+        if image_size is not None and (image_size <= 0 or image_size % (self.info.patch_size or 1)):
+            raise BenchError(f"image_size: {image_size} px is not a positive multiple of {self.info.spec}'s "
+                             f"patch size {self.info.patch_size}")
+        self.preprocess = dataclasses.replace(self.preprocess, **{k: tuple(float(x) for x in v) for k, v in
+                                                                  (("mean", mean), ("std", std)) if v is not None})
+        self._set_normalisation(self.preprocess)
+        if image_size is not None:
+            self.info = dataclasses.replace(self.info, input_size=int(image_size))
+        return self
 
     def identity(self) -> dict[str, Any]:
         return {"family": self.family.name, "class": self.family.model_class, "weights": self.weights,
