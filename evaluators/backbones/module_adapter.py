@@ -122,7 +122,8 @@ class ModuleBackbone(HFBackbone):
 
 
 def load_py(spec: str, target: str) -> Backbone:
-    """`py:<file>:<function>`: call the function; it returns a ModuleAdapter or a Backbone."""
+    """`py:<file>:<function>`: call the function (torch seeded with 0, so random init is
+    reproducible); it returns a ModuleAdapter or a Backbone."""
     file, sep, func = target.rpartition(":")
     if not sep or not file or not func:
         raise BenchError(f"model: {spec}: expected py:<file.py>:<function>")
@@ -132,7 +133,9 @@ def load_py(spec: str, target: str) -> Backbone:
     fn = getattr(_import(spec, path), func, None)
     if not callable(fn):
         raise BenchError(f"model: {spec}: {path.name} defines no function {func!r}")
-    result = fn()
+    with torch.random.fork_rng(devices=[]):  # an untrained module inits the same each time: same fingerprint
+        torch.manual_seed(0)
+        result = fn()
     if isinstance(result, Backbone):
         return result
     if isinstance(result, ModuleAdapter):
