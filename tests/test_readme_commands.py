@@ -93,3 +93,28 @@ def test_every_quick_start_and_study_command_runs_as_written(tmp_path, monkeypat
     assert len(list(Path("results").glob("*.parquet"))) == len([c for c in ran if c.startswith("bench evaluate")])
     assert Path("report.html").stat().st_size > 10_000 and Path("plots/layers.png").exists()
     assert Path("clevr.png").exists() and Path("toys.png").exists()
+
+
+def test_your_own_backbone_section_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The README's `py:` example: its Python block saved under the name its first line gives,
+    then its commands, on a 40-scene dataset in the place the study's commands make it."""
+    from tests.conftest import make_dataset
+
+    section = next(s for s in re.split(r"^## ", README.read_text(), flags=re.M) if s.startswith("Your own backbone"))
+    python, shell = re.findall(r"^```python\n(.*?)^```", section, flags=re.M | re.S), readme_commands(
+        "## Quick start\n" + re.sub(r"^```python\n.*?^```", "", section, flags=re.M | re.S))
+    assert len(python) == 1 and len(python[0].splitlines()) <= 10 and len(shell) == 2
+    monkeypatch.chdir(tmp_path)
+    Path(python[0].splitlines()[0].removeprefix("# ")).write_text(python[0])
+    make_dataset(tmp_path / "data" / "bcs-s", preset="small", n_train=24, n_val=8, n_test=8)
+    outputs = []
+    for command in shell:
+        args = shlex.split(command + (" --epochs 2" if command.startswith("bench evaluate") else ""))
+        code = main(args[1:])
+        outputs.append(capsys.readouterr())
+        assert code == 0, f"{command!r} exited {code}:\n{outputs[-1].err[-3000:]}"
+    assert "py-file" in outputs[0].out and "sha256:" in outputs[0].out
+    import pandas as pd
+
+    (results,) = Path("results").glob("*.parquet")
+    assert set(pd.read_parquet(results)["backbone"]) == {"mine"}

@@ -25,29 +25,39 @@ def register(app: typer.Typer) -> None:
 def models(
     spec: Optional[str] = typer.Argument(None, help="Show one backbone (resolved, so hub ids must be cached)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+    image_size: Optional[int] = typer.Option(None, help="With a spec: its native input side in px, in place of its own."),
+    mean: Optional[str] = typer.Option(None, help="With a spec: normalisation mean R,G,B in place of its own."),
+    std: Optional[str] = typer.Option(None, help="With a spec: normalisation std R,G,B in place of its own."),
 ) -> None:
-    """List the registered backbones: every backbone source's (presets, random-init controls, pixels, oracles, zoo, plugins')."""
-    from evaluators.backbones import LIBRARY_PRESETS, PRESETS, SOURCES, listed_by_source, resolve_backbone, source_of
+    """List the registered backbones: every backbone source's (presets, random-init controls, pixels, oracles, zoo,
+    plugins'), or one spec resolved, with where its weights come from."""
+    from evaluators.backbones import listed_by_source, resolve_backbone, source_of, spec_source
 
     if spec is not None and not spec.strip():
         raise BenchError("model: empty spec; name a backbone, or give none to list them all")
-    listed = [(source_of(spec), [resolve_backbone(spec).info])] if spec else listed_by_source()
-    rows = []
-    for source_name, infos in listed:
-        for info in infos:
-            name = info.spec.removeprefix("random:")
-            preset = PRESETS.get(name)
-            origin = preset.hub_id if preset else LIBRARY_PRESETS[name].spec if name in LIBRARY_PRESETS else None
-            source = ("random init" if info.spec.startswith("random:") else origin) if origin else source_name
-            rows.append({**info.to_dict(), "source": source})
+    overrides = {"image_size": image_size, "mean": _floats(mean, "mean"), "std": _floats(std, "std")}
+    if not spec and any(v is not None for v in overrides.values()):
+        raise BenchError("model: --image-size, --mean and --std need a spec")
+    listed = [(source_of(spec), [resolve_backbone(spec, **overrides).info])] if spec else listed_by_source()
+    rows = [{**info.to_dict(), "source": spec_source(info.spec)} for _, infos in listed for info in infos]
     if fmt == Format.json:
         echo(render_table(rows, list(rows[0]), fmt))
         return
-    short = [{"spec": r["spec"], "source": r["source"], "revision": r["revision"][:10],
+    short = [{"spec": r["spec"], "source": r["source"], "revision": r["revision"][:19],
               "params_M": round(r["n_params"] / 1e6, 1), "input": r["input_size"], "patch": r["patch_size"],
               "L": r["n_layers"], "D": r["width"] or "data", "pre": r["n_prefix"]} for r in rows]
     forms = "; ".join(f"{name}: {source.forms}" for name, source in SOURCES.items())
     echo(render_table(short, list(short[0]), fmt, title=f"Backbones (spec forms by source: {forms})"))
+
+
+def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
+    """Comma-separated numbers (`0.5,0.5,0.5`), one line on anything else."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise BenchError(f"{name}: comma-separated numbers R,G,B, got {text!r}") from None
 
 
 def extract(

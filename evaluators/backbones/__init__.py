@@ -2,7 +2,8 @@
 
 Spec forms: a preset name (`dinov2-large`), a Hugging Face id (`facebook/dinov2-large`,
 optionally `@revision`), a local checkpoint directory, `random:<preset>`,
-`pixels[:P]`, `oracle:<kind>`, `timm:<name>` and `open_clip:<arch>@<tag or file>`
+`pixels[:P]`, `oracle:<kind>`, `timm:<name>`, `timm:<arch>@<state-dict file>`,
+`py:<file>:<function>` and `open_clip:<arch>@<tag or file>`
 (optional extras; `random:timm:<name>` and `random:open_clip:<arch>` build them untrained).
 """
 
@@ -17,14 +18,16 @@ from typing import Callable
 from bench.errors import BenchError
 from bench.registry import Registry
 from evaluators.backbones.base import Backbone, BackboneInfo
+from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels
 from evaluators.backbones.presets import LIBRARY_PRESETS, PRESETS, LibraryPreset, Preset
 from evaluators.zoo.listing import zoo_infos, zoo_specs
 
-__all__ = ["Backbone", "BackboneInfo", "BackboneSource", "LIBRARY_PRESETS", "PRESETS", "SOURCES", "backbone_source",
-           "list_backbones", "resolve_backbone", "known_specs"]
+__all__ = ["Backbone", "BackboneInfo", "BackboneSource", "ModuleAdapter", "LIBRARY_PRESETS", "PRESETS", "SOURCES",
+           "backbone_source", "list_backbones", "resolve_backbone", "spec_source", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
+PREPROCESSING = ("image_size", "mean", "std")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 
 
@@ -58,15 +61,29 @@ def backbone_source(name: str, forms: str, matches: Callable[[str], bool],
 
 
 def resolve_backbone(spec: str, **options: object) -> Backbone:
-    """The backbone a spec names; options: `seed` (random: and oracle:mix, default 0).
+    """The backbone a spec names; options: `seed` (random: and oracle:mix, default 0), and
+    `image_size`, `mean`, `std` in place of an image model's own preprocessing.
 
     The first registered source that matches the spec loads it (fallback sources last).
     Unknown specs raise BenchError naming the closest known ones.
     """
-    unknown = set(options) - {"seed"}
+    unknown = set(options) - {"seed", *PREPROCESSING}
     if unknown:
-        raise BenchError(f"backbone option: unknown {', '.join(sorted(unknown))}; allowed: seed")
-    seed = int(options.get("seed", 0))  # type: ignore[arg-type]
+        raise BenchError(f"backbone option: unknown {', '.join(sorted(unknown))}; allowed: seed, "
+                         f"{', '.join(PREPROCESSING)}")
+    overrides = {k: options[k] for k in PREPROCESSING if options.get(k) is not None}
+    backbone = _resolve(spec, int(options.get("seed", 0)))  # type: ignore[arg-type]
+    if not overrides:
+        return backbone
+    from evaluators.backbones.hf import HFBackbone
+
+    if not isinstance(backbone, HFBackbone):
+        raise BenchError(f"model: {spec} reads no images through a normaliser; "
+                         f"{', '.join(sorted(overrides))} apply to image models only")
+    return backbone.override_preprocessing(**overrides)  # type: ignore[arg-type]
+
+
+def _resolve(spec: str, seed: int) -> Backbone:
     spec = spec.strip()
     name = source_of(spec)
     if name == "unknown":
@@ -118,6 +135,14 @@ def _oracle(spec: str, seed: int) -> Backbone:
     return parse_oracle(spec, seed=seed)
 
 
+@backbone_source("py", "py:<file>:<function> (a function returning a ModuleAdapter or a Backbone)",
+                 lambda s: s.startswith("py:"))
+def _py(spec: str, seed: int) -> Backbone:
+    from evaluators.backbones.module_adapter import load_py
+
+    return load_py(spec, spec[3:])
+
+
 @backbone_source("zoo", "zoo:<name>", lambda s: s.startswith("zoo:"), zoo_infos)
 def _zoo(spec: str, seed: int) -> Backbone:
     """A checkpoint directory in the cache: the local-checkpoint path, nothing else."""
@@ -156,13 +181,37 @@ def _load_library(spec: str, name: str, seed: int | None) -> Backbone:
         name = LIBRARY_PRESETS[name].spec
     library, _, rest = name.partition(":")
     if library == "timm":
-        from evaluators.backbones.timm_models import load_timm
+        from evaluators.backbones.timm_models import load_timm, load_timm_file
 
+        arch, _, weights = rest.partition("@")
+        if weights:
+            if seed is not None:
+                raise BenchError(f"model: {spec}: random: builds an untrained model; drop @{weights}")
+            return load_timm_file(spec, arch, Path(weights))
         return load_timm(spec, rest, seed=seed)
     from evaluators.backbones.open_clip_models import load_open_clip
 
     arch, _, tag = rest.partition("@")
     return load_open_clip(spec, arch, tag or None, seed=seed)
+
+
+def spec_source(spec: str) -> str:
+    """Where a spec's weights come from, as `bench models` shows it: random init, a preset's
+    hub id, timm, timm-file, open_clip, py-file, zoo, builtin, hf-folder, hub, or the name of
+    the (plugin) source that loads it."""
+    spec = spec.strip()
+    name = source_of(spec)
+    if name == "random":
+        return "random init"
+    if spec in PRESETS:
+        return PRESETS[spec].hub_id
+    if spec in LIBRARY_PRESETS:
+        return LIBRARY_PRESETS[spec].spec
+    if name == "library":
+        return "timm-file" if spec.startswith("timm:") and "@" in spec else spec.split(":", 1)[0]
+    if name in ("pixels", "oracle"):
+        return "builtin"
+    return {"py": "py-file", "folder": "hf-folder"}.get(name, name)
 
 
 def known_specs() -> list[str]:

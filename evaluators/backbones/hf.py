@@ -10,6 +10,7 @@ so a hub id and a local copy take exactly the same path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -24,7 +25,7 @@ import torch
 from bench.errors import BenchError
 from bench.hashing import stable_json
 from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo, decode_resized
-from evaluators.backbones.presets import FAMILIES, Family, Preprocess, Preset
+from evaluators.backbones.presets import FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess, Preset
 from evaluators.backbones.weights import files_hash, state_dict_hash
 
 
@@ -62,6 +63,24 @@ class HFBackbone(Backbone):
         self._mean = torch.tensor(p.mean if p.do_normalize else (0.0,) * 3).view(1, 3, 1, 1)
         self._std = torch.tensor(p.std if p.do_normalize else (1.0,) * 3).view(1, 3, 1, 1)
         self._scale = p.rescale_factor if p.do_rescale else 1.0
+
+    def override_preprocessing(self, image_size: int | None = None, mean: Sequence[float] | None = None,
+                               std: Sequence[float] | None = None) -> "HFBackbone":
+        """The user's native input side and normalisation in place of the checkpoint's (a folder
+        without a preprocessor config, or a model trained with other statistics). Both enter
+        `identity`, so activations cached under the old settings are never reused."""
+        for name, v in (("mean", mean), ("std", std)):
+            if v is not None and (len(v) != 3 or (name == "std" and min(v) <= 0)):
+                raise BenchError(f"{name}: three values (R, G, B){', all > 0' if name == 'std' else ''}; got {list(v)}")
+        if image_size is not None and (image_size <= 0 or image_size % (self.info.patch_size or 1)):
+            raise BenchError(f"image_size: {image_size} px is not a positive multiple of {self.info.spec}'s "
+                             f"patch size {self.info.patch_size}")
+        self.preprocess = dataclasses.replace(self.preprocess, **{k: tuple(float(x) for x in v) for k, v in
+                                                                  (("mean", mean), ("std", std)) if v is not None})
+        self._set_normalisation(self.preprocess)
+        if image_size is not None:
+            self.info = dataclasses.replace(self.info, input_size=int(image_size))
+        return self
 
     def identity(self) -> dict[str, Any]:
         return {"family": self.family.name, "class": self.family.model_class, "weights": self.weights,
@@ -178,10 +197,14 @@ def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone
             config = config.vision_config
         if family.name == "mae":
             config.mask_ratio = 0.0
-        try:
-            processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise BenchError(f"model: {path} has no usable preprocessor_config.json ({str(e).splitlines()[0]})") from None
+        if (path / "preprocessor_config.json").is_file():
+            try:
+                processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+            except (OSError, ValueError) as e:
+                raise BenchError(f"model: {path} has no usable preprocessor_config.json ({str(e).splitlines()[0]})") from None
+            preprocess, native = _processor_settings(processor)
+        else:
+            preprocess, native = _config_settings(config, path)
         cls = getattr(transformers, family.model_class)
         extra = {"add_pooling_layer": False} if family.name == "vit" else {}
         from safetensors import SafetensorError
@@ -191,9 +214,22 @@ def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # weights missing or cut short
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BenchError(f"model: {path} has no readable weights ({first})") from None
-    preprocess, native = _processor_settings(processor)
     weights = files_hash(sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat)))
     return HFBackbone(spec, model, config, family, preprocess, native, revision or f"sha256:{weights[:12]}", weights)
+
+
+def _config_settings(config: Any, path: Path) -> tuple[Preprocess, int]:
+    """A `save_pretrained` folder without preprocessor_config.json: the input side is the
+    config's `image_size`, mean/std the config's `image_mean`/`image_std` or ImageNet's;
+    the choice is printed once (on stderr) because it changes every number."""
+    import sys
+
+    mean = tuple(float(v) for v in getattr(config, "image_mean", None) or IMAGENET_MEAN)
+    std = tuple(float(v) for v in getattr(config, "image_std", None) or IMAGENET_STD)
+    native = int(config.image_size)
+    print(f"model: {path} has no preprocessor_config.json; using image size {native} px from config.json, "
+          f"mean {list(mean)}, std {list(std)}, bicubic resize", file=sys.stderr)
+    return Preprocess(mean=mean, std=std), native
 
 
 def _processor_settings(processor: Any) -> tuple[Preprocess, int]:

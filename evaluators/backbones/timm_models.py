@@ -14,6 +14,7 @@ Mean, std, interpolation and input size are timm's `resolve_model_data_config`.
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -121,11 +122,7 @@ def load_timm(spec: str, name: str, seed: int | None = None, **model_kwargs: Any
     cache, else a download), or with `seed` a seeded random init (no weights at all).
     `model_kwargs` go to `timm.create_model` (tests shrink architectures with them)."""
     timm = _timm(spec)
-    arch, _ = timm.models.split_model_name_tag(name)
-    if not timm.is_model(arch):
-        close = difflib.get_close_matches(arch, timm.list_models(), n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "see timm.list_models()"
-        raise BenchError(f"model: timm has no model {name!r}; {hint}")
+    _check_arch(timm, name)
     kwargs: dict[str, Any] = {"num_classes": 0, "dynamic_img_size": True, **model_kwargs}
     if seed is not None:
         with torch.random.fork_rng(devices=[]):
@@ -134,6 +131,29 @@ def load_timm(spec: str, name: str, seed: int | None = None, **model_kwargs: Any
         return TimmBackbone(spec, model, name, f"seed={seed}", model_kwargs)
     model = _create(timm, name, pretrained=True, pretrained_cfg_overlay=_weights_source(timm, spec, name), **kwargs)
     return TimmBackbone(spec, model, name, None, model_kwargs)
+
+
+def load_timm_file(spec: str, name: str, path: Path, **model_kwargs: Any) -> TimmBackbone:
+    """timm architecture `name` built untrained, then a state-dict file's weights loaded
+    strictly (`timm:<arch>@<file>`); the file's sha256 is the revision."""
+    from evaluators.backbones.state_files import load_into, read_state_dict
+    from evaluators.backbones.weights import file_hash
+
+    path = path.expanduser()
+    state = read_state_dict(path)
+    timm = _timm(spec)
+    _check_arch(timm, name)
+    model = _create(timm, name, pretrained=False, **{"num_classes": 0, "dynamic_img_size": True, **model_kwargs})
+    load_into(model, {k: v for k, v in state.items() if not k.startswith("head.")}, path)
+    return TimmBackbone(spec, model, name, f"sha256:{file_hash(path)[:12]}", model_kwargs)
+
+
+def _check_arch(timm: Any, name: str) -> None:
+    arch, _ = timm.models.split_model_name_tag(name)
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models(), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "see timm.list_models()"
+        raise BenchError(f"model: timm has no model {name!r}; {hint}")
 
 
 def _weights_source(timm: Any, spec: str, name: str) -> dict[str, str]:

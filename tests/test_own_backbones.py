@@ -1,0 +1,205 @@
+"""Model sources users have: a timm architecture + state-dict file, a `save_pretrained`
+folder without a preprocessor config, and `py:<file>:<function>` returning a module
+with its adapter. Every model is tiny and built here (no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from bench.cli import main
+from bench.errors import BenchError
+from evaluators.backbones import resolve_backbone
+from evaluators.backbones.presets import IMAGENET_MEAN
+from evaluators.backbones.timm_models import TimmBackbone
+from evaluators.backbones.weights import file_hash
+
+timm = pytest.importorskip("timm")
+ARCH = "vit_tiny_patch16_224"
+
+
+@pytest.fixture(scope="module")
+def vit() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(ARCH, pretrained=False, num_classes=0, dynamic_img_size=True).eval()
+
+
+def _save(state: dict, path: Path) -> Path:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    else:
+        torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("name,wrap", [
+    ("bare.pth", lambda sd: sd),
+    ("nested.pt", lambda sd: {"state_dict": sd, "epoch": 3}),
+    ("ddp.pth", lambda sd: {"model": {f"module.{k}": v for k, v in sd.items()}}),
+    ("weights.safetensors", lambda sd: sd),
+    ("ddp.safetensors", lambda sd: {f"module.{k}": v for k, v in sd.items()}),
+])
+def test_timm_state_dict_file_gives_the_saved_models_tokens(vit, tmp_path, name, wrap):
+    path = _save(wrap(vit.state_dict()), tmp_path / name)
+    bb = resolve_backbone(f"timm:{ARCH}@{path}")
+    x = torch.randn(2, 3, 32, 32)
+    got = bb.hidden_states(x, [0, 1, 12])
+    want = TimmBackbone("saved", vit, ARCH, None).hidden_states(x, [0, 1, 12])
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert not torch.equal(got[2], want[1])  # the comparison can tell hidden states apart
+    assert (bb.info.n_layers, bb.info.width, bb.info.n_prefix) == (12, 192, 1)
+    assert bb.info.revision == f"sha256:{file_hash(path)[:12]}"
+
+
+def test_timm_file_with_the_wrong_architecture_is_one_line(vit, tmp_path, capsys):
+    small = timm.create_model(ARCH, pretrained=False, num_classes=0, depth=2)
+    path = _save(small.state_dict(), tmp_path / "depth2.pth")
+    with pytest.raises(BenchError, match=r"0 missing|missing and 0 unexpected") as e:
+        resolve_backbone(f"timm:{ARCH}@{path}")
+    assert "120 missing and 0 unexpected" in str(e.value)  # 10 absent blocks x 12 tensors
+    assert main(["models", f"timm:{ARCH}@{path}"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert main(["models", f"timm:{ARCH}@{tmp_path / 'absent.pth'}"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_bench_models_reports_a_timm_file(vit, tmp_path, capsys):
+    path = _save(vit.state_dict(), tmp_path / "w.safetensors")
+    assert main(["models", f"timm:{ARCH}@{path}", "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["source"], row["n_layers"], row["width"], row["n_prefix"]) == ("timm-file", 12, 192, 1)
+    assert row["revision"] == f"sha256:{file_hash(path)[:12]}"
+
+
+def _tiny_vit_folder(path: Path, **config) -> tuple[torch.nn.Module, Path]:
+    torch.manual_seed(1)
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=48,
+                                 patch_size=8, intermediate_size=64, **config)
+    model = transformers.ViTModel(cfg, add_pooling_layer=False).eval()
+    model.save_pretrained(path)
+    return model, path
+
+
+def test_save_pretrained_folder_without_preprocessor_config(tmp_path, capsys):
+    model, path = _tiny_vit_folder(tmp_path / "mine")
+    capsys.readouterr()  # save_pretrained's own progress bar
+    assert not (path / "preprocessor_config.json").exists()
+    bb = resolve_backbone(str(path))
+    err = capsys.readouterr().err
+    assert "no preprocessor_config.json" in err and "48 px" in err and len(err.strip().splitlines()) == 1
+    assert bb.info.input_size == 48 and bb.preprocess.mean == IMAGENET_MEAN
+    x = torch.randn(1, 3, 48, 48)
+    with torch.inference_mode():
+        want = model(pixel_values=x, output_hidden_states=True).hidden_states[2]
+    assert torch.equal(bb.hidden_states(x, [2])[0], want)
+    assert main(["models", str(path), "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["source"], row["n_layers"], row["width"], row["input_size"]) == ("hf-folder", 2, 32, 48)
+
+
+def test_folder_config_can_name_its_normalisation(tmp_path, capsys):
+    _, path = _tiny_vit_folder(tmp_path / "clipnorm", image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.25, 0.25])
+    bb = resolve_backbone(str(path))
+    assert (bb.preprocess.mean, bb.preprocess.std) == ((0.5,) * 3, (0.25,) * 3)
+
+
+PY_MODEL = '''
+import torch
+from evaluators.backbones.module_adapter import ModuleAdapter
+
+class Toy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 24, 8, stride=8)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, 24))
+        self.blocks = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(24, 2, 48, batch_first=True) for _ in range(3))
+
+    def forward(self, x):
+        t = self.embed(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(len(t), -1, -1), t], 1)
+        for b in self.blocks:
+            t = b(t)
+        return t
+
+def make():
+    return ModuleAdapter(Toy(), blocks="blocks", patch_size=8, image_size=32, prefix_tokens=1)
+
+def bare():
+    return Toy()
+
+def number():
+    return 3
+'''
+
+
+def test_py_file_module_with_adapter(tmp_path, capsys):
+    (tmp_path / "toy.py").write_text(PY_MODEL)
+    spec = f"py:{tmp_path / 'toy.py'}:make"
+    bb = resolve_backbone(spec)
+    assert (bb.info.n_layers, bb.info.width, bb.info.n_prefix, bb.info.patch_size) == (3, 24, 1, 8)
+    model = bb.model
+    x = torch.randn(2, 3, 32, 32)
+    h0, h2, h3 = bb.hidden_states(x, [0, 2, 3])
+    with torch.inference_mode():
+        t = torch.cat([model.cls.expand(2, -1, -1), model.embed(x).flatten(2).transpose(1, 2)], 1)
+        assert torch.equal(h0, t)
+        t = model.blocks[1](model.blocks[0](t))
+        assert torch.allclose(h2, t, atol=1e-6)
+        assert torch.allclose(h3, model.blocks[2](t), atol=1e-6)
+    assert bb.grid(32) == (4, 4) and h3.shape == (2, 17, 24)
+    assert main(["models", spec, "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["source"], row["n_layers"], row["width"]) == ("py-file", 3, 24)
+    assert row["revision"] == bb.info.revision  # the function runs seeded: the same init, the same fingerprint
+
+
+@pytest.mark.parametrize("target,message", [
+    ("absent.py:make", "no such Python file"),
+    ("toy.py:nothing", "defines no function 'nothing'"),
+    ("toy.py:bare", "returned Toy; expected a ModuleAdapter or a Backbone (wrap it"),
+    ("toy.py:number", "returned int"),
+    ("toy.py", "expected py:<file.py>:<function>"),
+])
+def test_py_file_refusals_are_one_line(tmp_path, capsys, target, message):
+    (tmp_path / "toy.py").write_text(PY_MODEL)
+    assert main(["models", f"py:{tmp_path}/{target}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_adapter_with_wrong_token_count_is_refused(tmp_path):
+    (tmp_path / "toy.py").write_text(PY_MODEL.replace("prefix_tokens=1)", "prefix_tokens=2)"))
+    with pytest.raises(BenchError, match=r"expected 1 x 18 x D"):
+        resolve_backbone(f"py:{tmp_path / 'toy.py'}:make")
+
+
+def test_preprocessing_overrides(tmp_path, capsys):
+    _, path = _tiny_vit_folder(tmp_path / "mine")
+    bb = resolve_backbone(str(path), image_size=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    assert bb.info.input_size == 32 and bb.input_side(64) == 32
+    assert bb.preprocess.mean == (0.5,) * 3 and bb.identity() != resolve_backbone(str(path)).identity()
+    row = bb.prepare({"image": [_png(0)]}, 32)
+    assert torch.allclose(row, torch.full_like(row, -1.0))  # black pixels: (0 - 0.5) / 0.5
+    assert main(["models", str(path), "--image-size", "36", "--format", "json"]) == 2  # not a multiple of 8
+    assert "patch size 8" in capsys.readouterr().err
+    assert main(["models", str(path), "--image-size", "64", "--std", "1,1", "--format", "json"]) == 2
+    assert "three values" in capsys.readouterr().err
+    assert main(["models", str(path), "--image-size", "64", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["input_size"] == 64
+    assert main(["models", "pixels", "--mean", "0,0,0"]) == 2
+
+
+def _png(value: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (value,) * 3).save(buf, format="PNG")
+    return buf.getvalue()
