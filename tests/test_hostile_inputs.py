@@ -327,6 +327,20 @@ def test_damaged_results_file(tmp_path, capsys):
     assert "run.parquet" in refused(["leaderboard", results], capsys, tmp_path)
 
 
+@pytest.mark.parametrize("command", [["leaderboard"], ["plot", "layers"], ["report"]])
+def test_results_file_with_null_key_cells(tmp_path, capsys, command):
+    from bench.results import make_table, write_parquet_atomic
+
+    results = tmp_path / "results"
+    results.mkdir()
+    row = {"backbone": None, "dataset": "d", "task": "binding", "split": "test", "layer": 1, "seed": 0,
+           "status": "ok", "probe": "linear"}
+    write_parquet_atomic(make_table([row]), results / "run.parquet")
+    msg = refused([*command, results, *(["--out", tmp_path / "o"] if command != ["leaderboard"] else [])],
+                  capsys, results)
+    assert "run.parquet" in msg and "backbone" in msg
+
+
 # -- property: any truncation of a card, a shard or a results file is refused cleanly ------
 
 _FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
