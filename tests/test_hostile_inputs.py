@@ -341,6 +341,40 @@ def test_results_file_with_null_key_cells(tmp_path, capsys, command):
     assert "run.parquet" in msg and "backbone" in msg
 
 
+def _damage_cache_entry(entry: Path, kind: str) -> None:
+    arr = sorted(entry.glob("*.npy"))[0]
+    data = arr.read_bytes()
+    if kind == "empty":
+        arr.write_bytes(b"")
+    elif kind == "truncated":
+        arr.write_bytes(data[:-7])
+    elif kind == "bad-header":
+        arr.write_bytes(b"NOTNUMPY" + data[8:])
+    else:
+        (entry / "entry.json").write_text("[1, 2]")
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "bad-header", "list-entry"])
+def test_damaged_cache_entry_is_set_aside_and_recomputed(ds, tmp_path, capsys, monkeypatch, kind):
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    run = ["evaluate", "--model", "pixels:8", "--dataset", ds, "--threads", "1"]
+    ok([*run, "--results", tmp_path / "r1"], capsys)
+    entries = sorted((tmp_path / "cache" / "activations").glob("*/*"))
+    _damage_cache_entry(entries[0], kind)
+    assert main(["cache", "ls"]) == 0
+    assert "damaged" in capsys.readouterr().out
+    err = ok([*run, "--results", tmp_path / "r2"], capsys)
+    assert "Traceback" not in err
+
+    def metric(d: Path) -> list:
+        return pq.read_table(next(d.glob("*.parquet")))["B_star"].to_pylist()
+
+    assert metric(tmp_path / "r1") == metric(tmp_path / "r2")
+    assert sum(e.name.startswith("damaged-") for e in entries[0].parent.iterdir()) == (kind != "list-entry")
+
+
 # -- property: any truncation of a card, a shard or a results file is refused cleanly ------
 
 _FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
