@@ -375,6 +375,12 @@ def test_damaged_cache_entry_is_set_aside_and_recomputed(ds, tmp_path, capsys, m
     assert sum(e.name.startswith("damaged-") for e in entries[0].parent.iterdir()) == (kind != "list-entry")
 
 
+@pytest.mark.parametrize("args", [["--set", "seed=3", "--seed", "4"], ["--set", "image_size=64", "--image-size", "128"]])
+def test_a_set_value_a_flag_shadows_is_refused(tmp_path, capsys, args):
+    msg = refused(["generate", *SMALL, *args, "--out", tmp_path / "d"], capsys, tmp_path)
+    assert "--set" in msg and args[3] in msg
+
+
 # -- property: any truncation of a card, a shard or a results file is refused cleanly ------
 
 _FUZZ = settings(max_examples=12, deadline=None, derandomize=True,

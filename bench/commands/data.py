@@ -68,6 +68,9 @@ def generate(
     overrides = _parse_sets(set_ + ([f"camera_heights={camera_heights}"] if camera_heights is not None else []))
     for key, value in dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, image_size=image_size).items():
         if value is not None:
+            if key in overrides and str(overrides[key]) != str(value):  # one would silently win: say which to keep
+                raise BenchError(f"--set {key}={overrides[key]} and --{key.replace('_', '-')} {value} disagree; "
+                                 "give one of them")
             overrides[key] = value
     config = build_config(gen, preset, overrides)
     from bench.outdir import check_target
