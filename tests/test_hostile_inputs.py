@@ -381,6 +381,15 @@ def test_a_set_value_a_flag_shadows_is_refused(tmp_path, capsys, args):
     assert "--set" in msg and args[3] in msg
 
 
+@pytest.mark.parametrize("args", [["--n-train", "-1"], ["--image-size", "0"], ["--epochs", "0"]])
+def test_demo_refuses_bad_sizes_before_start_up(tmp_path, capsys, monkeypatch, args):
+    import evaluators.zoo.recipes as recipes
+
+    monkeypatch.delattr(recipes, "SCENES")  # any start-up work past validation would fail differently
+    msg = refused(["demo", *args, "--out", tmp_path / "demo"], capsys, tmp_path)
+    assert args[0].lstrip("-").replace("-", "_") in msg
+
+
 # -- property: any truncation of a card, a shard or a results file is refused cleanly ------
 
 _FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
