@@ -58,7 +58,7 @@ def generate(
 
     `preset` defaults to the generator's own; `n_train`, `n_val`, `n_test`, `seed` and
     `image_size` override it, as does any config parameter in `overrides` (values typed, or
-    strings as `--set KEY=VALUE` gives them; the named arguments win over `overrides`). A
+    strings as `--set KEY=VALUE` gives them; a named argument that disagrees with `overrides` is refused). A
     generator that sweeps a parameter (3D scenes' `camera_heights`) writes one dataset per
     setting in a subfolder of `out`. Every dataset's config and destination are checked
     before any is written; `overwrite` replaces existing ones. `executor` "ray" renders the
@@ -81,8 +81,13 @@ def generate(
     elif address is not None:
         raise BenchError("executor: --address needs --executor ray")
     gen = get_generator(generator)
-    named = dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, image_size=image_size)
-    config = build_config(gen, preset, {**(overrides or {}), **{k: v for k, v in named.items() if v is not None}})
+    named = {k: v for k, v in dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed,
+                                   image_size=image_size).items() if v is not None}
+    for key, value in named.items():
+        if key in (overrides or {}) and str(overrides[key]) != str(value):  # one would silently win: say which to keep
+            raise BenchError(f"--set {key}={overrides[key]} and --{key.replace('_', '-')} {value} disagree; "
+                             "give one of them")
+    config = build_config(gen, preset, {**(overrides or {}), **named})
     out = Path(out)
     variants = gen.expand(config)
     for sub, cfg in variants:

@@ -211,8 +211,26 @@ def read_results(results_dir: str | os.PathLike, older: list[str] | None = None)
                 f"results: {f.name} has schema version {raw.decode() or 'none'}; "
                 f"this BindingBench reads {RESULTS_SCHEMA_VERSION}; re-run `bench evaluate` into a new results directory"
             )
+        _refuse_null_keys(t, f, d)
         tables.append(t)
     return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
+
+
+#: Key columns every row this BindingBench writes fills (the others, such as `limit` and
+#: `control`, are null by design); a null here means the file was edited or damaged.
+_REQUIRED_KEYS = ("backbone", "dataset", "task", "probe", "status")
+
+
+def _refuse_null_keys(t: pa.Table, f: Path, d: Path) -> None:
+    """Refuse a run file whose rows lack a key cell: every reader groups and labels by these,
+    and a null would surface as a TypeError deep in leaderboard, plot or report."""
+    for c in _REQUIRED_KEYS:
+        if c not in t.column_names:
+            raise BenchError(f"results: {f} has no '{c}' column; move it out of {d}")
+        nulls = t[c].null_count
+        if nulls:
+            raise BenchError(f"results: {f} has {nulls} row(s) with an empty '{c}'; "
+                             f"move it out of {d} (`bench evaluate` re-creates its runs)")
 
 
 def existing_keys(results_dir: str | os.PathLike) -> set[tuple]:

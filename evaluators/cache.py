@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,17 +75,59 @@ def find_complete(cache_dir: Path | None, base: str, layers: Sequence[int], view
     if not root.is_dir():
         return None
     for entry in sorted(root.iterdir()):
+        if entry.name.startswith(DAMAGED_PREFIX):
+            continue
         meta = read_meta(entry)
+        if meta is not None and not intact_entry(entry, meta):
+            set_aside(entry)
+            continue
         if meta and set(layers) <= set(meta["layers"]) and all(covers(meta["views"], v) for v in views):
             return entry
     return None
 
 
 def read_meta(entry: Path) -> dict[str, Any] | None:
+    """The entry's record, or None while it is incomplete (or its record is not an object)."""
     try:
-        return json.loads((entry / ENTRY_NAME).read_text())
+        meta = json.loads((entry / ENTRY_NAME).read_text())
     except (OSError, ValueError):
         return None
+    return meta if isinstance(meta, dict) else None
+
+
+#: A damaged entry is renamed with this prefix: kept for a look, never read, listed as damaged.
+DAMAGED_PREFIX = "damaged-"
+
+
+def intact_entry(entry: Path, meta: dict[str, Any]) -> bool:
+    """Every array the record lists has a valid header, `n` rows and all its bytes: a cheap
+    check (headers and file sizes only) that turns an empty, truncated or garbled `.npy`
+    into a recompute instead of a traceback or wrong numbers."""
+    try:
+        n, layers, views = int(meta["n"]), list(meta["layers"]), list(meta["views"])
+        for layer in layers:
+            for view in views:
+                path = entry / array_name(int(layer), str(view))
+                with open(path, "rb") as f:
+                    np.lib.format.read_magic(f)
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                    offset = f.tell()
+                if not shape or shape[0] != n or fortran or dtype != np.dtype(DTYPE):
+                    return False
+                if path.stat().st_size < offset + int(np.prod(shape)) * np.dtype(DTYPE).itemsize:
+                    return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def set_aside(entry: Path) -> None:
+    """Rename a damaged entry out of the way (so the next extraction recomputes it), with a warning."""
+    target = entry.with_name(f"{DAMAGED_PREFIX}{entry.name}-{os.getpid()}")
+    with contextlib.suppress(OSError):
+        entry.rename(target)
+        print(f"bench: warning: cache entry {entry} is damaged; set aside as {target.name}, recomputing",
+              file=sys.stderr)
 
 
 def open_array(entry: Path, layer: int, view: str) -> np.memmap:
@@ -308,11 +351,12 @@ class EntryInfo:
     #: input side and dataset fingerprint: entries may differ in these alone.
     side: Any = "?"
     fingerprint: str = "?"
+    damaged: bool = False
 
     def row(self) -> dict[str, Any]:
         layers = self.layers
         span = f"{layers[0]}..{layers[-1]} ({len(layers)})" if len(layers) > 3 else ",".join(map(str, layers))
-        return {"key": self.key, "status": "complete" if self.complete else "partial", "backbone": self.backbone,
+        return {"key": self.key, "status": "damaged" if self.damaged else "complete" if self.complete else "partial", "backbone": self.backbone,
                 "revision": self.revision, "dataset": self.dataset, "fingerprint": self.fingerprint[:12],
                 "split": self.split, "side": self.side, "layers": span,
                 "views": ",".join(self.views), "rows": self.rows, "size_mb": round(self.bytes / 2**20, 1),
@@ -327,12 +371,16 @@ def list_entries(cache_dir: Path | None = None) -> list[EntryInfo]:
     root = activations_dir(cache_dir)
     for entry in sorted(root.glob("*/*")) if root.is_dir() else []:
         meta = read_meta(entry)
-        complete = meta is not None
+        damaged = entry.name.startswith(DAMAGED_PREFIX) or (entry / ENTRY_NAME).exists() and (
+            meta is None or not intact_entry(entry, meta))
+        complete = meta is not None and not damaged
         if meta is None:
             try:
                 meta = json.loads((entry / STATE_NAME).read_text())
             except (OSError, ValueError):
                 meta = {}
+        if not isinstance(meta, dict):
+            meta = {}
         mat = meta.get("material", {})
         rows = str(meta.get("n", "?")) if complete else f"{meta.get('n_done', 0)}/{meta.get('n', '?')}"
         out.append(EntryInfo(
@@ -340,7 +388,7 @@ def list_entries(cache_dir: Path | None = None) -> list[EntryInfo]:
             backbone=mat.get("spec", "?"), revision=mat.get("revision", "?"), dataset=mat.get("dataset", "?"),
             split=mat.get("split", "?"), layers=list(meta.get("layers", [])), views=list(meta.get("views", [])),
             rows=rows, bytes=sum(f.stat().st_size for f in entry.iterdir() if f.is_file()),
-            side=mat.get("side", "?"), fingerprint=str(mat.get("fingerprint", "?")),
+            side=mat.get("side", "?"), fingerprint=str(mat.get("fingerprint", "?")), damaged=damaged,
         ))
     return out
 

@@ -327,6 +327,69 @@ def test_damaged_results_file(tmp_path, capsys):
     assert "run.parquet" in refused(["leaderboard", results], capsys, tmp_path)
 
 
+@pytest.mark.parametrize("command", [["leaderboard"], ["plot", "layers"], ["report"]])
+def test_results_file_with_null_key_cells(tmp_path, capsys, command):
+    from bench.results import make_table, write_parquet_atomic
+
+    results = tmp_path / "results"
+    results.mkdir()
+    row = {"backbone": None, "dataset": "d", "task": "binding", "split": "test", "layer": 1, "seed": 0,
+           "status": "ok", "probe": "linear"}
+    write_parquet_atomic(make_table([row]), results / "run.parquet")
+    msg = refused([*command, results, *(["--out", tmp_path / "o"] if command != ["leaderboard"] else [])],
+                  capsys, results)
+    assert "run.parquet" in msg and "backbone" in msg
+
+
+def _damage_cache_entry(entry: Path, kind: str) -> None:
+    arr = sorted(entry.glob("*.npy"))[0]
+    data = arr.read_bytes()
+    if kind == "empty":
+        arr.write_bytes(b"")
+    elif kind == "truncated":
+        arr.write_bytes(data[:-7])
+    elif kind == "bad-header":
+        arr.write_bytes(b"NOTNUMPY" + data[8:])
+    else:
+        (entry / "entry.json").write_text("[1, 2]")
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "bad-header", "list-entry"])
+def test_damaged_cache_entry_is_set_aside_and_recomputed(ds, tmp_path, capsys, monkeypatch, kind):
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    run = ["evaluate", "--model", "pixels:8", "--dataset", ds, "--threads", "1"]
+    ok([*run, "--results", tmp_path / "r1"], capsys)
+    entries = sorted((tmp_path / "cache" / "activations").glob("*/*"))
+    _damage_cache_entry(entries[0], kind)
+    assert main(["cache", "ls"]) == 0
+    assert "damaged" in capsys.readouterr().out
+    err = ok([*run, "--results", tmp_path / "r2"], capsys)
+    assert "Traceback" not in err
+
+    def metric(d: Path) -> list:
+        return pq.read_table(next(d.glob("*.parquet")))["B_star"].to_pylist()
+
+    assert metric(tmp_path / "r1") == metric(tmp_path / "r2")
+    assert sum(e.name.startswith("damaged-") for e in entries[0].parent.iterdir()) == (kind != "list-entry")
+
+
+@pytest.mark.parametrize("args", [["--set", "seed=3", "--seed", "4"], ["--set", "image_size=64", "--image-size", "128"]])
+def test_a_set_value_a_flag_shadows_is_refused(tmp_path, capsys, args):
+    msg = refused(["generate", *SMALL, *args, "--out", tmp_path / "d"], capsys, tmp_path)
+    assert "--set" in msg and args[3] in msg
+
+
+@pytest.mark.parametrize("args", [["--n-train", "-1"], ["--image-size", "0"], ["--epochs", "0"]])
+def test_demo_refuses_bad_sizes_before_start_up(tmp_path, capsys, monkeypatch, args):
+    import evaluators.zoo.recipes as recipes
+
+    monkeypatch.delattr(recipes, "SCENES")  # any start-up work past validation would fail differently
+    msg = refused(["demo", *args, "--out", tmp_path / "demo"], capsys, tmp_path)
+    assert args[0].lstrip("-").replace("-", "_") in msg
+
+
 # -- property: any truncation of a card, a shard or a results file is refused cleanly ------
 
 _FUZZ = settings(max_examples=12, deadline=None, derandomize=True,

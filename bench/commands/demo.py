@@ -58,6 +58,10 @@ def demo(
     for name, n in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
         if n < 1:  # probes need all three splits: refused now, not after the zoo has trained
             raise BenchError(f"{name}: must be ≥ 1, got {n}")
+    if image_size is not None and image_size < 1:  # checked before the slow imports below
+        raise BenchError(f"image_size: must be > 0, got {image_size}")
+    if epochs is not None and epochs < 1:
+        raise BenchError(f"epochs: must be ≥ 1, got {epochs}")
     from evaluators.zoo.recipes import SCENES
 
     side = SCENES["image_size"] if image_size is None else image_size

@@ -31,7 +31,7 @@ def models(
 ) -> None:
     """List the registered backbones: every backbone source's (presets, random-init controls, pixels, oracles, zoo,
     plugins'), or one spec resolved, with where its weights come from."""
-    from evaluators.backbones import listed_by_source, resolve_backbone, source_of, spec_source
+    from evaluators.backbones import SOURCES, listed_by_source, resolve_backbone, source_of, spec_source
 
     if spec is not None and not spec.strip():
         raise BenchError("model: empty spec; name a backbone, or give none to list them all")
