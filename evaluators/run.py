@@ -60,7 +60,7 @@ EMPIRICAL_TARGETS = ("F", "O|F", "O|F_ref", "O_paper")
 WARM_STARTED = ("attention",)
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
-PROBE_CODE_VERSION = 1
+PROBE_CODE_VERSION = 2
 #: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
 #: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
 CONTROLS = ("resampled-o",)
