@@ -186,9 +186,12 @@ class QuadraticProbe(Probe):
     def init_from_moments(self, directions: torch.Tensor) -> None:
         """Start each bit's projections on its most class-discriminative quadratic directions
         (K x r' x D unit vectors, `class_directions`): from random directions the quadratic
-        term recovered 0 % of a planted quadratic teacher's bits at 2,000 scenes."""
+        term recovered 0 % of a planted quadratic teacher's bits at 2,000 scenes. The earlier bits'
+        part of the projections starts at zero: random, it fitted training noise within two epochs
+        (384-d planted teacher, 10,000 scenes: validation 6.6 -> 9.4 bits)."""
         r = min(self.rank, directions.shape[1])
         self.pz.weight.view(self.n_bits, self.rank, -1)[:, :r] = directions[:, :r]
+        self.pt.zero_()
 
     def readout(self, x, t, cond):
         b, k, r = x.shape[0], self.n_bits, self.rank
@@ -216,13 +219,17 @@ class SharedQuadraticProbe(Probe):
     @torch.no_grad()
     def init_from_moments(self, directions: torch.Tensor) -> None:
         """Start each first-group factor U_a on the leading class-discriminative directions of
-        its bits (`class_directions`, K x r' x D), taken over the bits that share it."""
+        its bits (`class_directions`, K x r' x D), taken over the bits that share it; the rest of
+        the factor is zero, as the quadratic family's unconfirmed directions are."""
         r = min(self.rank, directions.shape[1])
+        table = self.u.weight.view(self.n_a, self.rank, -1)
         for a in range(self.n_a):
             mine = directions[self.fa == a, :r]  # bits x r x D
             flat = mine.reshape(-1, mine.shape[-1])
-            top = torch.linalg.svd(flat, full_matrices=False).Vh[:r] if len(flat) else flat
-            self.u.weight.view(self.n_a, self.rank, -1)[a, : len(top)] = top
+            _, values, vh = torch.linalg.svd(flat, full_matrices=False)
+            top = vh[:r][values[:r] > 1e-6]  # none where no direction was confirmed
+            table[a] = 0.0  # a factor without a direction stays off (its V starts at zero too)
+            table[a, : len(top)] = top
 
     def readout(self, x, t, cond):
         b = x.shape[0]

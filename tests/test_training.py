@@ -140,8 +140,9 @@ def test_the_savings_standard_error_resamples_whole_groups():
     assert saving_and_se(d, np.zeros(4), np.zeros((4, 1)))[1] == math.inf  # one group: no SE
 
 
-def test_class_directions_find_a_planted_quadratic_direction():
-    """Bit k is 1 where (p_k · z)² > 1: the class covariances differ along p_k only."""
+def test_class_directions_find_a_planted_quadratic_direction_and_only_it():
+    """Bit k is 1 where (p_k · z)² > 1: the class covariances differ along p_k only, so a second
+    direction is the training rows' noise, which the other half of the rows does not confirm."""
     rng = np.random.default_rng(0)
     p = np.linalg.qr(rng.normal(size=(D, 4)))[0].T  # 4 orthonormal directions
     z = rng.normal(size=(4000, D)).astype(np.float32)
@@ -152,6 +153,7 @@ def test_class_directions_find_a_planted_quadratic_direction():
     top = class_directions(RowReader(z), job, dims=D, rank=2).numpy()  # 4 x 2 x D
     cosines = np.abs((top[:, 0] * p).sum(1))
     assert (cosines > 0.95).all()
+    assert np.abs(top[:, 1]).max() == 0.0
 
 
 def test_a_warm_started_job_trains_after_its_source_and_starts_from_its_encoder():
