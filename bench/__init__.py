@@ -1,7 +1,8 @@
 """BindingBench: synthetic benchmarks that measure object binding in vision backbones.
 
-`bench` holds the small shared core (scene codes, errors, dataset I/O, hashing) and the
-Typer CLI. The core imports none of `generators`, `evaluators` or `leaderboards`.
+Layers, bottom up: `bench.core` (codes, errors, dataset and results files, hashing, the
+registry); `generators`, `evaluators` and `leaderboards` above it; `bench.api` above those; the
+Typer CLI (`bench.cli`, `bench.commands`) on top. Each imports only from the layers below.
 """
 
 __version__ = "0.1.0"

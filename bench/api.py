@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import pandas as pd
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 if TYPE_CHECKING:  # importing a backbone imports torch: only `evaluate` needs it, when called
     from evaluators.backbones.base import Backbone
@@ -64,7 +64,7 @@ def generate(
     before any is written; `overwrite` replaces existing ones. `executor` "ray" renders the
     shards as Ray tasks (on the cluster at `address`). `progress` shows a bar per dataset
     and a line when it is written."""
-    from bench.outdir import check_target
+    from bench.core.outdir import check_target
     from generators.base import build_config, get_generator
 
     workers = (os.cpu_count() or 1) if workers is None else workers
@@ -72,7 +72,7 @@ def generate(
         raise BenchError(f"workers: must be ≥ 1, got {workers}")
     shards = None
     if executor != "local":
-        from bench.ray_cluster import require_ray
+        from bench.core.ray_cluster import require_ray
 
         require_ray(executor, address)
         from generators.ray_shards import ray_shards
@@ -105,7 +105,7 @@ def _render_one(gen: Any, cfg: Any, target: Path, *, workers: int, overwrite: bo
     closing line when `progress`."""
     from contextlib import nullcontext
 
-    from bench.console import progress_bar, stderr
+    from bench.core.console import progress_bar, stderr
     from generators.engine import generate as render
 
     def say(text: str) -> None:

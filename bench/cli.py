@@ -13,7 +13,7 @@ from typing import Sequence
 import typer
 
 from bench.commands import data, demo, evaluate, imports, leaderboard, models, report, zoo
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 app = typer.Typer(
     name="bench",

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.dataset import Dataset  # noqa: E402
+from bench.core.dataset import Dataset  # noqa: E402
 from evaluators.backbones.ground_truth import mixed_share  # noqa: E402
 from evaluators.extract import extract_activations  # noqa: E402
 from evaluators.metrics import metric_checks  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from bench.dataset import Dataset
+from bench.core.dataset import Dataset
 from evaluators.backbones import resolve_backbone
 from evaluators.extract import extract_activations
 from generators.base import build_config, get_generator

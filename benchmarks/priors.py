@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.dataset import SCHEMA_VERSION
+from bench.core.dataset import SCHEMA_VERSION
 from generators.base import build_config, config_to_dict, get_generator
 from generators.engine import scene_seed
 

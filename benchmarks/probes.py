@@ -42,7 +42,7 @@ from torch import nn
 sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
                 str(Path(__file__).resolve().parents[1]))
 
-from bench.dataset import Dataset  # noqa: E402
+from bench.core.dataset import Dataset  # noqa: E402
 from evaluators.extract import extract_activations  # noqa: E402
 from evaluators.probes import MadeProbe, Probe  # noqa: E402
 from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402

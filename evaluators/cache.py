@@ -27,10 +27,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from bench.dataset import write_json_atomic
-from bench.errors import BenchError
-from bench.hashing import sha256_hex, stable_json
-from bench.locks import locked, same_file, try_lock
+from bench.core.dataset import write_json_atomic
+from bench.core.errors import BenchError
+from bench.core.hashing import sha256_hex, stable_json
+from bench.core.locks import locked, same_file, try_lock
 
 FORMAT_VERSION = 1
 ENTRY_NAME = "entry.json"

@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from bench.dataset import Dataset, decode_image
-from bench.errors import BenchError
-from bench.hashing import fingerprint
-from bench.results import check_writable
+from bench.core.dataset import Dataset, decode_image
+from bench.core.errors import BenchError
+from bench.core.hashing import fingerprint
+from bench.core.results import check_writable
 from evaluators import cache
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
 from evaluators.families import TOKEN_VIEWS
@@ -379,7 +379,7 @@ def _drain(q: queue.Queue) -> None:
 def _progress(stack: ExitStack, enabled: bool, description: str, total: int, done: int) -> Callable[[int], None]:
     if not enabled:
         return lambda k: None
-    from bench.console import progress_bar
+    from bench.core.console import progress_bar
 
     bar = stack.enter_context(progress_bar(description, total))
     bar.advance(done)

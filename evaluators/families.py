@@ -1,5 +1,5 @@
 """The registries of what `bench evaluate` reads and with what: binding probe families,
-IsSameObject probes and token views (bench/registry.py).
+IsSameObject probes and token views (bench/core/registry.py).
 
 Kept free of torch so that help texts, validation and leaderboard column order can read
 the names cheaply; a family names its class as `module:Class`, imported when a probe is
@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.registry import Registry
+from bench.core.registry import Registry
 
 
 @dataclass(frozen=True)

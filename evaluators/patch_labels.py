@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.dataset import Dataset, decode_mask
-from bench.errors import ConfigError
+from bench.core.dataset import Dataset, decode_mask
+from bench.core.errors import ConfigError
 
 #: Label of a patch that no instance (nor background) covers by at least `min_share`.
 IGNORE = -1

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence, Union
 
 import torch
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones import resolve_backbone
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.weights import state_dict_hash

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.families import BINDING_PROBES, TOKEN_VIEWS
 
 LR_WIDTH = 64

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
-from bench.dataset import CARD_NAME, Dataset
-from bench.errors import BenchError
-from bench.ray_cluster import MAX_RETRIES, check_every_node, file_digest, ray, require_ray, session, unreadable
-from bench.results import write_run
+from bench.core.dataset import CARD_NAME, Dataset
+from bench.core.errors import BenchError
+from bench.core.ray_cluster import MAX_RETRIES, check_every_node, file_digest, ray, require_ray, session, unreadable
+from bench.core.results import write_run
 from evaluators import cache
 from evaluators.extract import BATCH_SIZE, extract_activations, is_complete, row_shards
 from evaluators.training import TrainConfig
@@ -464,7 +464,7 @@ def _gather(c: _Cluster, units: set[Any], extracted: dict[str, list[Any]], progr
                 checkpoint()
             raise
     if progress:
-        from bench.console import stderr
+        from bench.core.console import stderr
 
         stderr.print(f"per-task logs in {c.logs}", soft_wrap=True, markup=False, highlight=False)
 
@@ -488,7 +488,7 @@ def _bar(enabled: bool, total: int) -> Any:
     if not enabled:
         yield _Silent()
         return
-    from bench.console import progress_bar
+    from bench.core.console import progress_bar
 
     with progress_bar("ray tasks · 0 rows", total) as bar:
         yield bar

@@ -25,11 +25,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from bench.codes import FeatureSpace
-from bench.dataset import Dataset
-from bench.errors import BenchError
-from bench.hashing import config_hash, derive_seed
-from bench.results import check_writable, existing_keys, new_run_id, provenance, write_run
+from bench.core.codes import FeatureSpace
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
+from bench.core.hashing import config_hash, derive_seed
+from bench.core.results import check_writable, existing_keys, new_run_id, provenance, write_run
 from evaluators.backbones.base import BackboneInfo
 from evaluators.backbones.ground_truth import GroundTruthBackbone
 from evaluators.extract import (check_cache_space, check_views, extract_activations, gib, parse_layers, pending_bytes,
@@ -706,7 +706,7 @@ def _check_cache(plans: Sequence[_BackbonePlan], ds: Dataset, dtype: str, limit:
 def _say(enabled: bool, text: str) -> None:
     """One line on stderr beside the progress bars (nothing when progress is off)."""
     if enabled:
-        from bench.console import stderr
+        from bench.core.console import stderr
 
         stderr.print(text, soft_wrap=True, markup=False, highlight=False)
 
@@ -842,7 +842,7 @@ def _epoch_bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[int]
     if not enabled:
         yield None
         return
-    from bench.console import progress_bar
+    from bench.core.console import progress_bar
 
     with progress_bar(label, total) as bar:
         yield bar.advance

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 #: How long the busy cores are sampled (seconds): long enough to see a busy core as busy.
 SAMPLE_S = 0.3

@@ -39,9 +39,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend first)
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.dataset import Dataset, decode_image  # noqa: E402
-from bench.errors import BenchError  # noqa: E402
-from bench.hashing import derive_seed  # noqa: E402
+from bench.core.dataset import Dataset, decode_image  # noqa: E402
+from bench.core.errors import BenchError  # noqa: E402
+from bench.core.hashing import derive_seed  # noqa: E402
 from evaluators.issameobject import (  # noqa: E402
     PairConfig,
     Pairs,

@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from bench.codes import FeatureSpace
-from bench.dataset import Scene
-from bench.errors import ConfigError
-from bench.registry import Registry
-from generators.priors import CoveringSets, ListedSets, SplitPriors
+from bench.core.codes import FeatureSpace
+from bench.core.dataset import Scene
+from bench.core.errors import ConfigError
+from bench.core.registry import Registry
+from generators.priors import CoveringSets, ListedSets, PriorsUnavailable, SplitPriors
 from generators.splits import FCode, active_counts, assign_splits
 
 
@@ -140,15 +140,11 @@ class SceneGenerator(ABC):
     # -- the distribution, for exact autoregressive priors (generators.conditionals) -----------
     def f_support(self, split: str) -> list[tuple[FCode, int]]:
         """The split's F codes with exact integer weights, P(f) ∝ weight."""
-        from generators.conditionals import PriorsUnavailable
-
         raise PriorsUnavailable(f"generator: {self.name} does not describe its F distribution; "
                                 "evaluate its datasets with --unanchored")
 
     def o_given_f(self) -> CoveringSets | ListedSets:
         """How O is distributed given F (uniform within Ω(f) in every generator here)."""
-        from generators.conditionals import PriorsUnavailable
-
         raise PriorsUnavailable(f"generator: {self.name} does not describe its O-given-F distribution; "
                                 "evaluate its datasets with --unanchored")
 

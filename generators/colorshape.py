@@ -15,9 +15,9 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageDraw
 
-from bench.codes import FeatureSpace
-from bench.dataset import Scene
-from bench.errors import ConfigError
+from bench.core.codes import FeatureSpace
+from bench.core.dataset import Scene
+from bench.core.errors import ConfigError
 from generators.base import CommonConfig, SceneGenerator, SplitPlan, plan_splits, register_generator
 from generators.priors import CoveringSets, balanced_priors, coverage_count, omega_size, uniform_priors
 from generators.sampling import check_object_range, sample_covering_cells, sample_uniform_objects

@@ -50,18 +50,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from bench.codes import FeatureSpace
-from bench.errors import BenchError
-from bench.hashing import derive_seed, stable_json
-from generators.priors import CoveringSets, ListedSets, coverage_count, grid_completions
+from bench.core.codes import FeatureSpace
+from bench.core.errors import BenchError
+from bench.core.hashing import derive_seed, stable_json
+from generators.priors import CoveringSets, ListedSets, PriorsUnavailable, coverage_count, grid_completions
 from generators.sampling import choose_weighted, sample_covering_cells
 
 #: rows handled between two progress reports.
 _CHUNK = 1000
-
-
-class PriorsUnavailable(BenchError):
-    """A dataset card does not say enough to rebuild its exact priors."""
 
 
 # -- rebuilding the generator from a card ----------------------------------------------------

@@ -4,7 +4,7 @@ Every scene is drawn from its own seed, derived from (global seed, split, index)
 and shards have fixed row ranges, so the bytes written do not depend on how many
 workers ran or in which order they finished. With fewer than two shards a worker, each
 shard is cut into row ranges that the workers render and this process writes, so
-`--workers` is used even when a split is one shard. The folder's manifest (`bench.outdir`)
+`--workers` is used even when a split is one shard. The folder's manifest (`bench.core.outdir`)
 records the config of an unfinished run and the shards it writes: re-running the same
 command reuses finished shards (and renders a damaged one again); the card, written
 last, is what makes the directory a dataset.
@@ -33,11 +33,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import bench
-from bench.dataset import CARD_NAME, SCHEMA_VERSION, encode_scene, row_schema, shard_name, write_json_atomic, write_parquet_atomic
-from bench.errors import BenchError
-from bench.hashing import config_hash, derive_seed, fingerprint
-from bench.outdir import DatasetTarget, check_target
-from bench.versions import package_versions
+from bench.core.dataset import CARD_NAME, SCHEMA_VERSION, encode_scene, row_schema, shard_name, write_json_atomic, write_parquet_atomic
+from bench.core.errors import BenchError
+from bench.core.hashing import config_hash, derive_seed, fingerprint
+from bench.core.outdir import DatasetTarget, check_target
+from bench.core.versions import package_versions
 from generators.base import CommonConfig, SceneGenerator, config_to_dict, get_generator
 
 #: A conservative lower bound on a scene's bytes on disk (two PNGs, codes, hash, metadata).

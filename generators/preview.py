@@ -8,7 +8,7 @@ from itertools import islice
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from bench.dataset import Dataset
+from bench.core.dataset import Dataset
 
 #: Distinct colours for instance ids (tab20), background black.
 _ID_COLOURS = np.array(

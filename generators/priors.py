@@ -16,6 +16,12 @@ from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from bench.core.errors import BenchError
+
+
+class PriorsUnavailable(BenchError):
+    """A dataset card or generator does not say enough to rebuild its exact priors."""
+
 
 @lru_cache(maxsize=None)
 def coverage_count(k: int, a: tuple[int, ...]) -> int:

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from bench.ray_cluster import MAX_RETRIES, check_every_node, file_digest, ray, session, unreadable
+from bench.core.ray_cluster import MAX_RETRIES, check_every_node, file_digest, ray, session, unreadable
 from generators.base import CommonConfig
 
 Task = tuple[str, int, int, int]  # split, shard, first row, end row

@@ -34,7 +34,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 #: Environment variable choosing the OpenGL platform: `osmesa` (default) or `egl`.
 PLATFORM_ENV = "BINDINGBENCH_GL"

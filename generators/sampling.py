@@ -15,7 +15,7 @@ import math
 import random
 from typing import Callable, Collection, Sequence
 
-from bench.errors import ConfigError
+from bench.core.errors import ConfigError
 from generators.priors import coverage_count, row_options
 from generators.splits import FCode, fcode_key, fcode_of_conjs
 

@@ -27,9 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.codes import FeatureSpace
-from bench.dataset import Scene
-from bench.errors import BenchError, ConfigError
+from bench.core.codes import FeatureSpace
+from bench.core.dataset import Scene
+from bench.core.errors import BenchError, ConfigError
 from generators import render3d
 from generators.base import CommonConfig, SceneGenerator, SplitPlan, plan_splits, register_generator
 from generators.priors import CoveringSets, ListedSets, omega_size, priors_from_counts, uniform_priors

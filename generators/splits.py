@@ -14,8 +14,8 @@ import itertools
 import math
 from typing import Callable, Sequence
 
-from bench.errors import ConfigError
-from bench.hashing import sha256_hex
+from bench.core.errors import ConfigError
+from bench.core.hashing import sha256_hex
 
 FCode = tuple[tuple[int, ...], ...]
 

@@ -28,8 +28,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend first)
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from bench.dataset import CARD_NAME  # noqa: E402
-from bench.errors import BenchError  # noqa: E402
+from bench.core.dataset import CARD_NAME  # noqa: E402
+from bench.core.errors import BenchError  # noqa: E402
 from leaderboards.tables import Leaderboard, build_leaderboard, column_name  # noqa: E402
 
 FORMATS = ("png", "svg")

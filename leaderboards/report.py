@@ -45,7 +45,7 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib import colormaps  # noqa: E402
 
-from bench.errors import BenchError  # noqa: E402
+from bench.core.errors import BenchError  # noqa: E402
 from leaderboards.plots import MAX_PNG_WIDTH, layer_curves, probe_bars  # noqa: E402
 from leaderboards.store import load_selected  # noqa: E402
 from leaderboards.tables import Leaderboard, board_notes, build_leaderboard, column_name, format_cell, title  # noqa: E402

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.errors import BenchError
-from bench.results import KEY_COLUMNS, RESULT_SCHEMA, read_results
+from bench.core.errors import BenchError
+from bench.core.results import KEY_COLUMNS, RESULT_SCHEMA, read_results
 
 #: Per-scene columns (test bits, F-code groups, prior references): kept as numpy arrays, which
 #: paired comparisons read, never as Python lists (a row holds thousands of them).

@@ -46,10 +46,10 @@ from rich.markup import escape
 
 import numpy as np
 
-from bench.console import Format, render_table
-from bench.errors import BenchError
-from bench.numbers import fixed, plus_minus
-from bench.registry import Registry
+from bench.core.console import Format, render_table
+from bench.core.errors import BenchError
+from bench.core.numbers import fixed, plus_minus
+from bench.core.registry import Registry
 from evaluators.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
 from evaluators.metrics import metric_checks, paired_difference, validation_metric
 

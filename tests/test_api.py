@@ -14,7 +14,7 @@ import torch
 
 from bench import api
 from bench.cli import main
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones.base import Backbone
 from evaluators.backbones.ground_truth import PixelsBackbone
 from evaluators.backbones.weights import state_dict_hash

@@ -15,7 +15,7 @@ import transformers
 from PIL import Image
 
 from bench.cli import main
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones import PRESETS, list_backbones, resolve_backbone
 from evaluators.backbones.hf import preset_n_params
 from evaluators.backbones.presets import Preset

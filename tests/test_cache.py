@@ -17,8 +17,8 @@ import pytest
 from test_backbones import TINY, tiny_checkpoint
 
 from bench.cli import main
-from bench.dataset import Dataset
-from bench.errors import BenchError
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
 from evaluators import cache
 from evaluators.backbones import PRESETS, resolve_backbone
 from evaluators.backbones.hf import HFBackbone
@@ -104,7 +104,7 @@ def test_a_writer_that_waited_never_touches_the_finished_entry(ds, tmp_path):
 
 SLOW_RUN = """
 import sys, time
-from bench.dataset import Dataset
+from bench.core.dataset import Dataset
 from evaluators.backbones.hf import HFBackbone
 from evaluators.extract import extract_activations
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.dataset import Dataset
+from bench.core.dataset import Dataset
 from evaluators.backbones import ground_truth
 from evaluators.extract import extract_activations
 from evaluators.metrics import metric_checks

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bench.cli import main
-from bench.dataset import Dataset
+from bench.core.dataset import Dataset
 from generators.base import build_config, get_generator
 from generators.engine import scene_seed
 from generators.splits import fcode_key, fcode_of_conjs

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from bench.codes import FeatureSpace
-from bench.errors import ConfigError
+from bench.core.codes import FeatureSpace
+from bench.core.errors import ConfigError
 
 COLOR_SHAPE = FeatureSpace.of([("color", ["red", "blue", "green"]), ("shape", ["circle", "square"])])
 THREE = FeatureSpace.of([("color", "abc"), ("shape", "xy"), ("material", ["rubber", "metal", "glass", "wood"])])

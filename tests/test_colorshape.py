@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from bench.dataset import Dataset, decode_image, decode_mask
+from bench.core.dataset import Dataset, decode_image, decode_mask
 from generators.colorshape import PALETTE, SHAPES, stencil
 from generators.priors import coverage_count, omega_size
 

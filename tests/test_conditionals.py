@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.dataset import Dataset
-from bench.errors import BenchError
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
 from generators.base import build_config, config_to_dict, get_generator
 from generators.conditionals import (
     PriorsUnavailable,

@@ -13,8 +13,8 @@ import pytest
 
 from bench.cli import main
 from bench.commands.demo import CONTROL, CONTROL_MODEL, DEMO_MODELS, DEMO_PROBES, ZOO_MODELS
-from bench.dataset import Dataset
-from bench.results import write_run
+from bench.core.dataset import Dataset
+from bench.core.results import write_run
 from evaluators.zoo import RECIPES, ZOO_ENV
 from test_leaderboard import result_row
 from test_zoo import tiny

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.cli import main
-from bench.dataset import Dataset
-from bench.results import KEY_COLUMNS, read_results
+from bench.core.dataset import Dataset
+from bench.core.results import KEY_COLUMNS, read_results
 from tests.conftest import make_dataset
 
 
@@ -116,7 +116,7 @@ def test_an_edited_checkpoint_or_changed_probe_is_measured_again_and_supersedes(
 def test_rows_of_an_older_schema_are_set_aside_with_a_note(tiny, tmp_path, capsys):
     import pyarrow as pa
 
-    from bench.results import RESULTS_SCHEMA_VERSION
+    from bench.core.results import RESULTS_SCHEMA_VERSION
 
     assert RESULTS_SCHEMA_VERSION == 5
     old = pa.table({"backbone": ["oracle:objects"], "beta_star": [0.5]})

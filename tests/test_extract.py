@@ -8,9 +8,9 @@ import pytest
 import torch
 from test_backbones import tiny_checkpoint
 
-from bench.dataset import Dataset
-from bench.errors import BenchError
-from bench.hashing import derive_seed
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
+from bench.core.hashing import derive_seed
 from evaluators.backbones import resolve_backbone
 from evaluators.extract import dataset_side, extract_activations, parse_layers
 

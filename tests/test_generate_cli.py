@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from bench.cli import main
-from bench.dataset import CARD_NAME, Dataset
+from bench.core.dataset import CARD_NAME, Dataset
 
 BENCH = [sys.executable, "-c", "from bench.cli import main; main()"]
 

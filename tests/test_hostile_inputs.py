@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.cli import main
-from bench.dataset import CARD_NAME, Dataset
+from bench.core.dataset import CARD_NAME, Dataset
 from tests.conftest import make_dataset
 
 SMALL = ["colorshape", "--preset", "small", "--n-train", "12", "--n-val", "4", "--n-test", "4", "--workers", "1"]
@@ -160,7 +160,7 @@ def test_import_overwrite_keeps_notes_and_replaces_only_a_dataset(clevr_src, tmp
 def _leftover_staging(out: Path, extra: str | None = None) -> Path:
     """What a writer killed with -9 leaves beside `out`: a staging folder with its manifest, a
     shard, a temporary and an unheld lock (the kernel dropped the flock with the process)."""
-    from bench.outdir import LOCK_NAME, MANIFEST_NAME, staging_path
+    from bench.core.outdir import LOCK_NAME, MANIFEST_NAME, staging_path
 
     staging = staging_path(out)
     staging.mkdir(parents=True)
@@ -184,7 +184,7 @@ def test_a_killed_imports_staging_is_cleaned_by_the_next_run(clevr_src, tmp_path
 
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_folder(ds, clevr_src, tmp_path, capsys):
-    from bench.outdir import LOCK_NAME
+    from bench.core.outdir import LOCK_NAME
 
     d = tmp_path / "d"
     d.mkdir()
@@ -278,7 +278,7 @@ def _damage(d: Path, kind: str) -> str:
         pq.write_table(t.set_column(t.schema.get_field_index("F"), "F", wide), shard)
         return shard.name
     if kind == "foreign":  # someone's Parquet file at a shard's name
-        from bench.results import RESULT_SCHEMA
+        from bench.core.results import RESULT_SCHEMA
 
         pq.write_table(RESULT_SCHEMA.empty_table(), shard)
         return shard.name
@@ -317,7 +317,7 @@ def test_unwritable_outputs_fail_before_work(ds, tmp_path, capsys):
 
 
 def test_damaged_results_file(tmp_path, capsys):
-    from bench.results import RESULT_SCHEMA, write_parquet_atomic
+    from bench.core.results import RESULT_SCHEMA, write_parquet_atomic
 
     results = tmp_path / "results"
     results.mkdir()
@@ -329,7 +329,7 @@ def test_damaged_results_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("command", [["leaderboard"], ["plot", "layers"], ["report"]])
 def test_results_file_with_null_key_cells(tmp_path, capsys, command):
-    from bench.results import make_table, write_parquet_atomic
+    from bench.core.results import make_table, write_parquet_atomic
 
     results = tmp_path / "results"
     results.mkdir()
@@ -425,7 +425,7 @@ def test_truncated_shard(ds, tmp_path_factory, capsys, frac):
 @_FUZZ
 @given(frac=st.floats(0, 1, exclude_max=True))
 def test_truncated_results(tmp_path_factory, capsys, frac):
-    from bench.results import RESULT_SCHEMA, write_parquet_atomic
+    from bench.core.results import RESULT_SCHEMA, write_parquet_atomic
 
     results = tmp_path_factory.mktemp("fuzz") / "results"
     results.mkdir()

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from bench.cli import main
-from bench.dataset import Dataset
-from bench.results import read_results
+from bench.core.dataset import Dataset
+from bench.core.results import read_results
 
 CLEVR_COLORS = {"gray": (87, 87, 87), "red": (173, 35, 35), "blue": (42, 75, 215), "green": (29, 105, 20),
                 "brown": (129, 74, 25), "purple": (129, 38, 192), "cyan": (41, 208, 208), "yellow": (255, 238, 51)}

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.dataset import Dataset
-from bench.errors import BenchError
-from bench.results import make_table
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
+from bench.core.results import make_table
 from tests.conftest import make_dataset
 from evaluators.backbones.base import AttentionQK
 from evaluators.families import PAIR_PROBES
@@ -364,7 +364,7 @@ def test_bench_evaluate_attention_qk(big_objects, tmp_path, capsys):
     (no block reads it; a note says so, no error row); backbones without projections stop with
     one line (exit 2) that names the backbone."""
     from bench.cli import main
-    from bench.results import read_results
+    from bench.core.results import read_results
     from tests.test_backbones import tiny_checkpoint
 
     _, path = tiny_checkpoint("dinov2", tmp_path / "dinov2")
@@ -400,7 +400,7 @@ def test_bench_evaluate_issameobject_oracle_and_pixels(big_objects, tmp_path, ca
     against the baselines on the same pairs.
     """
     from bench.cli import main
-    from bench.results import read_results
+    from bench.core.results import read_results
 
     results = tmp_path / "results"
     args = ["evaluate", "--task", "issameobject", "--dataset", str(big_objects), "--model", "oracle:patches",
@@ -505,7 +505,7 @@ def test_bench_evaluate_writes_attention_correlation(big_objects, tmp_path, caps
     """Trained probe rows of a tiny DINOv2 get attention_r/attention_p for hidden states
     0 and 1 (blocks 0 and 1 read them), null for the last and for baselines."""
     from bench.cli import main
-    from bench.results import read_results
+    from bench.core.results import read_results
     from tests.test_backbones import tiny_checkpoint
 
     _, path = tiny_checkpoint("dinov2", tmp_path / "dinov2")

@@ -1,8 +1,9 @@
-"""One-way layers: nothing below the CLI imports the CLI, nothing below the API imports the API,
-and evaluators/ has no import cycle.
+"""One-way layers: `bench.core` at the bottom; `generators`, `evaluators` and `leaderboards` above
+it; `bench.api` above those; the CLI (`bench.cli`, `bench.commands`) on top. A module imports only
+from its own layer or below, and there is no import cycle anywhere.
 
 The graph is read from source with `ast`, imports inside functions included (a lazy import
-is still a dependency), and the check is shown to catch a planted violation."""
+is still a dependency), and the check is shown to catch planted violations."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bench", "generators", "evaluators", "leaderboards")
 CLI = ("bench.cli", "bench.commands")
-#: The public API sits above generators, evaluators and leaderboards, below the CLI.
-API = ("bench.api",)
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
@@ -51,21 +50,22 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     return graph
 
 
+def layer(module: str) -> int:
+    """0 core, 1 generators/evaluators/leaderboards, 2 the API, 3 the CLI."""
+    if module == "bench" or module.startswith("bench.core"):
+        return 0
+    if module.split(".")[0] in ("generators", "evaluators", "leaderboards"):
+        return 1
+    if module == "bench.api":
+        return 2
+    return 3  # bench.cli, bench.commands
+
+
 def violations(graph: dict[str, set[str]]) -> list[str]:
-    """`A imports B` for every module below the CLI that imports the CLI or below the API that imports
-    the API, and any cycle in evaluators/."""
-    def within(m: str, layer: tuple[str, ...]) -> bool:
-        return any(m == c or m.startswith(c + ".") for c in layer)
-
-    def below(m: str, layer: tuple[str, ...]) -> bool:
-        return not within(m, CLI) and not within(m, layer)
-
-    out = [f"{m} imports {t}" for m, ts in sorted(graph.items()) for t in sorted(ts)
-           if (within(t, CLI) and below(m, CLI)) or (within(t, API) and below(m, API))]
-    evaluators = {m: {t for t in ts if t.startswith("evaluators.")} for m, ts in graph.items()
-                  if m.startswith("evaluators.")}
+    """`A imports B` for every import that runs up the layers, and any import cycle."""
+    out = [f"{m} imports {t}" for m, ts in sorted(graph.items()) for t in sorted(ts) if layer(t) > layer(m)]
     try:
-        TopologicalSorter(evaluators).prepare()
+        TopologicalSorter(graph).prepare()
     except CycleError as e:
         out.append("import cycle: " + " -> ".join(e.args[1]))
     return out
@@ -76,15 +76,16 @@ def test_the_layers_run_one_way():
 
 
 @pytest.mark.parametrize("planted, expected", [
-    ({"planted.py": "def f():\n    from bench.commands.common import stderr\n"},
+    ({"evaluators/planted.py": "def f():\n    from bench.commands.common import stderr\n"},
      "evaluators.planted imports bench.commands.common"),
-    ({"planted.py": "def f():\n    from bench import api\n"}, "evaluators.planted imports bench.api"),
-    ({"planted_a.py": "def f():\n    from evaluators import planted_b\n",
-      "planted_b.py": "import evaluators.planted_a\n"}, "import cycle: evaluators.planted_"),
+    ({"bench/core/planted.py": "import evaluators.run\n"}, "bench.core.planted imports evaluators.run"),
+    ({"leaderboards/planted.py": "def f():\n    from bench import api\n"}, "leaderboards.planted imports bench.api"),
+    ({"generators/planted_a.py": "def f():\n    from generators import planted_b\n",
+      "generators/planted_b.py": "import generators.planted_a\n"}, "import cycle: generators.planted_"),
 ])
 def test_a_planted_violation_is_caught(tmp_path, planted, expected):
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     for name, text in planted.items():  # an import inside a function body counts too
-        (tmp_path / "evaluators" / name).write_text(text)
+        (tmp_path / name).write_text(text)
     assert [v for v in violations(import_graph(tmp_path)) if v.startswith(expected)]

@@ -13,8 +13,8 @@ import pytest
 
 from bench.cli import main
 from bench.commands.common import Format
-from bench.errors import BenchError
-from bench.results import provenance, write_run
+from bench.core.errors import BenchError
+from bench.core.results import provenance, write_run
 from leaderboards.store import latest, load_results, select_rows
 from leaderboards.tables import (Cell, beats, build_leaderboard, render_leaderboard, render_leaderboards,
                                  resolve_metric, tidy_records)

@@ -9,7 +9,7 @@ import json
 import re
 
 from bench.commands.common import Format, render_table
-from bench.numbers import fixed, plus_minus, readable
+from bench.core.numbers import fixed, plus_minus, readable
 
 #: "-0", "-0.0", "-0.00" as a whole number in text
 NEGATIVE_ZERO = re.compile(r"(?<![\w.])-0(\.0*)?(?![\d.])")

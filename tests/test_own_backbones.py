@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from bench.cli import main
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones import resolve_backbone
 from evaluators.backbones.presets import IMAGENET_MEAN
 from evaluators.backbones.timm_models import TimmBackbone

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.errors import ConfigError
+from bench.core.errors import ConfigError
 from evaluators.patch_labels import IGNORE, label_shares, patch_labels
 
 

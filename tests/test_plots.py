@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from bench.cli import main
-from bench.results import write_run
+from bench.core.results import write_run
 from leaderboards import plots
 from leaderboards.plots import layer_series, sweep_series, sweep_values
 from leaderboards.tables import build_leaderboard

@@ -1,4 +1,4 @@
-"""Third-party entries through Python entry points (bench/registry.py), in a real process.
+"""Third-party entries through Python entry points (bench/core/registry.py), in a real process.
 
 A throwaway `*.dist-info` with an `entry_points.txt` and a one-file plugin on PYTHONPATH
 (no pip, no network; both from the README) registers a backbone source, a binding probe family and a generator;
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.errors import BenchError
-from bench.registry import Registry
+from bench.core.errors import BenchError
+from bench.core.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = [sys.executable, "-c", "from bench.cli import main; main()"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.families import BINDING_PROBES
 from evaluators.probes import MadeProbe, build_probe, check_family, conjunction_factors, scene_bits
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, feature_stats, fit_probes

@@ -212,7 +212,7 @@ print(_slots(0.5), _slots(1.0), _slots(0.0), sorted(str(ids) for ids, _, _ in ou
 
 
 def test_gpu_requests_follow_the_device():
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
     from evaluators.ray_executor import task_gpus
 
     assert task_gpus("cuda", None) == 1.0 and task_gpus("cuda", 0.5) == 0.5 and task_gpus("cpu", None) == 0.0

@@ -9,7 +9,7 @@ import numpy as np
 import psutil
 import pytest
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from generators import render3d
 from generators.render3d import Camera, Light, Part, Placed, object_pose
 from generators.scenes3d import clevr_geometry

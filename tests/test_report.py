@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from bench.cli import main
-from bench.dataset import encode_png
-from bench.results import new_run_id, provenance, write_run
+from bench.core.dataset import encode_png
+from bench.core.results import new_run_id, provenance, write_run
 from evaluators.patch_labels import patch_labels
 from evaluators.toy_analysis import PAIR_CATEGORIES, category_stats, write_analysis
 

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.cli import main
-from bench.dataset import Dataset
-from bench.results import read_results
+from bench.core.dataset import Dataset
+from bench.core.results import read_results
 from tests.conftest import make_dataset
 
 

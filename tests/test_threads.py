@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.cli import main
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators import threads
 from tests.conftest import make_dataset
 

@@ -18,8 +18,8 @@ from timm.models import register_model
 from timm.models.vision_transformer import _create_vision_transformer
 
 from bench.cli import main
-from bench.dataset import Dataset
-from bench.errors import BenchError
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
 from evaluators.backbones import list_backbones, resolve_backbone
 from evaluators.backbones.presets import BILINEAR, LIBRARY_PRESETS
 from evaluators.backbones.weights import state_dict_hash
@@ -294,7 +294,7 @@ def test_extract_excludes_prefix_tokens(tiny_data):
 
 
 def test_evaluate_binding_and_issameobject(tiny_data, tmp_path, capsys):
-    from bench.results import read_results
+    from bench.core.results import read_results
     from evaluators.issameobject import evaluate_issameobject
 
     results = tmp_path / "results"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.dataset import Dataset
+from bench.core.dataset import Dataset
 from evaluators.issameobject import PairTrainConfig
 from evaluators.patch_labels import split_patch_labels
 from evaluators.toy_analysis import (

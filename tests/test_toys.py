@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bench.cli import main
-from bench.dataset import Dataset
+from bench.core.dataset import Dataset
 from generators.base import build_config, get_generator
 
 TOYS = get_generator("toys")

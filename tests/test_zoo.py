@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.cli import main
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones import resolve_backbone
 from evaluators.zoo import RECIPES, ZOO_ENV, training
 from evaluators.zoo.training import CARD_NAME, partial_dir, train_recipe
@@ -87,7 +87,7 @@ def test_training_beats_the_best_constant_predictor(tmp_path):
 
 def test_zoo_spec_is_the_local_checkpoint_path(zoo_cache, balanced_small, capsys):
     """Train through the CLI, load as zoo:NAME and as its directory (one cache entry), evaluate it."""
-    from bench.dataset import Dataset
+    from bench.core.dataset import Dataset
     from evaluators.extract import extract_activations
     from leaderboards.store import load_results
 

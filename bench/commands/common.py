@@ -1,4 +1,4 @@
-"""The commands' console helpers: they live in `bench.console`, below the CLI, so that
+"""The commands' console helpers: they live in `bench.core.console`, below the CLI, so that
 evaluators and leaderboards print and render tables without importing the CLI."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from typer.core import TyperCommand
 
-from bench.console import TABLE_WIDTH, Format, echo, progress_bar, render_table, stderr
+from bench.core.console import TABLE_WIDTH, Format, echo, progress_bar, render_table, stderr
 
 __all__ = ["TABLE_WIDTH", "Format", "echo", "progress_bar", "registry_help", "render_table", "stderr"]
 

@@ -10,9 +10,9 @@ from typing import Optional
 import typer
 
 from bench.commands.common import Format, echo, render_table, stderr
-from bench.dataset import Dataset
-from bench.errors import BenchError
-from bench.paths import check_output_file
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
+from bench.core.paths import check_output_file
 from generators.base import get_generator, list_generators
 
 

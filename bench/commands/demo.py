@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import typer
 
 from bench.commands.common import Format, echo, progress_bar, stderr
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 #: The demo's backbones: three oracles (the top, the middle and the bottom of the scale), a
 #: no-learning baseline, and the zoo's ViTs, learned (trained here on first use, then reused from
@@ -69,7 +69,7 @@ def demo(
     gen(config)  # a bad size is refused here, before a folder is chosen or made
     settings = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "image_size": side, "seed": DEMO_SEED}
     work = out if out is not None else demo_folder(Path(), settings)
-    from bench.results import check_writable
+    from bench.core.results import check_writable
 
     check_writable(work, "out")  # now, not after minutes of training
     _write_manifest(work, settings)
@@ -164,7 +164,7 @@ def _write_manifest(folder: Path, settings: dict[str, Any]) -> None:
     """Record what made the folder (so a later demo of the same sizes reuses it), unless it says so already."""
     if not (folder / DEMO_MANIFEST).exists():
         import bench
-        from bench.dataset import write_json_atomic
+        from bench.core.dataset import write_json_atomic
 
         write_json_atomic({"made_by": "bench demo", "bench_version": bench.__version__, "settings": settings},
                           folder / DEMO_MANIFEST)
@@ -237,7 +237,7 @@ def _demo_config(n_train: int, n_val: int, n_test: int, image_size: int) -> tupl
 
 def _demo_dataset(target: Path, gen: Any, config: Any) -> None:
     """Generate the demo's scenes into `target`, or reuse them when an earlier demo made the same there."""
-    from bench.dataset import CARD_NAME, Dataset
+    from bench.core.dataset import CARD_NAME, Dataset
     from generators.base import config_to_dict
     from generators.engine import generate
 

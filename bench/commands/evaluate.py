@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import typer
 
 from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr
-from bench.numbers import fixed, plus_minus
+from bench.core.numbers import fixed, plus_minus
 
 #: Every column of the summary: `--wide`, CSV and JSON (raw numbers).
 SUMMARY_COLUMNS = {
@@ -89,7 +89,7 @@ def evaluate(
     wide: bool = typer.Option(False, "--wide", help="The table with every summary column (default: the headline numbers, 100 columns wide)."),
 ) -> None:
     """Measure binding (B, β, β*) or IsSameObject accuracy of backbones; write results/<run_id>.parquet."""
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
     from evaluators.plan import EvaluationPlan
     from evaluators.run import run_evaluation
 

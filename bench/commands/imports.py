@@ -14,7 +14,7 @@ from typing import Any, Optional
 import typer
 
 from bench.commands.common import progress_bar, stderr
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 import_app = typer.Typer(help="Import a real-image dataset from a local copy (nothing is downloaded).",
                          no_args_is_help=True)
@@ -76,7 +76,7 @@ def clevr(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scene
 def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, image_size: int, out: Path, src: Path,
            overwrite: bool) -> None:
     """Every option and the destination, before the source is read (parsing it can take minutes)."""
-    from bench.outdir import check_target
+    from bench.core.outdir import check_target
 
     if image_size < 16:
         raise BenchError(f"image-size: must be ≥ 16, got {image_size}")

@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from bench.commands.common import Format, echo, render_table, stderr
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 cache_app = typer.Typer(help="See and clear cached activations.")
 
@@ -75,8 +75,8 @@ def extract(
     limit: Optional[int] = typer.Option(None, help="Only the first N scenes of each split (as `bench evaluate --limit`)."),
 ) -> None:
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
-    from bench.dataset import Dataset
-    from bench.paths import check_output_dir
+    from bench.core.dataset import Dataset
+    from bench.core.paths import check_output_dir
     from evaluators.cache import cache_root
     from evaluators.extract import extract_activations
 

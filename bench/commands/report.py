@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from bench.commands.common import Format, echo, render_table, stderr
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +36,7 @@ def toys_analysis(
     fmt: Format = typer.Option(Format.table, "--format", help="table, markdown, csv or json."),
 ) -> None:
     """Score patch pairs of identical-object toy scenes by pair category, per layer."""
-    from bench.results import check_writable
+    from bench.core.results import check_writable
     from evaluators.issameobject import check_probes
     from evaluators.toy_analysis import TABLE_COLUMNS, run_toy_analysis, table_rows, write_analysis
 
@@ -83,7 +83,7 @@ def report(
 
 def _check_toys(path: Path) -> None:
     """Refuse, before any extraction, a dataset that is not a `bench generate toys` set."""
-    from bench.dataset import Dataset
+    from bench.core.dataset import Dataset
 
     generator = Dataset(path).card.get("generator", {}).get("name")
     if generator != "toys":

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.errors import BenchError
-from bench.registry import Registry
+from bench.core.errors import BenchError
+from bench.core.registry import Registry
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels

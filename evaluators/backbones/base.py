@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 RESOLUTIONS = ("native", "match-grid")
 #: `match-grid` feeds every model the dataset's 16-px patch grid (side / 16 patches per side).

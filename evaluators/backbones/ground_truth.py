@@ -15,10 +15,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bench.codes import FeatureSpace
-from bench.dataset import decode_mask
-from bench.errors import BenchError
-from bench.hashing import derive_seed
+from bench.core.codes import FeatureSpace
+from bench.core.dataset import decode_mask
+from bench.core.errors import BenchError
+from bench.core.hashing import derive_seed
 from evaluators.backbones.base import Backbone, BackboneInfo, decode_resized
 
 VERSION = "builtin-v1"

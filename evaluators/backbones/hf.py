@@ -22,8 +22,8 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from bench.errors import BenchError
-from bench.hashing import stable_json
+from bench.core.errors import BenchError
+from bench.core.hashing import stable_json
 from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo, decode_resized
 from evaluators.backbones.presets import FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess, Preset
 from evaluators.backbones.weights import files_hash, state_dict_hash

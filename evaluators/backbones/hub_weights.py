@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones import hf
 from evaluators.backbones.hf import STALL_DEADLINE_S, _with_stall_deadline, hub_cache_dir
 

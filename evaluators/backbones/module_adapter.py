@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.hf import HFBackbone, autocast
 from evaluators.backbones.presets import IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 NESTED_KEYS = ("state_dict", "model")

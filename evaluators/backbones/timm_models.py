@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones.base import AttentionQK, BackboneInfo
 from evaluators.backbones.fused_qk import fused_attention_qk
 from evaluators.backbones.hf import HFBackbone, autocast

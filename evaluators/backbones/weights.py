@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from bench.dataset import write_json_atomic
+from bench.core.dataset import write_json_atomic
 
 MEMO_MIN_BYTES = 64 << 20
 MEMO_NAME = "weight-hashes.json"

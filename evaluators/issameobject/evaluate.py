@@ -12,10 +12,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.console import progress_bar
-from bench.dataset import Dataset
-from bench.errors import BenchError
-from bench.hashing import config_hash, derive_seed
+from bench.core.console import progress_bar
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
+from bench.core.hashing import config_hash, derive_seed
 from evaluators.backbones.base import AttentionQK
 from evaluators.issameobject.attention import attention_correlation, pair_attention
 from evaluators.issameobject.metrics import pair_metrics, validation_metrics

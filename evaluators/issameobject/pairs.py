@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.errors import ConfigError
+from bench.core.errors import ConfigError
 from evaluators.issameobject.scorers import SAMPLINGS
 from evaluators.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE
 

@@ -14,7 +14,7 @@ from scipy.optimize import minimize_scalar
 from torch import nn
 from torch.nn import functional as F
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.backbones.base import AttentionQK
 from evaluators.families import PAIR_PROBES, pair_probe_names
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from evaluators.zoo.recipes import RECIPES, Recipe
 from evaluators.zoo.training import damage, partial_dir, read_card, train_recipe
 

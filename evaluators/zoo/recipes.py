@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from bench.hashing import config_hash
+from bench.core.hashing import config_hash
 
 #: The scenes every recipe renders, and the demo scores the zoo on: the `zoo` preset of ColorShape
 #: drawn at 64 px with 24-px objects (the preset's own 128 px and 32-px objects at half the cost).

@@ -35,9 +35,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from bench.dataset import Dataset, decode_image, write_json_atomic
-from bench.errors import BenchError
-from bench.hashing import config_hash, derive_seed, sha256_hex
+from bench.core.dataset import Dataset, decode_image, write_json_atomic
+from bench.core.errors import BenchError
+from bench.core.hashing import config_hash, derive_seed, sha256_hex
 from evaluators.zoo.recipes import Recipe
 
 CARD_NAME = "zoo_card.json"

@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image, UnidentifiedImageError
 
-from bench.codes import FeatureSpace
-from bench.errors import BenchError
+from bench.core.codes import FeatureSpace
+from bench.core.errors import BenchError
 from generators.importers.common import (Source, SourceObject, SourceScene, instance_dtype, malformed, missing,
                                          read_rgb, top_values)
 

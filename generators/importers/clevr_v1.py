@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bench.codes import FeatureSpace
+from bench.core.codes import FeatureSpace
 from generators.importers.common import Source, SourceObject, SourceScene, malformed, missing, read_rgb
 from generators.priors import coverage_count
 

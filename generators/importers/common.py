@@ -8,7 +8,7 @@ the generators' salted hash (`generators.splits.assign_splits`), so the splits a
 disjoint in F whatever the source's own splits were; the priors are plug-in
 estimates from each split's own codes and the card says so (`priors: empirical`).
 Everything is written into a staging folder beside the output and swapped into place
-when complete (`bench.outdir`), so a missing image or a bad mask halfway through leaves
+when complete (`bench.core.outdir`), so a missing image or a bad mask halfway through leaves
 nothing behind, and nothing the importer did not write is ever deleted.
 """
 
@@ -25,13 +25,13 @@ import pyarrow as pa
 from PIL import Image, UnidentifiedImageError
 
 import bench
-from bench.codes import FeatureSpace
-from bench.dataset import (CARD_NAME, SCHEMA_VERSION, Scene, encode_scene, row_schema, shard_name, write_json_atomic,
+from bench.core.codes import FeatureSpace
+from bench.core.dataset import (CARD_NAME, SCHEMA_VERSION, Scene, encode_scene, row_schema, shard_name, write_json_atomic,
                            write_parquet_atomic)
-from bench.errors import BenchError
-from bench.hashing import config_hash, fingerprint
-from bench.outdir import DatasetTarget, check_target
-from bench.versions import package_versions
+from bench.core.errors import BenchError
+from bench.core.hashing import config_hash, fingerprint
+from bench.core.outdir import DatasetTarget, check_target
+from bench.core.versions import package_versions
 from generators.splits import FCode, assign_splits
 
 #: The card's `priors` value for imported data: plug-in estimates, never exact.
@@ -171,7 +171,7 @@ def write_import(source: Source, out: Path, *, split_seed: int, val_fraction: fl
                  config: dict[str, Any], overwrite: bool = False, sources: Sequence[Path] = (),
                  progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Write `source` as a dataset at `out`: built in a staging folder beside it and swapped in
-    whole (`bench.outdir`), so a failure at any point leaves `out` as it was. `sources` are the
+    whole (`bench.core.outdir`), so a failure at any point leaves `out` as it was. `sources` are the
     folders read: `out` may neither hold nor lie inside one."""
     out = Path(out)
     check_target(out, overwrite, sources=sources, stage=True)

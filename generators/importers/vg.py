@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.codes import FeatureSpace
-from bench.errors import BenchError
+from bench.core.codes import FeatureSpace
+from bench.core.errors import BenchError
 from generators.importers.common import (Source, SourceObject, SourceScene, box_mask, malformed, missing, read_rgb,
                                          top_values)
 

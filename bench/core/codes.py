@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from bench.errors import ConfigError
+from bench.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Callable, Generic, Iterator, Sequence, TypeVar, overload
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 T = TypeVar("T")
 

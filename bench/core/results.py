@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import bench
-from bench.dataset import write_parquet_atomic
-from bench.errors import BenchError
-from bench.versions import package_versions
+from bench.core.dataset import write_parquet_atomic
+from bench.core.errors import BenchError
+from bench.core.versions import package_versions
 
 #: 2: the chain-rule estimator on prior-anchored probes (β* = 1 - L_O|F / H(O|F)) is the
 #: headline; the paper's two-probe estimator moved to `*_paper` columns; β*_cond is gone.

@@ -2,7 +2,7 @@
 dies, so a killed writer never leaves a folder locked and no stale-lock heuristics exist.
 
 The activation cache locks its entries with these; dataset folders lock theirs (one
-writer at a time, `bench.outdir`). A lock file is never deleted while it may be in use:
+writer at a time, `bench.core.outdir`). A lock file is never deleted while it may be in use:
 a process that waited for a lock checks that the path still names the file it locked
 (`same_file`), since a remover may have replaced the folder meanwhile.
 """

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 
 def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str] = ()) -> Path:

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 try:
     import ray

@@ -28,10 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from bench.dataset import CARD_NAME, Dataset, write_json_atomic
-from bench.errors import BenchError
-from bench.locks import same_file, try_lock
-from bench.paths import check_output_dir
+from bench.core.dataset import CARD_NAME, Dataset, write_json_atomic
+from bench.core.errors import BenchError
+from bench.core.locks import same_file, try_lock
+from bench.core.paths import check_output_dir
 
 MANIFEST_NAME = ".bench-manifest.json"
 LOCK_NAME = ".bench.lock"

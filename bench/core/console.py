@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from bench.numbers import readable
+from bench.core.numbers import readable
 
 stderr = Console(stderr=True)
 
@@ -38,7 +38,7 @@ TABLE_WIDTH = 100
 def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: Format, title: str | None = None,
                  width: int | None = None) -> str:
     """Rows as text in the given format. CSV and JSON keep full-precision floats (for machines);
-    table and markdown show them for people (`bench.numbers.readable`).
+    table and markdown show them for people (`bench.core.numbers.readable`).
 
     A table fits `width` characters whether or not stdout is a terminal: cells wrap, and columns
     that cannot fit even wrapped are left out from the right, named in a last line. With `width`
@@ -124,7 +124,7 @@ def _plain(markup: str) -> str:
 
 
 def _cell(v: Any) -> str:
-    """A value for people: floats without -0 or scientific notation (`bench.numbers.readable`)."""
+    """A value for people: floats without -0 or scientific notation (`bench.core.numbers.readable`)."""
     if v is None:
         return ""
     if isinstance(v, float):

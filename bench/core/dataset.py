@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
 
-from bench.codes import FeatureSpace
-from bench.errors import BenchError
-from bench.hashing import fingerprint, sha256_hex, stable_json
+from bench.core.codes import FeatureSpace
+from bench.core.errors import BenchError
+from bench.core.hashing import fingerprint, sha256_hex, stable_json
 
 SCHEMA_VERSION = 1
 CARD_NAME = "dataset.json"
