@@ -48,7 +48,7 @@ class Projected(PixelsBackbone):
 
 def test_api_generate_writes_the_bytes_bench_generate_writes(tmp_path, capsys):
     out = api.generate("colorshape", preset="small", out=tmp_path / "api", seed=3, workers=1,
-                       overrides={"shard_size": 8, "n_train": 999}, **SIZES)
+                       overrides={"shard_size": 8, "n_train": 24}, **SIZES)
     assert out == tmp_path / "api" and not capsys.readouterr().err  # quiet unless asked for progress
     args = ["generate", "colorshape", "--preset", "small", "--seed", "3", "--set", "shard_size=8", "--workers", "2",
             "--n-train", "24", "--n-val", "8", "--n-test", "8", "--out", str(tmp_path / "cli")]
@@ -68,6 +68,7 @@ def test_api_generate_writes_the_bytes_bench_generate_writes(tmp_path, capsys):
     (dict(workers=0), "workers: must be ≥ 1, got 0"),
     (dict(address="auto"), "executor: --address needs --executor ray"),
     (dict(overrides={"n_objects": "many"}), "n_objects: cannot read 'many' as int"),
+    (dict(overrides={"n_train": 999}, n_train=24), "--set n_train=999 and --n-train 24 disagree"),
 ])
 def test_api_generate_refuses_bad_input_in_one_line_before_writing(kwargs, message, tmp_path):
     with pytest.raises(BenchError) as e:
