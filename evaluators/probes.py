@@ -312,21 +312,28 @@ class AttentionProbe(Probe):
     def attend(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(pooled values B x K x heads·d, attention B x K x heads x T)."""
         b, n_tok, _ = x.shape
-        h, d = self.heads, self.key_dim
-        q = (self.members @ self.query + self.query_bit).expand(b, -1, -1)
-        if self.query_c is not None:
-            q = q + self.query_c(cond)[:, None, :]
+        h, d, k = self.heads, self.key_dim, self.n_bits
         e = F.gelu(self.encoder(x))
         keys = self.keys(e).view(b, n_tok, h, d)
         vals = self.values(e).view(b, n_tok, h, d)
-        attn = torch.softmax(torch.einsum("bkhd,bthd->bkht", q.view(b, self.n_bits, h, d), keys) / math.sqrt(d), dim=-1)
-        pooled = torch.einsum("bkht,bthd->bkhd", attn, vals).reshape(b, self.n_bits, h * d)
+        q = self.members @ self.query + self.query_bit  # K x heads·d, the same for every scene
+        if self.query_c is None:
+            # one (B·T x d) @ (d x K) product per head rather than a per-scene batch of small ones
+            scores = torch.einsum("bthd,khd->bkht", keys, q.view(k, h, d))
+        else:
+            q = q + self.query_c(cond)[:, None, :]
+            scores = torch.einsum("bkhd,bthd->bkht", q.view(b, k, h, d), keys)
+        attn = torch.softmax(scores / math.sqrt(d), dim=-1)
+        pooled = torch.einsum("bkht,bthd->bkhd", attn, vals).reshape(b, k, h * d)
         return pooled, attn
 
     def readout(self, x, t, cond):
         pooled, _ = self.attend(x, t, cond)
         w = self.members @ self.w + self.w_bit
-        proj = torch.einsum("bkd,kv,vrd->bkr", pooled, self.members, self.p)
+        # each bit's directions first (K x r x d), then one small product per bit: contracting the
+        # three factors at once let einsum build a (V·d) x (B·K) product, a third of a step
+        directions = torch.einsum("kv,vrd->krd", self.members, self.p)
+        proj = torch.einsum("bkd,krd->bkr", pooled, directions)
         return (pooled * w).sum(-1) + (self.s * proj.square()).sum(-1)
 
     @torch.no_grad()
