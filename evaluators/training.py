@@ -285,20 +285,33 @@ def warm_start_from(model: torch.nn.Module, source: torch.nn.Module) -> None:
     differ only in a wider last (input) dimension of `model` (its leading inputs get the
     source's weights, the extra ones keep their own). Residual terms that start at zero in
     `model` are not copied, so it still starts at its prior: only what reads the input (an
-    attention probe's token encoder, keys and values) carries over."""
+    attention probe's token encoder, keys and values) carries over; an encoder copied whole
+    is frozen (`FROZEN_PARTS`)."""
     theirs = dict(source.named_parameters())
+    whole, part = set(), set()
     for name, p in model.named_parameters():
         q = theirs.get(name)
         if q is None or not name.startswith(WARM_START_PARTS):
             continue
         if q.shape == p.shape:
             p.copy_(q)
+            whole.add(name)
         elif q.dim() == p.dim() and q.shape[:-1] == p.shape[:-1] and q.shape[-1] < p.shape[-1]:
             p[..., : q.shape[-1]] = q
+            part.add(name)
+    # a module is frozen only if every parameter of it came whole (a widened encoder's bias fits too)
+    widened = {name.rpartition(".")[0] for name in part}
+    model.frozen_names = frozenset(n for n in whole
+                                   if n.startswith(FROZEN_PARTS) and n.rpartition(".")[0] not in widened)
 
 
 #: The parameters `warm_start_from` carries over: those that turn tokens into keys and values.
 WARM_START_PARTS = ("encoder.", "keys.", "values.", "probe.encoder.", "probe.keys.", "probe.values.")
+#: Of those, the ones a probe that reads the same tokens keeps as they came (its gradient stage
+#: does not train them): the per-token encoder is most of an attention probe's step, and an
+#: F-probe started from the O|F-probe's encoder reads the features as well frozen as trained.
+#: A probe whose tokens are wider (the planted probe's) trains its encoder on.
+FROZEN_PARTS = ("encoder.", "probe.encoder.")
 
 
 def _has_linear(job: ProbeJob) -> bool:
@@ -525,10 +538,12 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
     stale = {j.name: 0 for j in jobs}
     running = {j.name: j for j in jobs}
     for j in jobs:
-        linear = {id(p) for p in (j.model.linear_parameters() if _has_linear(j) else [])}
-        trained = [p for p in j.model.parameters() if id(p) not in linear]
+        kept = {id(p) for p in (j.model.linear_parameters() if _has_linear(j) else [])}
+        frozen = getattr(j.model, "frozen_names", frozenset())
+        kept |= {id(p) for name, p in j.model.named_parameters() if name in frozen}
+        trained = [p for p in j.model.parameters() if id(p) not in kept]
         for p in j.model.parameters():
-            p.requires_grad_(id(p) not in linear)
+            p.requires_grad_(id(p) not in kept)
         lr = config.lr if config.lr is not None else getattr(j.model, "lr", Probe.lr)
         decay = config.weight_decay if config.weight_decay is not None else getattr(j.model, "weight_decay",
                                                                                      Probe.weight_decay)

@@ -180,3 +180,35 @@ def test_a_warm_started_job_trains_after_its_source_and_starts_from_its_encoder(
     fresh = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, prior=prior)
     fit_probes([job, fresh], x, TrainConfig(epochs=1), progress=lambda _: order.append(len(order)))
     assert len(order) == 2  # one epoch of the source, then one of the warm-started job
+
+
+def test_a_warm_started_job_keeps_the_encoder_it_copied_whole():
+    """The per-token encoder is most of an attention probe's step: a warm-started job that reads
+    the same tokens keeps its source's as it came, and trains its keys and values on."""
+    rng = np.random.default_rng(0)
+    n = {"train": 64, "val": 32, "test": 32}
+    x = {s: RowReader(rng.normal(size=(k, 5, 6)).astype(np.float32)) for s, k in n.items()}
+    targets = {s: (rng.random((k, 3)) < 0.5).astype(np.uint8) for s, k in n.items()}
+    # no prior, so no guard: the fitted weights are what the test compares
+    source = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets)
+    job = ProbeJob("a/F", build_probe("attention", 6, 3, seed=3), targets, warm_start="a/O|F")
+    keys = []
+    fit_probes([job, source], x, TrainConfig(epochs=3, patience=5),
+               progress=lambda _: keys.append(job.model.keys.weight.detach().clone()))
+    torch.testing.assert_close(job.model.encoder.weight, source.model.encoder.weight)
+    torch.testing.assert_close(job.model.encoder.bias, source.model.encoder.bias)
+    assert not torch.equal(keys[-1], keys[3])  # its keys moved during its own epochs
+    assert all(p.requires_grad for p in job.model.parameters())  # frozen for its fit only
+
+
+def test_a_planted_probe_trains_the_encoder_it_widened():
+    """Only an encoder copied whole is frozen: the planted probe's tokens are wider than its
+    source's, and the columns that read the plant must learn."""
+    from evaluators.training import warm_start_from
+
+    source = build_probe("attention", 6, 3, seed=1)
+    same, wider = build_probe("attention", 6, 3, seed=2), build_probe("attention", 9, 3, seed=2)
+    warm_start_from(same, source)
+    warm_start_from(wider, source)
+    assert same.frozen_names == {"encoder.weight", "encoder.bias"}
+    assert wider.frozen_names == frozenset()
