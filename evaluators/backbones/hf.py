@@ -205,7 +205,8 @@ def _family(model_type: str, where: str) -> Family:
 
 
 def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone:
-    """A checkpoint directory (config.json + weights + preprocessor_config.json)."""
+    """A checkpoint directory: config.json and weights, with or without preprocessor_config.json
+    (without it, `_config_settings`; `resolve_backbone` then says which input settings it runs with)."""
     import transformers
     from transformers import AutoConfig, AutoImageProcessor
 
