@@ -27,11 +27,14 @@ from bench.core.errors import BenchError
 
 if TYPE_CHECKING:  # importing a backbone imports torch: only `evaluate` needs it, when called
     from evaluators.backbones.base import Backbone
+    from evaluators.backbones.module_adapter import ModuleAdapter
 
 PathLike = Union[str, "os.PathLike[str]"]
 #: What `evaluate` takes as models: a spec string (as `bench models` lists them), `NAME=SPEC`,
-#: a backbone object, a sequence of those, or a mapping display name -> spec or object.
-Models = Union[str, "Backbone", Sequence[Union[str, "Backbone"]], Mapping[str, Union[str, "Backbone"]]]
+#: a backbone object, a `ModuleAdapter` (a plain module), a sequence of those, or a mapping
+#: display name -> spec or object.
+OneModel = Union[str, "Backbone", "ModuleAdapter"]
+Models = Union[OneModel, Sequence[OneModel], Mapping[str, OneModel]]
 
 __all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results"]
 
@@ -143,6 +146,9 @@ def evaluate(
     address: str | None = None,
     gpus_per_task: float | None = None,
     threads: int | None = None,
+    image_size: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Measure binding (β*, B*, ...) or IsSameObject accuracy of `models` on `dataset`, writing
@@ -156,8 +162,13 @@ def evaluate(
     object's `display_name` attribute, else its `info.spec`. An object's weights fingerprint
     (part of each row's key) is its `info.revision`; leave that empty ("") and it is a
     `sha256:` of the object's state dict (its own, if it is a `torch.nn.Module`, else its
-    `model` attribute's), so re-evaluating edited weights measures them again. Objects run
-    in this process only (`executor` "local")."""
+    `model` attribute's), so re-evaluating edited weights measures them again. A plain
+    `torch.nn.Module` goes in wrapped in an `evaluators.backbones.ModuleAdapter` (where its
+    blocks and tokens are). Objects run in this process only (`executor` "local").
+
+    `image_size`, `mean` and `std` (R, G, B) replace the input side and normalisation of every
+    spec (Hugging Face models, e.g. a `save_pretrained` folder without preprocessor_config.json,
+    and `py:` modules; other sources refuse them), as `bench evaluate --image-size --mean --std`."""
     from evaluators.plan import EvaluationPlan
     from evaluators.run import run_evaluation
 
@@ -165,7 +176,7 @@ def evaluate(
                           seeds=seeds, device=device, dtype=dtype, epochs=epochs, limit=limit,
                           results_dir=Path(results), overwrite=overwrite, unanchored=unanchored, control=control,
                           exclude_background=exclude_background, executor=executor, address=address,
-                          gpus_per_task=gpus_per_task, threads=threads)
+                          gpus_per_task=gpus_per_task, threads=threads, image_size=image_size, mean=mean, std=std)
     run_evaluation(plan, progress=progress)
     frame = load_results(results)
     mine = frame[frame["backbone"].isin([m.name for m in plan.models]) & (frame["task"] == task)

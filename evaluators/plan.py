@@ -23,6 +23,8 @@ import torch
 from bench.core.errors import BenchError
 from evaluators.backbones import resolve_backbone
 from evaluators.backbones.base import Backbone, BackboneInfo
+from evaluators.backbones.module_adapter import ModuleAdapter
+from evaluators.backbones.presets import checked_preprocessing
 from evaluators.backbones.weights import state_dict_hash
 from evaluators.extract import parse_views
 from evaluators.families import DEFAULT_PROBES
@@ -50,12 +52,13 @@ class Model:
     spec: str
     backbone: Backbone | None = field(default=None, compare=False)
 
-    def resolve(self) -> Backbone:
-        """The backbone to run: the object given, or the one the spec names."""
-        return self.backbone if self.backbone is not None else resolve_backbone(self.spec)
+    def resolve(self, **preprocessing: object) -> Backbone:
+        """The backbone to run: the object given, or the one the spec names, with the plan's
+        `preprocessing` overrides (`EvaluationPlan.preprocessing`) in place of its own."""
+        return self.backbone if self.backbone is not None else resolve_backbone(self.spec, **preprocessing)
 
 
-ModelInput = Union[str, Backbone, Model]
+ModelInput = Union[str, Backbone, ModuleAdapter, Model]
 
 
 def named_spec(model: str) -> Model:
@@ -71,7 +74,8 @@ def named_spec(model: str) -> Model:
 
 
 def model_of(item: ModelInput, name: str | None = None) -> Model:
-    """The model of one argument: a spec string (or `NAME=SPEC`), a `Model`, or a backbone object.
+    """The model of one argument: a spec string (or `NAME=SPEC`), a `Model`, a backbone object,
+    or a `ModuleAdapter` (a plain module; its spec is `module:<class name>`).
 
     A backbone object is shown under `name`, else its `display_name` attribute, else its
     `info.spec`. Its weights fingerprint (the rows' `weights_fingerprint`, part of their key,
@@ -83,8 +87,10 @@ def model_of(item: ModelInput, name: str | None = None) -> Model:
         return item if name is None else replace(item, name=_checked_name(name))
     if isinstance(item, str):
         return named_spec(item) if name is None else Model(_checked_name(name), item)
+    if isinstance(item, ModuleAdapter):  # a plain module: its adapter says where its blocks and tokens are
+        item = item.backbone(f"module:{type(item.module).__name__}")
     if not isinstance(item, Backbone):
-        raise BenchError(f"model: expected a spec string or a Backbone object, got {type(item).__name__}")
+        raise BenchError(f"model: expected a spec string, a Backbone or a ModuleAdapter, got {type(item).__name__}")
     info = getattr(item, "info", None)
     if not isinstance(info, BackboneInfo):
         raise BenchError(f"model: {type(item).__name__} has no `info` (a BackboneInfo); a Backbone must set one")
@@ -111,12 +117,13 @@ def _checked_name(name: object) -> str:
     return name
 
 
-def models_of(models: ModelInput | Sequence[ModelInput] | Mapping[str, str | Backbone]) -> tuple[Model, ...]:
+def models_of(models: ModelInput | Sequence[ModelInput] | Mapping[str, str | Backbone | ModuleAdapter]
+              ) -> tuple[Model, ...]:
     """The models of a run, from one model, a sequence of them, or a mapping name -> model;
     the same model twice counts once, two different models under one name are refused."""
     if isinstance(models, Mapping):
         items = [model_of(m, name) for name, m in models.items()]
-    elif isinstance(models, (str, Backbone, Model)):
+    elif isinstance(models, (str, Backbone, ModuleAdapter, Model)):
         items = [model_of(models)]
     else:
         items = [model_of(m) for m in models]
@@ -146,7 +153,10 @@ class EvaluationPlan:
     null instead of the real O. `executor` "ray" runs the same units as Ray tasks (on the
     cluster at `address`, `gpus_per_task` GPUs a task); `threads`: torch threads of the
     in-process work (None: the usable cores other work leaves free). `command`, the command
-    line that asked for the run, goes into every row's provenance.
+    line that asked for the run, goes into every row's provenance. `image_size`, `mean` and
+    `std` (R, G, B) replace the input side and normalisation of every spec given (as
+    `resolve_backbone` does; a source without them refuses in one line), e.g. for a
+    `save_pretrained` folder without preprocessor_config.json; with the local executor only.
     """
 
     models: tuple[Model, ...]
@@ -171,6 +181,9 @@ class EvaluationPlan:
     gpus_per_task: float | None = None
     threads: int | None = None
     command: str | None = None
+    image_size: int | None = None
+    mean: Sequence[float] | None = None
+    std: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         # frozen: the normalised values are set once, here, through object.__setattr__
@@ -190,6 +203,8 @@ class EvaluationPlan:
         if not all(isinstance(s, Integral) and not isinstance(s, bool) for s in seeds):
             raise BenchError(f"seeds: expected integers, got {', '.join(map(str, seeds))}")
         put("seeds", tuple(int(s) for s in seeds))
+        for name, value in checked_preprocessing(self.image_size, self.mean, self.std).items():
+            put(name, value)  # checked (one line on a bad value) and normalised: an int, tuples of 3 floats
         self._check()
         put("seeds", tuple(dict.fromkeys(self.seeds)))  # each seed once, in order
 
@@ -204,6 +219,12 @@ class EvaluationPlan:
         if self.executor == "ray" and objects:
             raise BenchError(f"executor: Ray workers build each backbone from its spec, and {objects[0]} is a Python "
                              "object; evaluate it with the local executor")
+        if self.preprocessing and objects:
+            raise BenchError(f"{', '.join(self.preprocessing)}: {objects[0]} is a Python object with its own input "
+                             "settings (set them on it, e.g. ModuleAdapter(image_size=..., mean=..., std=...))")
+        if self.preprocessing and self.executor == "ray":
+            raise BenchError(f"{', '.join(self.preprocessing)}: Ray workers build each backbone from its spec alone; "
+                             "evaluate with the local executor")
         if self.task not in TASKS:
             raise BenchError(f"task: unknown {self.task!r}; allowed: {', '.join(TASKS)}")
         if not self.models:
@@ -226,6 +247,14 @@ class EvaluationPlan:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BenchError(f"{name}: must be ≥ 1, got {value}")
+
+    @property
+    def preprocessing(self) -> dict[str, object]:
+        """The input side and normalisation given in place of every spec's own (only those given):
+        each spec is resolved with them, and they join the rows' request fingerprint, so a
+        changed one is measured again."""
+        return {k: v for k, v in (("image_size", self.image_size), ("mean", self.mean), ("std", self.std))
+                if v is not None}
 
     @property
     def layer_request(self) -> str | tuple[int, ...]:

@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -506,10 +506,10 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
     test_fp, done, run_id, prov = _run_start(ds, limit, plan.results_dir, plan.overwrite, base_train.device,
                                              plan.command)
     request = {"train": {k: v for k, v in asdict(base_train).items() if k not in ("seed", "device")},
-               "dtype": plan.dtype, "unanchored": plan.unanchored}
+               "dtype": plan.dtype, "unanchored": plan.unanchored, **_preprocessing_request(plan)}
     plans = _backbone_plans(plan.models, ds, task="binding", layers=plan.layer_request, views=plan.views,
                             probes=plan.families, seeds=plan.seeds, done=done, test_fp=test_fp, limit=limit,
-                            progress=progress, control=plan.control,
+                            progress=progress, control=plan.control, preprocessing=plan.preprocessing,
                             probe_fps=probe_fingerprints("binding", plan.families, request))
     _check_cache(plans, ds, plan.dtype, limit, progress, on_skipped)
     if plan.executor == "ray":
@@ -622,17 +622,26 @@ def probe_fingerprints(task: str, probes: Sequence[str], request: dict[str, Any]
                               "code": PROBE_CODE_VERSION, **request}) for fam in probes}
 
 
+def _preprocessing_request(plan: EvaluationPlan) -> dict[str, Any]:
+    """The input settings given in place of the models' own, for the request fingerprint (only
+    when given, so rows measured with each model's own settings keep their fingerprint)."""
+    if not plan.preprocessing:
+        return {}
+    return {"preprocessing": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.preprocessing.items()}}
+
+
 def _backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: str | Sequence[int],
                     views: Sequence[str], probes: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str,
                     limit: int | None, progress: bool, probe_fps: dict[str, str],
-                    control: str | None = None) -> list[_BackbonePlan]:
+                    control: str | None = None, preprocessing: Mapping[str, object] | None = None
+                    ) -> list[_BackbonePlan]:
     """Resolve every backbone and check it against the task, views and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
     plans, notes = [], []
     for model in models:
         name, spec = model.name, model.spec
-        backbone = model.resolve().bind(ds)
+        backbone = model.resolve(**(preprocessing or {})).bind(ds)
         if task == "issameobject":
             check_attention_qk(backbone, probes)
         check_views(backbone, ds, "test", views)
@@ -720,9 +729,11 @@ def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
     limit = _effective_limit(ds, plan.limit)
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, plan.overwrite, resolve_device(device),
                                              plan.command)
-    request = {"epochs": epochs, "dtype": dtype, "exclude_background": exclude_background}
+    request = {"epochs": epochs, "dtype": dtype, "exclude_background": exclude_background,
+               **_preprocessing_request(plan)}
     plans = _backbone_plans(plan.models, ds, task=task, layers=plan.layer_request, views=["all"], probes=probes,
                             seeds=seeds, done=done, test_fp=test_fp, limit=limit, progress=progress,
+                            preprocessing=plan.preprocessing,
                             probe_fps=probe_fingerprints(task, probes, request))
     _check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):

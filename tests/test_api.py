@@ -110,8 +110,13 @@ def test_a_plan_fills_the_task_defaults_and_is_frozen(tmp_path):
     (dict(models=["a=pixels", "a=oracle:objects"]), "model: two models are named a (pixels, oracle:objects)"),
     (dict(models=["mine="]), "model: 'mine=' names no spec"),
     (dict(models={"a/b": "pixels"}), "model: a display name is a non-empty string without"),
-    (dict(models=[3]), "model: expected a spec string or a Backbone object, got int"),
+    (dict(models=[3]), "model: expected a spec string, a Backbone or a ModuleAdapter, got int"),
     (dict(models=[PixelsBackbone("pixels", 16)], executor="ray"), "executor: Ray workers build each backbone"),
+    (dict(image_size=0), "image_size: a positive number of pixels, got 0"),
+    (dict(image_size=32.0), "image_size: a positive number of pixels, got 32.0"),
+    (dict(mean=(0.5, 0.5)), "mean: three values (R, G, B); got [0.5, 0.5]"),
+    (dict(std=(1, 0, 1)), "std: three values (R, G, B), all > 0; got [1, 0, 1]"),
+    (dict(models=[PixelsBackbone("pixels", 16)], mean=(0.5,) * 3), "pixels is a Python object with its own input"),
 ])
 def test_a_bad_plan_is_refused_in_one_line(kwargs, message, tmp_path):
     with pytest.raises(BenchError) as e:

@@ -203,3 +203,74 @@ def _png(value: int) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (16, 16), (value,) * 3).save(buf, format="PNG")
     return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory) -> Path:
+    """40 small scenes, enough to train a probe for 2 epochs."""
+    from tests.conftest import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("data") / "tiny", n_train=24, n_val=8, n_test=8, image_size=64,
+                        n_colors=3, n_shapes=3, colors_per_scene=2, shapes_per_scene=2, n_objects=3,
+                        object_size=12, margin=2, val_fraction=0.25, test_fraction=0.25)
+
+
+def test_evaluate_takes_the_input_settings_of_a_folder_without_preprocessor_config(scenes, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """`bench evaluate --image-size/--mean/--std` and `api.evaluate(image_size=, mean=, std=)`
+    reach the backbone through the plan; the choice is said once; a changed one is measured again."""
+    import pandas as pd
+
+    from bench import api
+    from evaluators.plan import EvaluationPlan
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    _, path = _tiny_vit_folder(tmp_path / "mine")
+    data = scenes
+    capsys.readouterr()
+    results = tmp_path / "results"
+    args = ["evaluate", "-m", f"mine={path}", "--dataset", str(data), "--probes", "linear", "--epochs", "2",
+            "--results", str(results), "--format", "json", "--image-size", "32", "--std", "0.5,0.5,0.5"]
+    assert main([*args, "--mean", "0.5,0.5,0.5"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "preprocessor_config.json" in line]
+    assert said == [f"model: {path} has no preprocessor_config.json; using image size 32 px (--image-size), mean "
+                    "[0.5, 0.5, 0.5] (--mean), std [0.5, 0.5, 0.5] (--std), bicubic resize"]
+    assert main([*args, "--mean", "0.5,0.5,0.5"]) == 0 and "nothing to do" in capsys.readouterr().err
+    assert main([*args, "--mean", "0.2,0.3,0.4"]) == 0  # another normalisation: measured again, and it wins
+    capsys.readouterr()
+    rows = pd.read_parquet(results).sort_values("created_at")
+    assert len(rows) == 2 and rows["probe_fingerprint"].nunique() == 2 and rows["weights_fingerprint"].nunique() == 1
+    shown = api.load_results(results)
+    assert list(shown["run_id"]) == [rows["run_id"].iloc[1]] and "older probe" in shown.attrs["set_aside"]
+
+    plan = EvaluationPlan(str(path), data, image_size=32, mean=[0.2, 0.3, 0.4], std=(0.5, 0.5, 0.5))
+    bb = plan.models[0].resolve(**plan.preprocessing)
+    assert (bb.info.input_size, bb.preprocess.mean, bb.preprocess.std) == (32, (0.2, 0.3, 0.4), (0.5,) * 3)
+    own = EvaluationPlan(str(path), data).models[0].resolve()  # config.json's side, ImageNet's statistics
+    black = {"image": [_png(0)]}
+    assert torch.allclose(bb.prepare(black, 32)[0, :, 0, 0], torch.tensor([-0.4, -0.6, -0.8]))
+    assert own.info.input_size == 48 and not torch.allclose(own.prepare(black, 32), bb.prepare(black, 32))
+    again = api.evaluate({"mine": str(path)}, data, probes="linear", epochs=2, results=results, image_size=32,
+                         mean=(0.2, 0.3, 0.4), std=(0.5, 0.5, 0.5))
+    assert list(again["run_id"]) == [rows["run_id"].iloc[1]]  # the API's request is the CLI's: nothing re-run
+    with pytest.raises(BenchError, match=r"mean: three values"):
+        api.evaluate(str(path), data, mean=(0.5, 0.5))
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--mean", "0.5,0.5"], "mean: three values (R, G, B); got [0.5, 0.5]"),
+    (["--std", "0.5,-1,0.5"], "std: three values (R, G, B), all > 0"),
+    (["--image-size", "0"], "image_size: a positive number of pixels, got 0"),
+    (["--mean", "a,b,c"], "mean: comma-separated numbers"),
+    (["-m", "pixels", "--mean", "0.5,0.5,0.5"], "model: pixels brings its own input handling; mean apply to"),
+    (["--executor", "ray", "--mean", "0.5,0.5,0.5"], "mean: Ray workers build each backbone from its spec alone"),
+])
+def test_bad_input_settings_on_evaluate_are_one_line(scenes, tmp_path, capsys, extra, message):
+    _, path = _tiny_vit_folder(tmp_path / "mine")
+    data = scenes
+    model = [] if "-m" in extra else ["-m", str(path)]
+    capsys.readouterr()
+    assert main(["evaluate", *model, "--dataset", str(data), "--results", str(tmp_path / "r"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*.parquet"))

@@ -1,21 +1,27 @@
-"""The README's quick start and study, run as written: every command of their code blocks,
-through one substitution table (local and built-in backbones for hub ones, tiny sizes), in a fresh
-working directory, in README order. Set-up, the test command and `bench demo` (which CI runs
-as itself) are the only commands left out, and they are named here; any other command that
-does not run, or a substitution that no longer matches the README, fails the test."""
+"""The README's quick start, study and "Your own backbone" section, run as written: every
+command and Python block of their code, through one substitution table (local and built-in
+backbones for hub ones, tiny models for big ones, tiny sizes), in a fresh working directory, in
+README order. Set-up, the test command and `bench demo` (which CI runs as itself) are the only
+commands left out, and they are named here; any other command or block that does not run, or
+a substitution that no longer matches the README, fails a test."""
 
 from __future__ import annotations
 
 import re
 import shlex
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Mapping
 
 
 from bench.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SECTIONS = ("Quick start", "A real study")
+#: The section whose three examples (a timm file, a `save_pretrained` folder, a module through
+#: the Python API) run on models built by the test at the paths the README names.
+OWN = "Your own backbone"
 #: Commands not run here: set-up, the test command, and `bench demo` (CI runs it in full).
 LEFT_OUT = ("bash scripts/setup.sh", "source .venv/bin/activate", "python -m pytest", "bench demo")
 SMALL = "--n-train 24 --n-val 8 --n-test 8"
@@ -35,30 +41,65 @@ SUBSTITUTIONS = (
     (r"generate toys ", "generate toys --n-train 6 --n-val 3 --n-test 3 "),
     (r"--limit 1000\b", "--limit 16"),
     (r"^bench evaluate ", "bench evaluate --epochs 2 "),
+    # your own backbone: a ViT-Ti state dict at runs/last.pth in place of a ViT-S one (the same
+    # architecture in the timm-file example and the module example), probes of 2 epochs in Python
+    (r"vit_small_patch16_224", "vit_tiny_patch16_224"),
+    (r'probes="linear"\)', 'probes="linear", epochs=2)'),
 )
 
 
-def readme_commands(text: str) -> list[str]:
-    """The shell commands of the code blocks under the README's quick start and study headings,
-    continuation lines joined, comments dropped, `&&` chains split, in order."""
+def readme_blocks(text: str, sections: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(language, body) of every code block under the README headings that start with one of
+    `sections`, in README order."""
+    return [(lang, body) for section in re.split(r"^## ", text, flags=re.M) if section.startswith(sections)
+            for lang, body in re.findall(r"^```([a-z]*)\n(.*?)^```", section, flags=re.M | re.S)]
+
+
+def block_commands(block: str) -> list[str]:
+    """The shell commands of one block: continuation lines joined, comments dropped, `&&` chains split."""
     commands = []
-    for section in re.split(r"^## ", text, flags=re.M):
-        if not section.startswith(SECTIONS):
-            continue
-        for block in re.findall(r"^```[a-z]*\n(.*?)^```", section, flags=re.M | re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                line = re.sub(r"\s+#.*$", "", line).strip()
-                if line:
-                    commands += [c.strip() for c in line.split("&&")]
+    for line in block.replace("\\\n", " ").splitlines():
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if line:
+            commands += [c.strip() for c in line.split("&&")]
     return commands
 
 
-def substitute(command: str, used: set[int], **values: str) -> str:
+def readme_commands(text: str, sections: tuple[str, ...] = SECTIONS) -> list[str]:
+    """The shell commands of the code blocks under `sections` (Python blocks aside), in order."""
+    return [c for lang, body in readme_blocks(text, sections) if lang != "python" for c in block_commands(body)]
+
+
+def substitute(text: str, used: set[int], values: Mapping[str, str]) -> str:
+    """`text` (a command or a Python block) through the substitution table; `used` collects the
+    entries that matched, `values` fills their `{placeholders}` (only where they match, so each
+    test passes the values of its own blocks)."""
     for k, (pattern, replacement) in enumerate(SUBSTITUTIONS):
-        command, n = re.subn(pattern, replacement.format(**values).replace("\\", "\\\\"), command)
+        text, n = re.subn(pattern, lambda m, r=replacement: r.format_map(values), text, flags=re.M)
         if n:
             used.add(k)
-    return command
+    return text
+
+
+def run_command(command: str, capsys, used: set[int], values: Mapping[str, str]) -> tuple[str, str]:
+    """Run one README command (through the table) in this process; its stdout and stderr, or a
+    failure naming the command as written and as run."""
+    assert command.startswith("bench "), f"a README command this test cannot run: {command!r}"
+    args = shlex.split(substitute(command, used, values))
+    code = main(args[1:])
+    out = capsys.readouterr()
+    assert code == 0, f"{command!r} (run as {shlex.join(args)!r}) exited {code}:\n{out.err[-3000:]}"
+    return out.out, out.err
+
+
+def test_every_substitution_matches_the_readme():
+    """The table cannot go stale while the README moves on: each entry matches some block."""
+    used: set[int] = set()
+    for lang, body in readme_blocks(README.read_text(), (*SECTIONS, OWN)):
+        for text in [body] if lang == "python" else block_commands(body):
+            substitute(text, used, defaultdict(str))
+    stale = [SUBSTITUTIONS[k][0] for k in range(len(SUBSTITUTIONS)) if k not in used]
+    assert not stale, f"substitutions that match no README command any more: {stale}"
 
 
 def test_the_readme_parser_finds_the_blocks():
@@ -78,16 +119,10 @@ def test_every_quick_start_and_study_command_runs_as_written(tmp_path, monkeypat
     for command in readme_commands(README.read_text()):
         if command in LEFT_OUT:
             continue
-        assert command.startswith("bench "), f"a README command this test cannot run: {command!r}"
-        args = shlex.split(substitute(command, used, tiny=shlex.quote(str(tiny))))
         t0 = time.perf_counter()
-        code = main(args[1:])
-        out = capsys.readouterr()
+        run_command(command, capsys, used, {"tiny": shlex.quote(str(tiny))})
         times.append((round(time.perf_counter() - t0, 1), command[:60]))
-        assert code == 0, f"{command!r} (run as {shlex.join(args)!r}) exited {code}:\n{out.err[-3000:]}"
         ran.append(command)
-    stale = [SUBSTITUTIONS[k][0] for k in range(len(SUBSTITUTIONS)) if k not in used]
-    assert not stale, f"substitutions that match no README command any more: {stale}"
     print(times)
     # what the study's commands promise is on disk
     assert len(list(Path("results").glob("*.parquet"))) == len([c for c in ran if c.startswith("bench evaluate")])
@@ -96,25 +131,35 @@ def test_every_quick_start_and_study_command_runs_as_written(tmp_path, monkeypat
 
 
 def test_your_own_backbone_section_runs_as_written(tmp_path, monkeypatch, capsys):
-    """The README's `py:` example: its Python block saved under the name its first line gives,
-    then its commands, on a 40-scene dataset in the place the study's commands make it."""
-    from tests.conftest import make_dataset
-
-    section = next(s for s in re.split(r"^## ", README.read_text(), flags=re.M) if s.startswith("Your own backbone"))
-    python, shell = re.findall(r"^```python\n(.*?)^```", section, flags=re.M | re.S), readme_commands(
-        "## Quick start\n" + re.sub(r"^```python\n.*?^```", "", section, flags=re.M | re.S))
-    assert len(python) == 1 and len(python[0].splitlines()) <= 10 and len(shell) == 2
-    monkeypatch.chdir(tmp_path)
-    Path(python[0].splitlines()[0].removeprefix("# ")).write_text(python[0])
-    make_dataset(tmp_path / "data" / "bcs-s", preset="small", n_train=24, n_val=8, n_test=8)
-    outputs = []
-    for command in shell:
-        args = shlex.split(command + (" --epochs 2" if command.startswith("bench evaluate") else ""))
-        code = main(args[1:])
-        outputs.append(capsys.readouterr())
-        assert code == 0, f"{command!r} exited {code}:\n{outputs[-1].err[-3000:]}"
-    assert "py-file" in outputs[0].out and "sha256:" in outputs[0].out
+    """The section's three examples, each at most 10 lines, run in README order on what the test
+    puts at the paths they name: a ViT-Ti state dict at runs/last.pth, a 2-block ViT written by
+    `save_pretrained` (no preprocessor config) at runs/my-vit, a 40-scene dataset at data/bcs-s."""
     import pandas as pd
+    import timm
+    import torch
 
-    (results,) = Path("results").glob("*.parquet")
-    assert set(pd.read_parquet(results)["backbone"]) == {"mine"}
+    from tests.conftest import make_dataset
+    from tests.test_own_backbones import _tiny_vit_folder
+
+    blocks = readme_blocks(README.read_text(), (OWN,))
+    assert [lang for lang, _ in blocks] == ["", "", "python"], "three examples: timm file, folder, module"
+    assert all(len(body.splitlines()) <= 10 for _, body in blocks)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    Path("runs").mkdir()
+    torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(), "runs/last.pth")
+    _tiny_vit_folder(Path("runs/my-vit"))
+    make_dataset(Path("data/bcs-s"), preset="small", n_train=24, n_val=8, n_test=8)
+    capsys.readouterr()
+    used: set[int] = set()
+    (timm_file, folder), python = [block_commands(body) for _, body in blocks[:2]], blocks[2][1]
+    outputs = [run_command(command, capsys, used, {}) for command in timm_file + folder]
+    assert "timm-file" in outputs[0][0] and "hf-folder" in outputs[2][0]
+    for out, err in outputs[2:]:  # the folder's input settings, said once by each command
+        assert err.count("no preprocessor_config.json; using image size 224 px (--image-size), mean [0.5") == 1
+    namespace: dict = {}
+    exec(compile(substitute(python, used, {}), "README.md: Your own backbone", "exec"), namespace)
+    df = namespace["df"]
+    assert isinstance(df, pd.DataFrame) and set(df["backbone"]) == {"my-module"} and len(df) == 1
+    shown = set(pd.concat([pd.read_parquet(f) for f in Path("results").glob("*.parquet")])["backbone"])
+    assert shown == {"my-timm", "my-vit", "my-module"}

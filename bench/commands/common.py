@@ -8,8 +8,20 @@ from typing import Any, Callable
 from typer.core import TyperCommand
 
 from bench.core.console import TABLE_WIDTH, Format, echo, progress_bar, render_table, stderr
+from bench.core.errors import BenchError
 
-__all__ = ["TABLE_WIDTH", "Format", "echo", "progress_bar", "registry_help", "render_table", "stderr"]
+__all__ = ["TABLE_WIDTH", "Format", "echo", "parse_floats", "progress_bar", "registry_help", "render_table", "stderr"]
+
+
+def parse_floats(text: str | None, name: str) -> tuple[float, ...] | None:
+    """Comma-separated numbers (`--mean 0.5,0.5,0.5`), None when the option was not given; one
+    line on anything else. How many there must be is the receiver's check."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise BenchError(f"{name}: comma-separated numbers R,G,B, got {text!r}") from None
 
 
 def registry_help(helps: dict[str, Callable[[], str]]) -> type[TyperCommand]:

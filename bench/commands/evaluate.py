@@ -8,7 +8,7 @@ from typing import Any, Optional
 import pyarrow.parquet as pq
 import typer
 
-from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, parse_floats, registry_help, render_table, stderr
 from bench.core.numbers import fixed, plus_minus
 
 #: Every column of the summary: `--wide`, CSV and JSON (raw numbers).
@@ -85,6 +85,9 @@ def evaluate(
     address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
     gpus_per_task: Optional[float] = typer.Option(None, help="--executor ray: GPUs per task, fractions allowed [1 on CUDA, 0 on CPU]."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads for extraction and probe training [auto: the usable cores other work leaves free, measured when the work starts, at least 1; Ray tasks run 1]."),
+    image_size: Optional[int] = typer.Option(None, help="Input side in px in place of each model's own (Hugging Face models and ModuleAdapter modules, e.g. a save_pretrained folder without preprocessor_config.json)."),
+    mean: Optional[str] = typer.Option(None, help="Normalisation mean R,G,B in place of each model's own (as --image-size)."),
+    std: Optional[str] = typer.Option(None, help="Normalisation std R,G,B in place of each model's own (as --image-size)."),
     fmt: Format = typer.Option(Format.table, "--format", help="Summary table format."),
     wide: bool = typer.Option(False, "--wide", help="The table with every summary column (default: the headline numbers, 100 columns wide)."),
 ) -> None:
@@ -105,7 +108,8 @@ def evaluate(
         probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
         results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
         unanchored=unanchored, executor=executor, address=address, gpus_per_task=gpus_per_task, control=control,
-        command=(ctx.obj or {}).get("command"), threads=threads,
+        command=(ctx.obj or {}).get("command"), threads=threads, image_size=image_size,
+        mean=parse_floats(mean, "mean"), std=parse_floats(std, "std"),
     )
     path = run_evaluation(plan, on_skipped=skipped.append)
     if skipped:

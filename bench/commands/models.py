@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from bench.commands.common import Format, echo, render_table, stderr
+from bench.commands.common import Format, echo, parse_floats, render_table, stderr
 from bench.core.errors import BenchError
 
 cache_app = typer.Typer(help="See and clear cached activations.")
@@ -35,7 +35,7 @@ def models(
 
     if spec is not None and not spec.strip():
         raise BenchError("model: empty spec; name a backbone, or give none to list them all")
-    overrides = {"image_size": image_size, "mean": _floats(mean, "mean"), "std": _floats(std, "std")}
+    overrides = {"image_size": image_size, "mean": parse_floats(mean, "mean"), "std": parse_floats(std, "std")}
     if not spec and any(v is not None for v in overrides.values()):
         raise BenchError("model: --image-size, --mean and --std need a spec")
     listed = [(source_of(spec), [resolve_backbone(spec, **overrides).info])] if spec else listed_by_source()
@@ -48,16 +48,6 @@ def models(
               "L": r["n_layers"], "D": r["width"] or "data", "pre": r["n_prefix"]} for r in rows]
     forms = "; ".join(f"{name}: {source.forms}" for name, source in SOURCES.items())
     echo(render_table(short, list(short[0]), fmt, title=f"Backbones (spec forms by source: {forms})"))
-
-
-def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
-    """Comma-separated numbers (`0.5,0.5,0.5`), one line on anything else."""
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise BenchError(f"{name}: comma-separated numbers R,G,B, got {text!r}") from None
 
 
 def extract(

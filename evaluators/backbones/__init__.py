@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -18,16 +19,17 @@ from typing import Callable
 from bench.core.errors import BenchError
 from bench.core.registry import Registry
 from evaluators.backbones.base import Backbone, BackboneInfo
+from evaluators.backbones.hf import HFBackbone
 from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels
-from evaluators.backbones.presets import LIBRARY_PRESETS, PRESETS, LibraryPreset, Preset
+from evaluators.backbones.presets import (LIBRARY_PRESETS, PREPROCESSING, PRESETS, LibraryPreset, Preset,
+                                         checked_preprocessing)
 from evaluators.zoo.listing import zoo_infos, zoo_specs
 
 __all__ = ["Backbone", "BackboneInfo", "BackboneSource", "ModuleAdapter", "LIBRARY_PRESETS", "PRESETS", "SOURCES",
            "backbone_source", "list_backbones", "resolve_backbone", "spec_source", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
-PREPROCESSING = ("image_size", "mean", "std")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 
 
@@ -62,25 +64,29 @@ def backbone_source(name: str, forms: str, matches: Callable[[str], bool],
 
 def resolve_backbone(spec: str, **options: object) -> Backbone:
     """The backbone a spec names; options: `seed` (random: and oracle:mix, default 0), and
-    `image_size`, `mean`, `std` in place of an image model's own preprocessing.
+    `image_size`, `mean`, `std` in place of the model's own input side and normalisation
+    (Hugging Face models and `ModuleAdapter` modules; other sources refuse them in one line).
 
     The first registered source that matches the spec loads it (fallback sources last).
-    Unknown specs raise BenchError naming the closest known ones.
+    Unknown specs raise BenchError naming the closest known ones. A folder without
+    preprocessor_config.json says once, on stderr, which input settings it runs with.
     """
     unknown = set(options) - {"seed", *PREPROCESSING}
     if unknown:
         raise BenchError(f"backbone option: unknown {', '.join(sorted(unknown))}; allowed: seed, "
                          f"{', '.join(PREPROCESSING)}")
-    overrides = {k: options[k] for k in PREPROCESSING if options.get(k) is not None}
+    overrides = checked_preprocessing(**{k: options.get(k) for k in PREPROCESSING})  # type: ignore[arg-type]
     backbone = _resolve(spec, int(options.get("seed", 0)))  # type: ignore[arg-type]
-    if not overrides:
-        return backbone
-    from evaluators.backbones.hf import HFBackbone
-
     if not isinstance(backbone, HFBackbone):
-        raise BenchError(f"model: {spec} reads no images through a normaliser; "
-                         f"{', '.join(sorted(overrides))} apply to image models only")
-    return backbone.override_preprocessing(**overrides)  # type: ignore[arg-type]
+        if overrides:
+            raise BenchError(f"model: {spec} brings its own input handling; {', '.join(overrides)} apply to Hugging "
+                             "Face models (hub ids, presets, checkpoint folders) and ModuleAdapter modules only")
+        return backbone
+    backbone.override_preprocessing(**overrides)
+    note = backbone.input_note()
+    if note:
+        print(note, file=sys.stderr)
+    return backbone
 
 
 def _resolve(spec: str, seed: int) -> Backbone:

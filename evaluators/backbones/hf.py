@@ -25,7 +25,8 @@ import torch
 from bench.core.errors import BenchError
 from bench.core.hashing import stable_json
 from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo, decode_resized
-from evaluators.backbones.presets import FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess, Preset
+from evaluators.backbones.presets import (FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess, Preset,
+                                         checked_preprocessing)
 from evaluators.backbones.weights import files_hash, state_dict_hash
 
 
@@ -42,6 +43,11 @@ HUB_FILES = ["config.json", "preprocessor_config.json", "*.safetensors", "*.safe
 
 class HFBackbone(Backbone):
     """A transformers vision model run for all its hidden states in one forward pass."""
+
+    #: (folder, where each default came from) when no preprocessor config stated the input side
+    #: and normalisation (see `input_note`), and the overrides given since (`override_preprocessing`).
+    unstated_input: tuple[Path, dict[str, str]] | None = None
+    overridden: frozenset[str] = frozenset()
 
     def __init__(self, spec: str, model: torch.nn.Module, config: Any, family: Family,
                  preprocess: Preprocess, input_size: int, revision: str, weights: str) -> None:
@@ -69,18 +75,33 @@ class HFBackbone(Backbone):
         """The user's native input side and normalisation in place of the checkpoint's (a folder
         without a preprocessor config, or a model trained with other statistics). Both enter
         `identity`, so activations cached under the old settings are never reused."""
-        for name, v in (("mean", mean), ("std", std)):
-            if v is not None and (len(v) != 3 or (name == "std" and min(v) <= 0)):
-                raise BenchError(f"{name}: three values (R, G, B){', all > 0' if name == 'std' else ''}; got {list(v)}")
-        if image_size is not None and (image_size <= 0 or image_size % (self.info.patch_size or 1)):
-            raise BenchError(f"image_size: {image_size} px is not a positive multiple of {self.info.spec}'s "
+        given = checked_preprocessing(image_size, mean, std)
+        side = given.get("image_size")
+        if side is not None and side % (self.info.patch_size or 1):
+            raise BenchError(f"image_size: {side} px is not a positive multiple of {self.info.spec}'s "
                              f"patch size {self.info.patch_size}")
-        self.preprocess = dataclasses.replace(self.preprocess, **{k: tuple(float(x) for x in v) for k, v in
-                                                                  (("mean", mean), ("std", std)) if v is not None})
+        self.preprocess = dataclasses.replace(self.preprocess, **{k: v for k, v in given.items() if k != "image_size"})
         self._set_normalisation(self.preprocess)
-        if image_size is not None:
-            self.info = dataclasses.replace(self.info, input_size=int(image_size))
+        if side is not None:
+            self.info = dataclasses.replace(self.info, input_size=side)
+        self.overridden = self.overridden | set(given)
         return self
+
+    def input_note(self) -> str | None:
+        """For a folder without preprocessor_config.json, the one line that says which input side
+        and normalisation it runs with and where each came from (they change every number);
+        None when the checkpoint's own processor config said."""
+        if self.unstated_input is None:
+            return None
+        path, defaults = self.unstated_input
+
+        def origin(name: str) -> str:
+            return f"--{name.replace('_', '-')}" if name in self.overridden else defaults[name]
+
+        p = self.preprocess
+        return (f"model: {path} has no preprocessor_config.json; using image size {self.info.input_size} px "
+                f"({origin('image_size')}), mean {list(p.mean)} ({origin('mean')}), std {list(p.std)} "
+                f"({origin('std')}), bicubic resize")
 
     def identity(self) -> dict[str, Any]:
         return {"family": self.family.name, "class": self.family.model_class, "weights": self.weights,
@@ -184,7 +205,8 @@ def _family(model_type: str, where: str) -> Family:
 
 
 def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone:
-    """A checkpoint directory (config.json + weights + preprocessor_config.json)."""
+    """A checkpoint directory: config.json and weights, with or without preprocessor_config.json
+    (without it, `_config_settings`; `resolve_backbone` then says which input settings it runs with)."""
     import transformers
     from transformers import AutoConfig, AutoImageProcessor
 
@@ -203,8 +225,9 @@ def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone
             except (OSError, ValueError) as e:
                 raise BenchError(f"model: {path} has no usable preprocessor_config.json ({str(e).splitlines()[0]})") from None
             preprocess, native = _processor_settings(processor)
+            origins = None
         else:
-            preprocess, native = _config_settings(config, path)
+            preprocess, native, origins = _config_settings(config)
         cls = getattr(transformers, family.model_class)
         extra = {"add_pooling_layer": False} if family.name == "vit" else {}
         from safetensors import SafetensorError
@@ -215,21 +238,23 @@ def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BenchError(f"model: {path} has no readable weights ({first})") from None
     weights = files_hash(sorted(f for pat in WEIGHT_PATTERNS for f in path.glob(pat)))
-    return HFBackbone(spec, model, config, family, preprocess, native, revision or f"sha256:{weights[:12]}", weights)
+    backbone = HFBackbone(spec, model, config, family, preprocess, native, revision or f"sha256:{weights[:12]}",
+                          weights)
+    if origins is not None:
+        backbone.unstated_input = (path, origins)
+    return backbone
 
 
-def _config_settings(config: Any, path: Path) -> tuple[Preprocess, int]:
+def _config_settings(config: Any) -> tuple[Preprocess, int, dict[str, str]]:
     """A `save_pretrained` folder without preprocessor_config.json: the input side is the
-    config's `image_size`, mean/std the config's `image_mean`/`image_std` or ImageNet's;
-    the choice is printed once (on stderr) because it changes every number."""
-    import sys
-
+    config's `image_size`, mean/std the config's `image_mean`/`image_std` or ImageNet's; also
+    where each came from, for the line `HFBackbone.input_note` says once."""
+    origins = {"image_size": "config.json"}
+    for name in ("mean", "std"):
+        origins[name] = "config.json" if getattr(config, f"image_{name}", None) else "ImageNet's"
     mean = tuple(float(v) for v in getattr(config, "image_mean", None) or IMAGENET_MEAN)
     std = tuple(float(v) for v in getattr(config, "image_std", None) or IMAGENET_STD)
-    native = int(config.image_size)
-    print(f"model: {path} has no preprocessor_config.json; using image size {native} px from config.json, "
-          f"mean {list(mean)}, std {list(std)}, bicubic resize", file=sys.stderr)
-    return Preprocess(mean=mean, std=std), native
+    return Preprocess(mean=mean, std=std), int(config.image_size), origins
 
 
 def _processor_settings(processor: Any) -> tuple[Preprocess, int]:

@@ -8,8 +8,12 @@ models the same way (their metadata written down, weights fetched on first use).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from numbers import Integral
+from typing import Any, Callable, Sequence
+
+from bench.core.errors import BenchError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -55,6 +59,35 @@ class Preprocess:
         return {"mean": list(self.mean), "std": list(self.std), "resample": self.resample,
                 "rescale_factor": self.rescale_factor, "do_normalize": self.do_normalize,
                 "do_rescale": self.do_rescale}
+
+
+#: The options that put a user's input side and normalisation in place of a model's own
+#: (`bench models` / `bench evaluate` `--image-size`, `--mean`, `--std`).
+PREPROCESSING = ("image_size", "mean", "std")
+
+
+def checked_preprocessing(image_size: int | None = None, mean: Sequence[float] | None = None,
+                          std: Sequence[float] | None = None) -> dict[str, Any]:
+    """The preprocessing overrides that were given (None means "the model's own"), checked and
+    normalised (an int side, tuples of three floats), so a bad value fails in one line before
+    any model loads, whichever caller (plan, `resolve_backbone`, a backbone) sees it first."""
+    out: dict[str, Any] = {}
+    if image_size is not None:
+        if isinstance(image_size, bool) or not isinstance(image_size, Integral) or image_size < 1:
+            raise BenchError(f"image_size: a positive number of pixels, got {image_size!r}")
+        out["image_size"] = int(image_size)
+    for name, values in (("mean", mean), ("std", std)):
+        if values is None:
+            continue
+        try:
+            floats = tuple(float(v) for v in values)
+        except (TypeError, ValueError):
+            floats = ()
+        if len(floats) != 3 or not all(math.isfinite(v) for v in floats) or (name == "std" and min(floats) <= 0):
+            shown = list(values) if isinstance(values, (list, tuple)) else values
+            raise BenchError(f"{name}: three values (R, G, B){', all > 0' if name == 'std' else ''}; got {shown!r}")
+        out[name] = floats
+    return out
 
 
 @dataclass(frozen=True)
