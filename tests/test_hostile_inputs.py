@@ -438,11 +438,55 @@ def test_truncated_results(tmp_path_factory, capsys, frac):
 # -- 4. sizes are checked before anything is allocated or written --------------------------
 
 
-def test_absurd_size_is_refused_at_once(tmp_path, capsys):
+@pytest.mark.parametrize("n", ["99999999999999999999", str(10**12)])
+def test_absurd_size_is_refused_at_once(tmp_path, capsys, n):
     t0 = time.perf_counter()
-    msg = refused(["generate", "colorshape", "--preset", "small", "--n-train", "99999999999999999999",
+    msg = refused(["generate", "colorshape", "--preset", "small", "--n-train", n,
                    "--out", tmp_path / "big"], capsys, tmp_path)
-    assert "GiB" in msg and time.perf_counter() - t0 < 10
+    assert "GiB" in msg and "room for at most" in msg and time.perf_counter() - t0 < 10
+
+
+@pytest.fixture
+def memory_8gib(monkeypatch):
+    """8 GiB of available memory, whatever the machine has: the limits below are then exact."""
+    from bench.core import resources
+    from generators import engine
+
+    for module in (resources, engine):
+        monkeypatch.setattr(module, "available_memory", lambda: 8 * 2**30)
+
+
+def test_an_image_side_beyond_memory_is_refused_naming_the_limit(clevr_src, tmp_path, capsys, memory_8gib):
+    """`--image-size 100000` allocated until numpy's MemoryError (or the machine swapped); 8 GiB
+    at 4 bytes a pixel (RGB and mask) hold at most a 46,340-px side."""
+    t0 = time.perf_counter()
+    msg = refused(["generate", *SMALL, "--image-size", "100000", "--out", tmp_path / "d"], capsys, tmp_path)
+    assert msg.startswith("bench: error: image_size:") and "at most image_size 46,340 fits" in msg, msg
+    msg = refused(_import(clevr_src, tmp_path / "imp", "--image-size", "100000"), capsys, tmp_path)
+    assert "image-size" in msg and "at most --image-size 46,340 fits" in msg, msg
+    assert time.perf_counter() - t0 < 10
+
+
+def test_absurd_object_counts_are_refused(tmp_path, capsys):
+    for args in (["--set", "n_objects=100000000"], ["--preset", "uniform", "--set", "max_objects=100000000"]):
+        msg = refused(["generate", *SMALL, *args, "--out", tmp_path / "d"], capsys, tmp_path)
+        assert "objects: 100000000" in msg, msg
+
+
+def test_every_preset_passes_the_size_check(tmp_path):
+    """The check refuses what cannot work, never a preset (the paper's 58,800 scenes included),
+    with every core rendering: checked without generating them."""
+    from generators.base import build_config, get_generator, list_generators
+    from generators.engine import check_resources
+
+    checked = 0
+    for name in list_generators():
+        gen = get_generator(name)
+        for preset in gen.presets:
+            for sub, cfg in gen.expand(build_config(gen, preset, {})):
+                check_resources(gen, cfg, tmp_path / name / sub, os.cpu_count() or 1)
+                checked += 1
+    assert checked >= 10
 
 
 # -- 5. workers die with their parent, whatever the signal --------------------------------
