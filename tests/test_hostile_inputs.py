@@ -4,6 +4,7 @@ stderr, with no traceback and nothing outside the tool's own files changed."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -45,6 +46,17 @@ def refused(args, capsys, root: Path | None = None) -> str:
     if root:
         assert tree(root) == before
     return lines[0]
+
+
+def failed(args, capsys) -> str:
+    """Run a command that fails once under way: exit 2, its progress lines, then one error line
+    and no traceback."""
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert [x for x in lines if x.startswith("bench: error: ")] == lines[-1:] and "Traceback" not in err, err
+    return lines[-1]
 
 
 def ok(args, capsys) -> str:
@@ -645,6 +657,125 @@ def test_cache_rm_refuses_a_locked_entry(tmp_path, capsys):
         os.close(fd)
     assert main(["cache", "rm", "--all", "--cache-dir", str(tmp_path / "cache")]) == 0
     assert not entry.exists()
+
+
+# -- 7b. a full disk ends in one line and leaves the last good file in place -----------------
+
+
+def _fills_disk(write, *, on_call: int = 1, target=lambda args: args[1]):
+    """`write` that meets a full disk on its call number `on_call`: half a file reaches
+    `target(args)`, then ENOSPC, as a real full disk does."""
+    calls = []
+
+    def full(*args, **kwargs):
+        calls.append(args)
+        if len(calls) < on_call:
+            return write(*args, **kwargs)
+        Path(target(args)).write_bytes(b"PAR1 half a file")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    return full
+
+
+def test_a_full_disk_while_evaluate_writes_results_keeps_the_last_good_file(ds, tmp_path, capsys, monkeypatch):
+    """The run's file is rewritten after each backbone: when the second write meets a full disk,
+    the run ends with exit 2 and one line, and the file still holds the first backbone's rows."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(pq, "write_table", _fills_disk(pq.write_table, on_call=2))
+    results = tmp_path / "results"
+    msg = failed(["evaluate", "--model", "pixels:8", "--model", "oracle:objects", "--dataset", ds, "--probes", "linear",
+                   "--threads", "1", "--results", results], capsys)
+    assert "No space left on device" in msg and "free space" in msg, msg
+    monkeypatch.undo()
+    (kept,) = results.iterdir()  # no temporary left beside it
+    assert set(pq.read_table(kept)["backbone"].to_pylist()) == {"pixels:8"}
+
+
+def test_a_full_disk_while_extracting_is_not_an_error_row(ds, tmp_path, capsys, monkeypatch):
+    """A full activations cache ended with exit 0 and error rows standing as the backbone's result."""
+    from evaluators import cache
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "_pwrite_all", full)
+    msg = failed(["evaluate", "--model", "pixels:8", "--dataset", ds, "--probes", "linear", "--threads", "1",
+                   "--results", tmp_path / "results"], capsys)
+    assert "disk full while extracting pixels:8" in msg, msg
+    assert not any((tmp_path / "results").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("command", [["leaderboard", "--format", "markdown", "--out", "OUT/board.md"],
+                                     ["report", "-o", "OUT/board.md"]])
+def test_a_full_disk_keeps_the_old_leaderboard_or_report(ds, tmp_path, capsys, monkeypatch, command):
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    ok(["evaluate", "--model", "oracle:objects", "--dataset", ds, "--probes", "linear", "--threads", "1",
+        "--results", tmp_path / "results"], capsys)
+    out = tmp_path / "out"
+    args = [*command[:1], tmp_path / "results", *[a.replace("OUT", str(out)) for a in command[1:]]]
+    ok(args, capsys)
+    good = (out / "board.md").read_bytes()
+    monkeypatch.setattr(Path, "write_text", _fills_disk(Path.write_text, target=lambda args: args[0]))
+    msg = failed(args, capsys)
+    assert "board.md: No space left on device (free space and run again)" in msg, msg
+    assert (out / "board.md").read_bytes() == good and not list(out.glob(".*"))
+
+
+def _tiny_zoo(tmp_path, monkeypatch) -> Path:
+    from evaluators.zoo import RECIPES, ZOO_ENV, training
+    from tests.test_zoo import tiny
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(ZOO_ENV, raising=False)
+    for name in RECIPES:
+        monkeypatch.setitem(RECIPES, name, tiny(name))
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
+    return tmp_path / "zoo"
+
+
+def test_a_full_disk_while_the_zoo_publishes_a_model(tmp_path, capsys, monkeypatch):
+    """safetensors reports a full disk as its own error type (a traceback before); no half model
+    is left, under its name or a temporary one, and the next run trains it."""
+    import transformers.modeling_utils as mu
+
+    zoo = _tiny_zoo(tmp_path, monkeypatch)
+
+    def full(*args, **kwargs):
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with monkeypatch.context() as m:
+        m.setattr(mu, "safe_save_file", full)
+        msg = failed(["zoo", "train", "untrained"], capsys)
+    assert "zoo: disk full while writing" in msg, msg
+    assert not [p for p in zoo.iterdir() if not p.name.endswith(".partial") and p.name != "data"]
+    ok(["zoo", "train", "untrained"], capsys)
+
+
+def test_a_full_disk_while_the_zoo_checkpoints(tmp_path, capsys, monkeypatch):
+    """torch.save into a full disk raised a RuntimeError naming no cause; the checkpoint is now
+    written as bytes, so the error is the disk's, in one line, and no half checkpoint stays."""
+    zoo = _tiny_zoo(tmp_path, monkeypatch)
+    monkeypatch.setattr(Path, "write_bytes", _checkpoint_full())
+    msg = failed(["zoo", "train", "features"], capsys)
+    assert "state.pt: No space left on device (free space and run again)" in msg, msg
+    (partial,) = zoo.glob(".features-*.partial")
+    assert sorted(p.name for p in partial.iterdir()) == ["run.json"]
+
+
+def _checkpoint_full():
+    """Path.write_bytes that fills the disk when a zoo checkpoint is written."""
+    write = Path.write_bytes
+
+    def full(self, data):
+        if ".state.pt.tmp-" not in self.name:
+            return write(self, data)
+        write(self, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    return full
 
 
 # -- 8. the smaller points -----------------------------------------------------------------

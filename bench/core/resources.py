@@ -9,6 +9,7 @@ still be too large for other reasons, never the other way round.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -68,3 +69,22 @@ def largest_side(budget: int, bytes_of: Callable[[int], int]) -> int:
 def gib(n: float) -> str:
     """Bytes as a message shows them: GiB with one decimal."""
     return f"{n / 2**30:,.1f} GiB"
+
+
+#: The errors of a disk (or a quota) that is full: no retry helps until space is freed.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is a full disk: an OSError, or a library's wrapper of
+    one, such as safetensors' `... (os error 28)`, whose cause Rust keeps only in the text."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _FULL:
+            return True
+        if any(f"(os error {code})" in str(e) for code in _FULL):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
