@@ -387,6 +387,54 @@ def test_damaged_cache_entry_is_set_aside_and_recomputed(ds, tmp_path, capsys, m
     assert sum(e.name.startswith("damaged-") for e in entries[0].parent.iterdir()) == (kind != "list-entry")
 
 
+def _binding_numbers(results: Path) -> list:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(next(results.glob("*.parquet")))
+    columns = ("backbone", "probe", "B_star", "beta_star", "L_O_paper", "L_F_paper", "bit_accuracy")
+    return list(zip(*(table[c].to_pylist() for c in columns)))
+
+
+def test_a_zeroed_cache_array_is_found_set_aside_and_recomputed(ds, tmp_path, capsys, monkeypatch):
+    """Right size, right header, every value 0: it passed the header and size checks and was read
+    back as activations, changing the numbers. The digest written with the entry finds it."""
+    from evaluators import cache
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    run = ["evaluate", "--model", "pixels:8", "--dataset", ds, "--probes", "linear", "--threads", "1"]
+    ok([*run, "--results", tmp_path / "r1"], capsys)
+    (test_entry,) = [e for e in (tmp_path / "cache" / "activations").glob("*/*")
+                     if cache.read_meta(e)["material"]["split"] == "test"]
+    for arr in test_entry.glob("*.npy"):
+        offset = cache._data_offset(arr)
+        size = arr.stat().st_size
+        with open(arr, "r+b") as f:
+            f.seek(offset)
+            f.write(bytes(size - offset))
+    err = ok([*run, "--results", tmp_path / "r2"], capsys)
+    assert f"cache entry {test_entry} is damaged; set aside" in err, err
+    assert _binding_numbers(tmp_path / "r2") == _binding_numbers(tmp_path / "r1")
+
+
+def test_cache_entries_are_hashed_once(ds, tmp_path, capsys, monkeypatch):
+    """The digest is checked once per entry, not on every read: a run reads each entry twice or
+    more (its size estimate, then its extraction), and a later run not at all."""
+    from bench.core.hashing import file_sha256
+    from evaluators import cache
+
+    hashed = []
+    monkeypatch.setattr(cache, "file_sha256", lambda path: hashed.append(Path(path).name) or file_sha256(path))
+    monkeypatch.setattr(cache, "RACY_S", 0.0)  # nothing changes the files here: remember at once
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    run = ["evaluate", "--model", "pixels:8", "--dataset", ds, "--probes", "linear", "--threads", "1", "--results"]
+    ok([*run, tmp_path / "r1"], capsys)
+    assert len(hashed) == 3  # one array a split, hashed when written
+    for results, expect in (("r2", 6), ("r3", 6)):
+        cache._VERIFIED.clear()  # a new process
+        ok([*run, tmp_path / results], capsys)
+        assert len(hashed) == expect, hashed
+
+
 @pytest.mark.parametrize("args", [["--set", "seed=3", "--seed", "4"], ["--set", "image_size=64", "--image-size", "128"]])
 def test_a_set_value_a_flag_shadows_is_refused(tmp_path, capsys, args):
     msg = refused(["generate", *SMALL, *args, "--out", tmp_path / "d"], capsys, tmp_path)

@@ -24,7 +24,6 @@ half-loading) it. A card written before hashes were recorded gains them once its
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -38,8 +37,8 @@ import torch
 
 from bench.core.dataset import Dataset, decode_image, replacing, write_json_atomic
 from bench.core.errors import BenchError
+from bench.core.hashing import config_hash, derive_seed, file_sha256, sha256_hex
 from bench.core.resources import disk_full
-from bench.core.hashing import config_hash, derive_seed, sha256_hex
 from evaluators.zoo.recipes import Recipe
 
 CARD_NAME = "zoo_card.json"
@@ -76,7 +75,7 @@ def damage(path: Path) -> str | None:
     missing = [f for f in WEIGHT_FILES if not (path / f).is_file()]
     if missing:
         return f"{', '.join(missing)} missing"
-    hashes = {f: _file_sha256(path / f) for f in WEIGHT_FILES}
+    hashes = {f: file_sha256(path / f) for f in WEIGHT_FILES}
     recorded = card.get("files")
     if isinstance(recorded, dict):
         changed = [f for f in WEIGHT_FILES if recorded.get(f) != hashes[f]]
@@ -102,14 +101,6 @@ def _unloadable(path: Path) -> str | None:
     except Exception as e:  # noqa: BLE001 — safetensors raises several types for a damaged file
         return f"model.safetensors does not load ({type(e).__name__})"
     return None
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None,
@@ -323,7 +314,7 @@ def _publish(model: torch.nn.Module, card: dict[str, Any], final: Path) -> None:
         side = int(model.config.image_size)
         ViTImageProcessor(size={"height": side, "width": side}, image_mean=[MEAN] * 3, image_std=[STD] * 3,
                           do_resize=True, do_rescale=True, do_normalize=True, resample=2).save_pretrained(tmp)
-        write_json_atomic({**card, "files": {f: _file_sha256(tmp / f) for f in WEIGHT_FILES}}, tmp / CARD_NAME)
+        write_json_atomic({**card, "files": {f: file_sha256(tmp / f) for f in WEIGHT_FILES}}, tmp / CARD_NAME)
         os.replace(tmp, final)
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)  # half a model is never left, not even under a temporary name
