@@ -81,8 +81,9 @@ def generate(
     check_resources(gen_cls, config, out, workers)
     tasks = [(split, shard, shard * config.shard_size, min(plan.n, (shard + 1) * config.shard_size))
              for split, plan in gen.plans.items() for shard in range(math.ceil(plan.n / config.shard_size))]
-    target = DatasetTarget(out, config_hash([gen_cls.name, gen_cls.version, config_to_dict(config)]),
-                           overwrite=overwrite)
+    settings = config_to_dict(config)
+    target = DatasetTarget(out, config_hash([gen_cls.name, gen_cls.version, settings]), overwrite=overwrite,
+                           about={"generator": gen_cls.name, "version": gen_cls.version, **settings})
     try:
         target.record([shard_name(split, shard) for split, shard, _, _ in tasks])
         work = target.work

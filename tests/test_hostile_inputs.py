@@ -227,6 +227,29 @@ def test_resume_renders_a_damaged_shard_again(tmp_path, capsys, monkeypatch):
                                                                    shard_size=4)).fingerprint("train")
 
 
+def test_an_unfinished_run_of_other_settings_is_refused_not_mixed_or_deleted(tmp_path, capsys, monkeypatch):
+    """A killed run with --seed 1, then the same folder with --seed 2: the second threw the first's
+    shards away without a word; it now names what differs and leaves them, the first's own
+    command resumes them, and --overwrite starts afresh with a card that describes every shard."""
+    import generators.engine as engine
+
+    d = tmp_path / "d"
+    args = ["generate", *SMALL, "--set", "shard_size=4", "--out", str(d)]
+    with monkeypatch.context() as m:
+        m.setattr(engine, "_card", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed")))
+        with pytest.raises(RuntimeError):
+            main([*args, "--seed", "1"])
+    capsys.readouterr()
+    msg = refused([*args, "--seed", "2"], capsys, tmp_path)
+    assert "unfinished dataset of other settings (seed 1, here 2)" in msg and "--overwrite" in msg, msg
+    more = [*args, "--seed", "1", "--n-train", "20"]  # more shards: other settings too
+    assert "n_train 12, here 20" in refused(more, capsys, tmp_path)
+    ok([*args, "--seed", "2", "--overwrite"], capsys)
+    fresh = make_dataset(tmp_path / "fresh", n_train=12, n_val=4, n_test=4, shard_size=4, seed=2)
+    for split in ("train", "val", "test"):
+        assert Dataset(d).fingerprint(split) == Dataset(fresh).fingerprint(split)
+
+
 # -- 3. damaged inputs and unwritable outputs ----------------------------------------------
 
 
