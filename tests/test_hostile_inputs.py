@@ -464,6 +464,13 @@ def test_a_set_value_a_flag_shadows_is_refused(tmp_path, capsys, args):
     assert "--set" in msg and args[3] in msg
 
 
+def test_import_has_no_set_so_no_flag_can_shadow_one(clevr_src, tmp_path, capsys):
+    """Every setting of `bench import` is a flag of its own: a `--set` beside one is refused in one
+    line (the option parser's), never ignored."""
+    msg = refused(_import(clevr_src, tmp_path / "d", "--set", "image_size=64"), capsys, tmp_path)
+    assert "No such option: --set" in msg, msg
+
+
 @pytest.mark.parametrize("args", [["--n-train", "-1"], ["--image-size", "0"], ["--epochs", "0"]])
 def test_demo_refuses_bad_sizes_before_start_up(tmp_path, capsys, monkeypatch, args):
     import evaluators.zoo.recipes as recipes
