@@ -47,6 +47,7 @@ from matplotlib import colormaps  # noqa: E402
 
 from bench.core.dataset import replacing, write_text_atomic  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
+from bench.core.outdir import remove_stale_outputs  # noqa: E402
 from leaderboards.plots import MAX_PNG_WIDTH, layer_curves, probe_bars  # noqa: E402
 from leaderboards.store import load_selected  # noqa: E402
 from leaderboards.tables import Leaderboard, board_notes, build_leaderboard, column_name, format_cell, title  # noqa: E402
@@ -134,6 +135,10 @@ def build_report(
         script=_SCRIPT,
     )
     write_text_atomic(page, out)
+    stale = remove_stale_outputs(out, [out, *figures], prefix=f"{out.stem}_")
+    if stale and say is not None:
+        say(f"removed {len(stale)} figure(s) the last report drew and this one does not: "
+            + ", ".join(p.name for p in stale))
     return [out, *figures]
 
 

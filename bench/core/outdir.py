@@ -252,6 +252,30 @@ class DatasetTarget:
         self._fds.clear()
 
 
+def remove_stale_outputs(main: Path, written: Sequence[Path], prefix: str) -> list[Path]:
+    """For a command that writes files into a folder the user owns (`bench report`): record in
+    `.MAIN.files.json` the files this run wrote, and remove those the previous run recorded and
+    this one did not (a figure no longer drawn). Only names the manifest lists, starting with
+    `prefix`, are ever removed, so a file of the user's beside them is never touched; returns
+    what was removed."""
+    folder = Path(main).parent
+    manifest = folder / f".{Path(main).name}.files.json"
+    try:
+        before = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, TypeError, KeyError):
+        before = []
+    now = sorted({Path(p).name for p in written})
+    removed = []
+    for name in before if isinstance(before, list) else []:
+        path = folder / str(name)
+        if (name not in now and Path(str(name)).name == name and str(name).startswith(prefix) and path.is_file()
+                and not path.is_symlink()):
+            path.unlink()
+            removed.append(path)
+    write_json_atomic({"files": now}, manifest)
+    return removed
+
+
 def _differences(old: Any, new: dict[str, Any]) -> str:
     """What differs between an unfinished run's settings and these, as `seed 1, here 2`."""
     if not isinstance(old, dict):
