@@ -29,8 +29,8 @@ from bench.core.codes import FeatureSpace
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, derive_seed
-from bench.core.results import check_writable, existing_keys, new_run_id, provenance, write_run
 from bench.core.resources import disk_full
+from bench.core.results import check_writable, existing_keys, new_run_id, provenance, write_run
 from evaluators.backbones.base import BackboneInfo
 from evaluators.backbones.ground_truth import GroundTruthBackbone
 from evaluators.extract import (check_cache_space, check_views, extract_activations, gib, parse_layers, pending_bytes,

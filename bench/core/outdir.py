@@ -261,15 +261,16 @@ def remove_stale_outputs(main: Path, written: Sequence[Path], prefix: str) -> li
     folder = Path(main).parent
     manifest = folder / f".{Path(main).name}.files.json"
     try:
-        before = json.loads(manifest.read_text())["files"]
+        listed = json.loads(manifest.read_text())["files"]
     except (OSError, ValueError, TypeError, KeyError):
-        before = []
+        listed = []  # none yet, or damaged: then nothing is removed
+    before = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
     now = sorted({Path(p).name for p in written})
     removed = []
-    for name in before if isinstance(before, list) else []:
-        path = folder / str(name)
-        if (name not in now and Path(str(name)).name == name and str(name).startswith(prefix) and path.is_file()
-                and not path.is_symlink()):
+    for name in before:
+        path = folder / name
+        if name not in now and Path(name).name == name and name.startswith(prefix) and path.is_file() \
+                and not path.is_symlink():
             path.unlink()
             removed.append(path)
     write_json_atomic({"files": now}, manifest)
