@@ -69,6 +69,7 @@ def generate(
     and a line when it is written."""
     from bench.core.outdir import check_target
     from generators.base import build_config, get_generator
+    from generators.engine import check_resources
 
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
@@ -94,8 +95,9 @@ def generate(
     out = Path(out)
     variants = gen.expand(config)
     for sub, cfg in variants:
-        gen(cfg)  # validate every variant and its destination before any work
+        gen(cfg)  # validate every variant, its destination and its size before any work
         check_target(out / sub if sub else out, overwrite)
+        check_resources(gen, cfg, out / sub if sub else out, workers)
     for sub, cfg in variants:
         _render_one(gen, cfg, out / sub if sub else out, workers=workers, overwrite=overwrite, shards=shards,
                     progress=progress)

@@ -48,8 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:  # an unwritable or vanished path, a full disk: the user's to fix, not a bug
         if debug:
             raise
+        from bench.core.resources import disk_full
+
         where = f"{e.filename}: " if e.filename else ""
-        _error(f"{where}{e.strerror or e} (check the path exists and is writable)")
+        hint = "free space and run again" if disk_full(e) else "check the path exists and is writable"
+        _error(f"{where}{e.strerror or e} ({hint})")
         code = 2
     except Exception as e:  # the option parser's usage errors carry their own exit code
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")) or debug:

@@ -11,6 +11,12 @@ ranges of one entry at once (`EntryWriter`).
 
 Rows are written with positioned writes, not through a writable memmap: mapped
 dirty pages count toward the writer's RSS, which would then grow with the dataset.
+
+`entry.json` records each array's sha256 (`digests`), computed from the files once every row
+is on disk. A reader checks an entry's headers and sizes every time (cheap) and its digests
+once: the verification is remembered against the files' inodes, sizes and times, so a zeroed
+or edited array is found, set aside and recomputed with a one-line warning, while an unchanged
+entry is never hashed twice.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import numpy as np
 
 from bench.core.dataset import write_json_atomic
 from bench.core.errors import BenchError
-from bench.core.hashing import sha256_hex, stable_json
+from bench.core.hashing import file_sha256, sha256_hex, stable_json
 from bench.core.locks import locked, same_file, try_lock
 
 FORMAT_VERSION = 1
@@ -78,7 +84,7 @@ def find_complete(cache_dir: Path | None, base: str, layers: Sequence[int], view
         if entry.name.startswith(DAMAGED_PREFIX):
             continue
         meta = read_meta(entry)
-        if meta is not None and not intact_entry(entry, meta):
+        if meta is not None and not (intact_entry(entry, meta) and verified_entry(entry, meta)):
             set_aside(entry)
             continue
         if meta and set(layers) <= set(meta["layers"]) and all(covers(meta["views"], v) for v in views):
@@ -119,6 +125,59 @@ def intact_entry(entry: Path, meta: dict[str, Any]) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return True
+
+
+#: A verification is remembered (in this process, and in the entry's `verified.json`) only for
+#: arrays last changed this long before it: file times tick coarsely (a few ms), so an array
+#: zeroed in the same tick as a verification would keep its times, and pass for verified.
+RACY_S = 1.0
+VERIFIED_NAME = "verified.json"
+_VERIFIED: dict[str, list[list[int]]] = {}
+
+
+def verified_entry(entry: Path, meta: dict[str, Any]) -> bool:
+    """Every array's bytes match the digest written with the entry, hashed once per entry: a
+    verification holds until an array's file changes (its inode, size or times), so entries are
+    read memory-mapped as before and hashed again only after something wrote to them. An entry
+    from before digests gains them here. False: the contents changed (a zeroed or edited array)."""
+    names = [array_name(int(layer), str(view)) for layer in meta["layers"] for view in meta["views"]]
+    signature = _signature(entry, [*names, ENTRY_NAME])
+    if signature is None:
+        return False
+    if signature in (_VERIFIED.get(str(entry)), _read_stamp(entry)):
+        return True
+    digests = {name: file_sha256(entry / name) for name in names}
+    recorded = meta.get("digests")
+    if isinstance(recorded, dict):
+        if recorded != digests:
+            return False
+    else:
+        with contextlib.suppress(OSError):  # a read-only cache stays as it is, checked each run
+            write_json_atomic({**meta, "digests": digests}, entry / ENTRY_NAME)
+        signature = _signature(entry, [*names, ENTRY_NAME])
+    if signature is not None and time.time() - max(s[-1] for s in signature) / 1e9 > RACY_S:
+        _VERIFIED[str(entry)] = signature
+        with contextlib.suppress(OSError):
+            write_json_atomic({"signature": signature}, entry / VERIFIED_NAME)
+    return True
+
+
+def _signature(entry: Path, names: Sequence[str]) -> list[list[int]] | None:
+    """What a change to the files leaves different: inode, size, modification and change times
+    (a user can set the first time back, not the second)."""
+    try:
+        stats = [(entry / name).stat() for name in names]
+    except OSError:
+        return None
+    return [[st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for st in stats]
+
+
+def _read_stamp(entry: Path) -> list[list[int]] | None:
+    try:
+        stamp = json.loads((entry / VERIFIED_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp.get("signature") if isinstance(stamp, dict) else None
 
 
 def set_aside(entry: Path) -> None:
@@ -281,8 +340,10 @@ class EntryWriter:
             self.done = state["done"] if state else self.done
             if self.n_done != self.n:  # the ranges are merged and inside the entry: all rows iff n_done == n
                 return False
+            digests = {array_name(l, v): file_sha256(self.path / array_name(l, v))  # every writer's rows, on disk
+                       for l in self.layers for v in self.views}
             write_json_atomic({"format_version": FORMAT_VERSION, "material": self.material, "layers": self.layers,
-                               "views": self.views, "n": self.n, **meta}, self.path / ENTRY_NAME)
+                               "views": self.views, "n": self.n, "digests": digests, **meta}, self.path / ENTRY_NAME)
             (self.path / STATE_NAME).unlink(missing_ok=True)
             return True
 

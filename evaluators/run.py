@@ -29,6 +29,7 @@ from bench.core.codes import FeatureSpace
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, derive_seed
+from bench.core.resources import disk_full
 from bench.core.results import check_writable, existing_keys, new_run_id, provenance, write_run
 from evaluators.backbones.base import BackboneInfo
 from evaluators.backbones.ground_truth import GroundTruthBackbone
@@ -554,9 +555,21 @@ def binding_common(prov: dict[str, Any], plan: _BackbonePlan, ds: Dataset, test_
             "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
 
 
+def refuse_full_disk(error: BaseException, backbone: str) -> None:
+    """A full disk is the machine's state, not the backbone's: end the run in one line rather than
+    write error rows that would stand as the backbone's result. The rows written so far stay, and
+    the rows extracted into the cache are resumed by the next run."""
+    if disk_full(error):
+        where = getattr(error, "filename", None) or "the activations cache"
+        raise BenchError(f"disk full while extracting {backbone} ({where}): free space and run the same command "
+                         "again; the rows written so far are kept") from None
+
+
 def extraction_error_rows(common: dict[str, Any], plan: _BackbonePlan, todo: Sequence[tuple],
                           error: BaseException) -> list[dict[str, Any]]:
-    """Error rows for every row of `todo` when the backbone failed to run."""
+    """Error rows for every row of `todo` when the backbone failed to run (a full disk ends the
+    run instead: `refuse_full_disk`)."""
+    refuse_full_disk(error, common["backbone"])
     message = f"extraction failed: {type(error).__name__}: {error}".splitlines()[0]
     return [_row(common, layer, v, fam, seed, {"status": "error", "error": message})
             for layer, view, seed, fams in todo for v in plan.shown(view) for fam in fams]
@@ -774,6 +787,7 @@ def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
             except BenchError:
                 raise
             except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
+                refuse_full_disk(e, spec)
                 message = f"extraction failed: {type(e).__name__}: {e}".splitlines()[0]
                 new = [{"layer": layer, "probe": fam, "seed": seed, "status": "error", "error": message}
                        for layer, fam, seed in sorted(todo, key=str)]

@@ -19,6 +19,7 @@ from bench.core.codes import FeatureSpace
 from bench.core.dataset import Scene
 from bench.core.errors import ConfigError
 from bench.core.registry import Registry
+from bench.core.resources import PIXEL_BYTES
 from generators.priors import CoveringSets, ListedSets, PriorsUnavailable, SplitPriors
 from generators.splits import FCode, active_counts, assign_splits
 
@@ -131,6 +132,12 @@ class SceneGenerator(ABC):
     @abstractmethod
     def render(self, split: str, index: int, seed: int) -> tuple[Scene, float]:
         """Draw and render one scene from its own seed; return it with H(O|F=f)."""
+
+    @classmethod
+    def render_bytes(cls, config: CommonConfig) -> int:
+        """The least memory one scene of `config` takes while it is rendered (a lower bound, so
+        that a size it refuses cannot work): its image and mask."""
+        return config.image_size ** 2 * PIXEL_BYTES
 
     @classmethod
     def expand(cls, config: CommonConfig) -> list[tuple[str, CommonConfig]]:

@@ -131,6 +131,12 @@ class ColorShapeGenerator(SceneGenerator):
     config: ColorShapeConfig
 
     @classmethod
+    def render_bytes(cls, config: ColorShapeConfig) -> int:
+        """The image and mask, plus a shape's stencil: drawn `_SS` times larger as 8-bit pixels
+        and averaged down as float32, both held at once."""
+        return super().render_bytes(config) + (_SS * config.object_size) ** 2 * (1 + 4)
+
+    @classmethod
     def expand(cls, config: ColorShapeConfig) -> list[tuple[str, CommonConfig]]:
         if not config.sweep:
             return [("", config)]

@@ -21,10 +21,10 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import shutil
 import signal
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -37,11 +37,13 @@ from bench.core.dataset import CARD_NAME, SCHEMA_VERSION, encode_scene, row_sche
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, derive_seed, fingerprint
 from bench.core.outdir import DatasetTarget, check_target
+from bench.core.resources import available_memory, free_disk, gib, largest_side, min_scene_bytes
 from bench.core.versions import package_versions
 from generators.base import CommonConfig, SceneGenerator, config_to_dict, get_generator
 
-#: A conservative lower bound on a scene's bytes on disk (two PNGs, codes, hash, metadata).
-MIN_SCENE_BYTES = 256
+#: What the engine holds of each scene until the card is written: its content hash (a 64-character
+#: str, 113 bytes) and the list slot that points to it.
+HASH_BYTES = 120
 
 Progress = Callable[[int], None]
 
@@ -76,11 +78,12 @@ def generate(
     out = Path(out)
     total = sum(plan.n for plan in gen.plans.values())
     check_target(out, overwrite)
-    _check_space(out, total)
+    check_resources(gen_cls, config, out, workers)
     tasks = [(split, shard, shard * config.shard_size, min(plan.n, (shard + 1) * config.shard_size))
              for split, plan in gen.plans.items() for shard in range(math.ceil(plan.n / config.shard_size))]
-    target = DatasetTarget(out, config_hash([gen_cls.name, gen_cls.version, config_to_dict(config)]),
-                           overwrite=overwrite)
+    settings = config_to_dict(config)
+    target = DatasetTarget(out, config_hash([gen_cls.name, gen_cls.version, settings]), overwrite=overwrite,
+                           about={"generator": gen_cls.name, "version": gen_cls.version, **settings})
     try:
         target.record([shard_name(split, shard) for split, shard, _, _ in tasks])
         work = target.work
@@ -194,15 +197,31 @@ def _cut(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-def _check_space(out: Path, total: int) -> None:
-    """Refuse, before anything is written, a dataset the disk cannot hold even at its smallest."""
-    where = out.absolute()
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    free = shutil.disk_usage(where).free
-    if total * MIN_SCENE_BYTES > free:
-        raise BenchError(f"n_train: {total:,} scenes need at least {total * MIN_SCENE_BYTES / 2**30:,.1f} GiB, "
-                         f"but {where} has {free / 2**30:,.1f} GiB free; generate fewer scenes or free space")
+def check_resources(gen_cls: type[SceneGenerator], config: CommonConfig, out: Path, workers: int) -> None:
+    """Refuse, before anything is written or rendered, a dataset this machine cannot make even
+    at its smallest: its scenes on the disk under `out`, every scene's content hash in memory
+    until the card is written, and one scene rendered in each worker at once. Each line names
+    the limit that would fit."""
+    total = sum(config.split_sizes.values())
+    where, free = free_disk(out)
+    per_scene = min_scene_bytes(config.image_size)
+    if total * per_scene > free:
+        raise BenchError(f"n_train: {total:,} scenes need at least {gib(total * per_scene)} on disk, but {where} has "
+                         f"{gib(free)} free (room for at most {free // per_scene:,} scenes of {config.image_size} px); "
+                         "generate fewer scenes or free space")
+    memory = available_memory()
+    if total * HASH_BYTES > memory:
+        raise BenchError(f"n_train: {total:,} scenes need at least {gib(total * HASH_BYTES)} of memory while they are "
+                         f"written, but {gib(memory)} is available (at most {memory // HASH_BYTES:,} scenes); "
+                         "generate fewer scenes")
+    at_once = max(1, min(workers, total))
+    need = at_once * gen_cls.render_bytes(config)
+    if need > memory:
+        side = largest_side(memory // at_once, lambda s: gen_cls.render_bytes(replace(config, image_size=s)))
+        limit = f"at most image_size {side:,} fits" if side >= 1 else "no image_size fits at this object_size"
+        raise BenchError(f"image_size: {at_once} worker(s) rendering {config.image_size}-px scenes need at least "
+                         f"{gib(need)} of memory, but {gib(memory)} is available; {limit} with {at_once} worker(s) "
+                         "(fewer --workers fit more)")
 
 
 _WORKER: dict[str, SceneGenerator] = {}

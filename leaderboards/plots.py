@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend first)
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from bench.core.dataset import CARD_NAME  # noqa: E402
+from bench.core.dataset import CARD_NAME, replacing  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
 from leaderboards.tables import Leaderboard, build_leaderboard, column_name  # noqa: E402
 
@@ -63,12 +63,15 @@ def save_figure(fig: plt.Figure, out: str | os.PathLike) -> list[Path]:
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(f"{stem.name}.{f}") for f in FORMATS]
-    for p in paths:
-        if p.suffix == ".png":
-            save_png(fig, p)
-        else:
-            fig.savefig(p, dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        for p in paths:
+            with replacing(p) as tmp:  # a full disk leaves the old figure, not half a new one
+                if p.suffix == ".png":
+                    save_png(fig, tmp)
+                else:
+                    fig.savefig(tmp, dpi=150, bbox_inches="tight", format=p.suffix[1:])
+    finally:
+        plt.close(fig)
     return paths
 
 
@@ -84,7 +87,7 @@ def save_png(fig: plt.Figure, path: Path, max_width: int = MAX_PNG_WIDTH) -> Non
     width = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2  # inches; savefig's pad, both sides
     dpi = min(150.0, (max_width - 2) / width)
     for _ in range(4):
-        fig.savefig(path, dpi=dpi, bbox_inches="tight")
+        fig.savefig(path, dpi=dpi, bbox_inches="tight", format="png")
         with Image.open(path) as im:
             if im.width <= max_width:
                 return

@@ -45,7 +45,9 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib import colormaps  # noqa: E402
 
+from bench.core.dataset import replacing, write_text_atomic  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
+from bench.core.outdir import remove_stale_outputs  # noqa: E402
 from leaderboards.plots import MAX_PNG_WIDTH, layer_curves, probe_bars  # noqa: E402
 from leaderboards.store import load_selected  # noqa: E402
 from leaderboards.tables import Leaderboard, board_notes, build_leaderboard, column_name, format_cell, title  # noqa: E402
@@ -132,9 +134,11 @@ def build_report(
         data=_script_json({"analyses": [_heatmap_data(a) for a, _ in loaded], "colormap": _colormap()}),
         script=_SCRIPT,
     )
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
+    write_text_atomic(page, out)
+    stale = remove_stale_outputs(out, [out, *figures], prefix=f"{out.stem}_")
+    if stale and say is not None:
+        say(f"removed {len(stale)} figure(s) the last report drew and this one does not: "
+            + ", ".join(p.name for p in stale))
     return [out, *figures]
 
 
@@ -174,11 +178,11 @@ def _fit_png(src: Path, dst: Path) -> None:
     figures were capped)."""
     from PIL import Image
 
-    with Image.open(src) as im:
+    with Image.open(src) as im, replacing(dst) as tmp:
         if im.width <= MAX_PNG_WIDTH:
-            shutil.copyfile(src, dst)
+            shutil.copyfile(src, tmp)
             return
-        im.resize((MAX_PNG_WIDTH, round(im.height * MAX_PNG_WIDTH / im.width)), Image.LANCZOS).save(dst)
+        im.resize((MAX_PNG_WIDTH, round(im.height * MAX_PNG_WIDTH / im.width)), Image.LANCZOS).save(tmp, format="PNG")
 
 
 def _read_analysis(path: Path) -> tuple[dict[str, Any], Path]:

@@ -4,6 +4,7 @@ stderr, with no traceback and nothing outside the tool's own files changed."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -45,6 +46,17 @@ def refused(args, capsys, root: Path | None = None) -> str:
     if root:
         assert tree(root) == before
     return lines[0]
+
+
+def failed(args, capsys) -> str:
+    """Run a command that fails once under way: exit 2, its progress lines, then one error line
+    and no traceback."""
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert [x for x in lines if x.startswith("bench: error: ")] == lines[-1:] and "Traceback" not in err, err
+    return lines[-1]
 
 
 def ok(args, capsys) -> str:
@@ -215,6 +227,29 @@ def test_resume_renders_a_damaged_shard_again(tmp_path, capsys, monkeypatch):
                                                                    shard_size=4)).fingerprint("train")
 
 
+def test_an_unfinished_run_of_other_settings_is_refused_not_mixed_or_deleted(tmp_path, capsys, monkeypatch):
+    """A killed run with --seed 1, then the same folder with --seed 2: the second threw the first's
+    shards away without a word; it now names what differs and leaves them, the first's own
+    command resumes them, and --overwrite starts afresh with a card that describes every shard."""
+    import generators.engine as engine
+
+    d = tmp_path / "d"
+    args = ["generate", *SMALL, "--set", "shard_size=4", "--out", str(d)]
+    with monkeypatch.context() as m:
+        m.setattr(engine, "_card", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed")))
+        with pytest.raises(RuntimeError):
+            main([*args, "--seed", "1"])
+    capsys.readouterr()
+    msg = refused([*args, "--seed", "2"], capsys, tmp_path)
+    assert "unfinished dataset of other settings (seed 1, here 2)" in msg and "--overwrite" in msg, msg
+    more = [*args, "--seed", "1", "--n-train", "20"]  # more shards: other settings too
+    assert "n_train 12, here 20" in refused(more, capsys, tmp_path)
+    ok([*args, "--seed", "2", "--overwrite"], capsys)
+    fresh = make_dataset(tmp_path / "fresh", n_train=12, n_val=4, n_test=4, shard_size=4, seed=2)
+    for split in ("train", "val", "test"):
+        assert Dataset(d).fingerprint(split) == Dataset(fresh).fingerprint(split)
+
+
 # -- 3. damaged inputs and unwritable outputs ----------------------------------------------
 
 
@@ -375,10 +410,65 @@ def test_damaged_cache_entry_is_set_aside_and_recomputed(ds, tmp_path, capsys, m
     assert sum(e.name.startswith("damaged-") for e in entries[0].parent.iterdir()) == (kind != "list-entry")
 
 
+def _binding_numbers(results: Path) -> list:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(next(results.glob("*.parquet")))
+    columns = ("backbone", "probe", "B_star", "beta_star", "L_O_paper", "L_F_paper", "bit_accuracy")
+    return list(zip(*(table[c].to_pylist() for c in columns)))
+
+
+def test_a_zeroed_cache_array_is_found_set_aside_and_recomputed(ds, tmp_path, capsys, monkeypatch):
+    """Right size, right header, every value 0: it passed the header and size checks and was read
+    back as activations, changing the numbers. The digest written with the entry finds it."""
+    from evaluators import cache
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    run = ["evaluate", "--model", "pixels:8", "--dataset", ds, "--probes", "linear", "--threads", "1"]
+    ok([*run, "--results", tmp_path / "r1"], capsys)
+    (test_entry,) = [e for e in (tmp_path / "cache" / "activations").glob("*/*")
+                     if cache.read_meta(e)["material"]["split"] == "test"]
+    for arr in test_entry.glob("*.npy"):
+        offset = cache._data_offset(arr)
+        size = arr.stat().st_size
+        with open(arr, "r+b") as f:
+            f.seek(offset)
+            f.write(bytes(size - offset))
+    err = ok([*run, "--results", tmp_path / "r2"], capsys)
+    assert f"cache entry {test_entry} is damaged; set aside" in err, err
+    assert _binding_numbers(tmp_path / "r2") == _binding_numbers(tmp_path / "r1")
+
+
+def test_cache_entries_are_hashed_once(ds, tmp_path, capsys, monkeypatch):
+    """The digest is checked once per entry, not on every read: a run reads each entry twice or
+    more (its size estimate, then its extraction), and a later run not at all."""
+    from bench.core.hashing import file_sha256
+    from evaluators import cache
+
+    hashed = []
+    monkeypatch.setattr(cache, "file_sha256", lambda path: hashed.append(Path(path).name) or file_sha256(path))
+    monkeypatch.setattr(cache, "RACY_S", 0.0)  # nothing changes the files here: remember at once
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    run = ["evaluate", "--model", "pixels:8", "--dataset", ds, "--probes", "linear", "--threads", "1", "--results"]
+    ok([*run, tmp_path / "r1"], capsys)
+    assert len(hashed) == 3  # one array a split, hashed when written
+    for results, expect in (("r2", 6), ("r3", 6)):
+        cache._VERIFIED.clear()  # a new process
+        ok([*run, tmp_path / results], capsys)
+        assert len(hashed) == expect, hashed
+
+
 @pytest.mark.parametrize("args", [["--set", "seed=3", "--seed", "4"], ["--set", "image_size=64", "--image-size", "128"]])
 def test_a_set_value_a_flag_shadows_is_refused(tmp_path, capsys, args):
     msg = refused(["generate", *SMALL, *args, "--out", tmp_path / "d"], capsys, tmp_path)
     assert "--set" in msg and args[3] in msg
+
+
+def test_import_has_no_set_so_no_flag_can_shadow_one(clevr_src, tmp_path, capsys):
+    """Every setting of `bench import` is a flag of its own: a `--set` beside one is refused in one
+    line (the option parser's), never ignored."""
+    msg = refused(_import(clevr_src, tmp_path / "d", "--set", "image_size=64"), capsys, tmp_path)
+    assert "No such option: --set" in msg, msg
 
 
 @pytest.mark.parametrize("args", [["--n-train", "-1"], ["--image-size", "0"], ["--epochs", "0"]])
@@ -438,11 +528,55 @@ def test_truncated_results(tmp_path_factory, capsys, frac):
 # -- 4. sizes are checked before anything is allocated or written --------------------------
 
 
-def test_absurd_size_is_refused_at_once(tmp_path, capsys):
+@pytest.mark.parametrize("n", ["99999999999999999999", str(10**12)])
+def test_absurd_size_is_refused_at_once(tmp_path, capsys, n):
     t0 = time.perf_counter()
-    msg = refused(["generate", "colorshape", "--preset", "small", "--n-train", "99999999999999999999",
+    msg = refused(["generate", "colorshape", "--preset", "small", "--n-train", n,
                    "--out", tmp_path / "big"], capsys, tmp_path)
-    assert "GiB" in msg and time.perf_counter() - t0 < 10
+    assert "GiB" in msg and "room for at most" in msg and time.perf_counter() - t0 < 10
+
+
+@pytest.fixture
+def memory_8gib(monkeypatch):
+    """8 GiB of available memory, whatever the machine has: the limits below are then exact."""
+    from bench.core import resources
+    from generators import engine
+
+    for module in (resources, engine):
+        monkeypatch.setattr(module, "available_memory", lambda: 8 * 2**30)
+
+
+def test_an_image_side_beyond_memory_is_refused_naming_the_limit(clevr_src, tmp_path, capsys, memory_8gib):
+    """`--image-size 100000` allocated until numpy's MemoryError (or the machine swapped); 8 GiB
+    at 4 bytes a pixel (RGB and mask) hold at most a 46,340-px side."""
+    t0 = time.perf_counter()
+    msg = refused(["generate", *SMALL, "--image-size", "100000", "--out", tmp_path / "d"], capsys, tmp_path)
+    assert msg.startswith("bench: error: image_size:") and "at most image_size 46,340 fits" in msg, msg
+    msg = refused(_import(clevr_src, tmp_path / "imp", "--image-size", "100000"), capsys, tmp_path)
+    assert "image-size" in msg and "at most --image-size 46,340 fits" in msg, msg
+    assert time.perf_counter() - t0 < 10
+
+
+def test_absurd_object_counts_are_refused(tmp_path, capsys):
+    for args in (["--set", "n_objects=100000000"], ["--preset", "uniform", "--set", "max_objects=100000000"]):
+        msg = refused(["generate", *SMALL, *args, "--out", tmp_path / "d"], capsys, tmp_path)
+        assert "objects: 100000000" in msg, msg
+
+
+def test_every_preset_passes_the_size_check(tmp_path):
+    """The check refuses what cannot work, never a preset (the paper's 58,800 scenes included),
+    with every core rendering: checked without generating them."""
+    from generators.base import build_config, get_generator, list_generators
+    from generators.engine import check_resources
+
+    checked = 0
+    for name in list_generators():
+        gen = get_generator(name)
+        for preset in gen.presets:
+            for sub, cfg in gen.expand(build_config(gen, preset, {})):
+                check_resources(gen, cfg, tmp_path / name / sub, os.cpu_count() or 1)
+                checked += 1
+    assert checked >= 10
 
 
 # -- 5. workers die with their parent, whatever the signal --------------------------------
@@ -601,6 +735,125 @@ def test_cache_rm_refuses_a_locked_entry(tmp_path, capsys):
         os.close(fd)
     assert main(["cache", "rm", "--all", "--cache-dir", str(tmp_path / "cache")]) == 0
     assert not entry.exists()
+
+
+# -- 7b. a full disk ends in one line and leaves the last good file in place -----------------
+
+
+def _fills_disk(write, *, on_call: int = 1, target=lambda args: args[1]):
+    """`write` that meets a full disk on its call number `on_call`: half a file reaches
+    `target(args)`, then ENOSPC, as a real full disk does."""
+    calls = []
+
+    def full(*args, **kwargs):
+        calls.append(args)
+        if len(calls) < on_call:
+            return write(*args, **kwargs)
+        Path(target(args)).write_bytes(b"PAR1 half a file")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    return full
+
+
+def test_a_full_disk_while_evaluate_writes_results_keeps_the_last_good_file(ds, tmp_path, capsys, monkeypatch):
+    """The run's file is rewritten after each backbone: when the second write meets a full disk,
+    the run ends with exit 2 and one line, and the file still holds the first backbone's rows."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(pq, "write_table", _fills_disk(pq.write_table, on_call=2))
+    results = tmp_path / "results"
+    msg = failed(["evaluate", "--model", "pixels:8", "--model", "oracle:objects", "--dataset", ds, "--probes", "linear",
+                   "--threads", "1", "--results", results], capsys)
+    assert "No space left on device" in msg and "free space" in msg, msg
+    monkeypatch.undo()
+    (kept,) = results.iterdir()  # no temporary left beside it
+    assert set(pq.read_table(kept)["backbone"].to_pylist()) == {"pixels:8"}
+
+
+def test_a_full_disk_while_extracting_is_not_an_error_row(ds, tmp_path, capsys, monkeypatch):
+    """A full activations cache ended with exit 0 and error rows standing as the backbone's result."""
+    from evaluators import cache
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "_pwrite_all", full)
+    msg = failed(["evaluate", "--model", "pixels:8", "--dataset", ds, "--probes", "linear", "--threads", "1",
+                   "--results", tmp_path / "results"], capsys)
+    assert "disk full while extracting pixels:8" in msg, msg
+    assert not any((tmp_path / "results").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("command", [["leaderboard", "--format", "markdown", "--out", "OUT/board.md"],
+                                     ["report", "-o", "OUT/board.md"]])
+def test_a_full_disk_keeps_the_old_leaderboard_or_report(ds, tmp_path, capsys, monkeypatch, command):
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    ok(["evaluate", "--model", "oracle:objects", "--dataset", ds, "--probes", "linear", "--threads", "1",
+        "--results", tmp_path / "results"], capsys)
+    out = tmp_path / "out"
+    args = [*command[:1], tmp_path / "results", *[a.replace("OUT", str(out)) for a in command[1:]]]
+    ok(args, capsys)
+    good = (out / "board.md").read_bytes()
+    monkeypatch.setattr(Path, "write_text", _fills_disk(Path.write_text, target=lambda args: args[0]))
+    msg = failed(args, capsys)
+    assert "board.md: No space left on device (free space and run again)" in msg, msg
+    assert (out / "board.md").read_bytes() == good and not list(out.glob(".*.tmp-*"))
+
+
+def _tiny_zoo(tmp_path, monkeypatch) -> Path:
+    from evaluators.zoo import RECIPES, ZOO_ENV, training
+    from tests.test_zoo import tiny
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(ZOO_ENV, raising=False)
+    for name in RECIPES:
+        monkeypatch.setitem(RECIPES, name, tiny(name))
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
+    return tmp_path / "zoo"
+
+
+def test_a_full_disk_while_the_zoo_publishes_a_model(tmp_path, capsys, monkeypatch):
+    """safetensors reports a full disk as its own error type (a traceback before); no half model
+    is left, under its name or a temporary one, and the next run trains it."""
+    import transformers.modeling_utils as mu
+
+    zoo = _tiny_zoo(tmp_path, monkeypatch)
+
+    def full(*args, **kwargs):
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with monkeypatch.context() as m:
+        m.setattr(mu, "safe_save_file", full)
+        msg = failed(["zoo", "train", "untrained"], capsys)
+    assert "zoo: disk full while writing" in msg, msg
+    assert not [p for p in zoo.iterdir() if not p.name.endswith(".partial") and p.name != "data"]
+    ok(["zoo", "train", "untrained"], capsys)
+
+
+def test_a_full_disk_while_the_zoo_checkpoints(tmp_path, capsys, monkeypatch):
+    """torch.save into a full disk raised a RuntimeError naming no cause; the checkpoint is now
+    written as bytes, so the error is the disk's, in one line, and no half checkpoint stays."""
+    zoo = _tiny_zoo(tmp_path, monkeypatch)
+    monkeypatch.setattr(Path, "write_bytes", _checkpoint_full())
+    msg = failed(["zoo", "train", "features"], capsys)
+    assert "state.pt: No space left on device (free space and run again)" in msg, msg
+    (partial,) = zoo.glob(".features-*.partial")
+    assert sorted(p.name for p in partial.iterdir()) == ["run.json"]
+
+
+def _checkpoint_full():
+    """Path.write_bytes that fills the disk when a zoo checkpoint is written."""
+    write = Path.write_bytes
+
+    def full(self, data):
+        if ".state.pt.tmp-" not in self.name:
+            return write(self, data)
+        write(self, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    return full
 
 
 # -- 8. the smaller points -----------------------------------------------------------------

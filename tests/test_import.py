@@ -374,6 +374,15 @@ def _missing_vg_file(root: Path) -> None:
     (root / "attributes.json").unlink()
 
 
+def _vg_box_outside(root: Path) -> None:
+    """Every object of image 3 moved wholly off its 40 x 30 image (it was accepted: an object in O
+    with no pixel to see)."""
+    records = json.loads((root / "objects.json").read_text())
+    for obj in records[2]["objects"]:
+        obj["x"] = 400
+    (root / "objects.json").write_text(json.dumps(records))
+
+
 def _ade_mask_size(root: Path) -> None:
     path = next((root / "images" / "ADE" / "validation").rglob("instance_001_*.png"))
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(path)
@@ -393,6 +402,7 @@ def _ade_bad_json(root: Path) -> None:
     ("clevr", _missing_clevr_image, "missing"),
     ("vg", _broken_vg_image, "not a readable image"),
     ("vg", _missing_vg_file, "missing"),
+    ("vg", _vg_box_outside, "objects.json: image 3: object 10"),
     ("ade20k", _ade_mask_size, "mask is 10x10 but its image is 96x64"),
     ("ade20k", _ade_bad_json, "annotation lacks 'object'"),
     ("ade20k", _ade_missing_seg, "ADE_train_00000003_seg.png"),

@@ -138,6 +138,29 @@ def test_empty_sections_fold_into_one_grey_line(tmp_path, capsys):
     assert capsys.readouterr().err.count("not shown: ") == 1
 
 
+def test_a_second_report_removes_only_its_own_stale_figures(tmp_path, capsys):
+    """A report writes into a folder the user may keep other files in: it overwrites its own names,
+    and removes a figure the last report drew and this one does not through its manifest only, so
+    the user's files (one named like a figure too) stay as they were."""
+    _results(tmp_path / "results")
+    (tmp_path / "binding-only").mkdir()
+    shutil.copy(tmp_path / "results" / "r-binding.parquet", tmp_path / "binding-only")
+    site = tmp_path / "site"
+    site.mkdir()
+    mine = {"notes.txt": b"my notes", "report_my_figure.png": b"my own figure"}
+    for name, data in mine.items():
+        (site / name).write_bytes(data)
+    out = site / "report.html"
+    assert main(["report", str(tmp_path / "results"), "--out", str(out)]) == 0
+    assert (site / "report_issameobject_probes.png").exists()
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "binding-only"), "--out", str(out)]) == 0
+    assert "removed 2 figure(s) the last report drew" in capsys.readouterr().err
+    assert sorted(p.name for p in site.glob("*.png")) == ["report_binding_bars.png", "report_binding_layers.png",
+                                                          "report_my_figure.png"]
+    assert all((site / name).read_bytes() == data for name, data in mine.items())
+
+
 def test_report_needs_something_to_show(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html")]) == 2

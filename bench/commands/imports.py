@@ -77,9 +77,16 @@ def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, im
            overwrite: bool) -> None:
     """Every option and the destination, before the source is read (parsing it can take minutes)."""
     from bench.core.outdir import check_target
+    from bench.core.resources import PIXEL_BYTES, available_memory, gib, largest_side
 
     if image_size < 16:
         raise BenchError(f"image-size: must be ≥ 16, got {image_size}")
+    memory = available_memory()
+    if image_size ** 2 * PIXEL_BYTES > memory:  # each image and its mask are resized to this side
+        side = largest_side(memory, lambda s: s * s * PIXEL_BYTES)
+        raise BenchError(f"image-size: a {image_size}-px image and its mask need at least "
+                         f"{gib(image_size ** 2 * PIXEL_BYTES)} of memory, but {gib(memory)} is available; at most "
+                         f"--image-size {side:,} fits")
     if max_scenes is not None and max_scenes < 1:
         raise BenchError(f"max-scenes: must be ≥ 1, got {max_scenes}")
     for name, value in (("val-fraction", val_fraction), ("test-fraction", test_fraction)):

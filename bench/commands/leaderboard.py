@@ -88,8 +88,10 @@ def leaderboard(
     if out is None:
         echo(text)
         return
+    from bench.core.dataset import write_text_atomic
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(Text.from_ansi(text).plain + "\n")
+    write_text_atomic(Text.from_ansi(text).plain + "\n", out)  # a full disk leaves the old file, not half a new one
     stderr.print(f"wrote {out}")
 
 

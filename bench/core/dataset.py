@@ -172,18 +172,40 @@ def encode_scene(
     return row
 
 
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path` to write, renamed onto `path` when the block ends well.
+
+    A failure (a full disk, a killed encoder) removes the temporary and leaves `path` as it
+    was, so a half-written file never stands where a good one stood; an OSError then names
+    `path`, not the temporary, for the one-line error the user reads."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and e.filename != str(path):
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+
+
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     """Write a Parquet file under a temporary name, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp, compression="zstd", write_statistics=False)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd", write_statistics=False)
 
 
 def write_json_atomic(obj: Any, path: Path) -> None:
     """Write JSON (indented, sorted keys: byte-stable) atomically."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
+
+
+def write_text_atomic(text: str, path: Path) -> None:
+    """Write a UTF-8 text file atomically (`replacing`)."""
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def shard_name(split: str, shard: int) -> str:

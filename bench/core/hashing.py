@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any, Iterable
 
 
@@ -28,6 +29,15 @@ def sha256_hex(*parts: bytes | str) -> str:
         b = p.encode() if isinstance(p, str) else bytes(p)
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file's bytes, read in blocks (weights and cache arrays can be gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
     return h.hexdigest()
 
 

@@ -14,7 +14,9 @@ Replacing a finished dataset (`--overwrite`), and every import, builds the new o
 staging folder beside the target, `.NAME.staging`, with its own manifest and lock, then
 swaps it in whole. A staging folder whose lock nobody holds was left by a run that died
 (kill -9 included): the next run resumes it when it writes the same thing, else removes
-what it holds of its own.
+what it holds of its own. An unfinished `generate` folder of other settings (manifest `about`)
+is refused without `--overwrite`, naming what differs: its shards are neither deleted
+unasked nor mixed into a card that would not describe them.
 """
 
 from __future__ import annotations
@@ -141,15 +143,19 @@ class DatasetTarget:
     """A claimed dataset destination: `work` is where the files go (`out`, or its staging
     folder), locked against other writers until `close`.
 
-    `key` names what is written: an unfinished folder of the same key resumes (when
-    `resume`), one of another key is cleared of its own files first. `record` lists the
-    files about to be written (before they are); `commit`, after the card, swaps a staged
-    dataset in and removes the manifests and locks. `discard` removes everything this
+    `key` names what is written, `about` (shown, not compared) the settings it hashes: an
+    unfinished folder of the same key resumes (when `resume`); one of another key is the
+    unfinished work of other settings, refused in one line naming the settings that differ
+    (when `resume`, unless `overwrite`: it would be deleted, or, resumed, mixed into a card
+    that describes only some of its shards), else cleared of its own files first. `record`
+    lists the files about to be written (before they are); `commit`, after the card, swaps a
+    staged dataset in and removes the manifests and locks. `discard` removes everything this
     writer made (a failed import leaves nothing behind)."""
 
     def __init__(self, out: Path, key: str, *, overwrite: bool = False, sources: Sequence[Path] = (),
-                 stage: bool = False, resume: bool = True) -> None:
-        self.out, self.key, self.resume = Path(out), key, resume
+                 stage: bool = False, resume: bool = True, about: dict[str, Any] | None = None) -> None:
+        self.out, self.key, self.resume, self.overwrite = Path(out), key, resume, overwrite
+        self.about = json.loads(json.dumps(about or {}))  # as the manifest will hold it (tuples as lists)
         self._fds: list[int] = []
         check_target(self.out, overwrite, sources=sources, stage=stage)
         self.created = not self.out.exists()
@@ -199,12 +205,17 @@ class DatasetTarget:
                 if tmp.name not in owned and _is_owned(tmp, owned):
                     tmp.unlink()
             return
+        if self.resume and not self.overwrite and manifest is not None and any(
+                (self.work / name).exists() for name in manifest["files"]):
+            raise BenchError(f"out: {self.work} holds an unfinished dataset of other settings "
+                             f"({_differences(manifest.get('about'), self.about)}); run its own command to finish "
+                             "it, or pass --overwrite to start afresh")
         foreign = foreign_files(self.work)
         if foreign:  # only a staging folder can get here with files of someone else's
             raise BenchError(f"out: {self.work} holds files bench did not write (e.g. {foreign[0]!r}); move them "
                              "out")
         remove_owned(self.work, keep=(LOCK_NAME,))
-        write_json_atomic({"key": self.key, "files": []}, self.work / MANIFEST_NAME)
+        write_json_atomic({"key": self.key, "about": self.about, "files": []}, self.work / MANIFEST_NAME)
 
     @property
     def manifest(self) -> Path:
@@ -212,7 +223,7 @@ class DatasetTarget:
 
     def record(self, files: Sequence[str]) -> None:
         """Name, before they are written, the files this writer will create in `work`."""
-        write_json_atomic({"key": self.key, "files": sorted(set(files))}, self.manifest)
+        write_json_atomic({"key": self.key, "about": self.about, "files": sorted(set(files))}, self.manifest)
 
     def commit(self) -> None:
         """The card is written: swap a staged dataset in, and remove manifests and locks."""
@@ -239,6 +250,39 @@ class DatasetTarget:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+
+
+def remove_stale_outputs(main: Path, written: Sequence[Path], prefix: str) -> list[Path]:
+    """For a command that writes files into a folder the user owns (`bench report`): record in
+    `.MAIN.files.json` the files this run wrote, and remove those the previous run recorded and
+    this one did not (a figure no longer drawn). Only names the manifest lists, starting with
+    `prefix`, are ever removed, so a file of the user's beside them is never touched; returns
+    what was removed."""
+    folder = Path(main).parent
+    manifest = folder / f".{Path(main).name}.files.json"
+    try:
+        listed = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, TypeError, KeyError):
+        listed = []  # none yet, or damaged: then nothing is removed
+    before = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
+    now = sorted({Path(p).name for p in written})
+    removed = []
+    for name in before:
+        path = folder / name
+        if name not in now and Path(name).name == name and name.startswith(prefix) and path.is_file() \
+                and not path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    write_json_atomic({"files": now}, manifest)
+    return removed
+
+
+def _differences(old: Any, new: dict[str, Any]) -> str:
+    """What differs between an unfinished run's settings and these, as `seed 1, here 2`."""
+    if not isinstance(old, dict):
+        return "written before its settings were recorded"
+    keys = [k for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    return "; ".join(f"{k} {old.get(k)!r}, here {new.get(k)!r}" for k in keys) or "same settings, another version"
 
 
 def _swap(new: Path, out: Path) -> None:

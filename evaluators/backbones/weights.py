@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from bench.core.dataset import write_json_atomic
+from bench.core.hashing import file_sha256
 
 MEMO_MIN_BYTES = 64 << 20
 MEMO_NAME = "weight-hashes.json"
@@ -27,11 +28,7 @@ def file_hash(path: Path) -> str:
     memo = _load_memo() if st.st_size >= MEMO_MIN_BYTES else {}
     if memo_key in memo:
         return memo[memo_key]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    digest = h.hexdigest()
+    digest = file_sha256(path)
     if st.st_size >= MEMO_MIN_BYTES:
         memo[memo_key] = digest
         _memo_path().parent.mkdir(parents=True, exist_ok=True)

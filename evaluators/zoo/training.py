@@ -24,7 +24,7 @@ half-loading) it. A card written before hashes were recorded gains them once its
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import io
 import json
 import os
 import shutil
@@ -35,9 +35,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from bench.core.dataset import Dataset, decode_image, write_json_atomic
+from bench.core.dataset import Dataset, decode_image, replacing, write_json_atomic
 from bench.core.errors import BenchError
-from bench.core.hashing import config_hash, derive_seed, sha256_hex
+from bench.core.hashing import config_hash, derive_seed, file_sha256, sha256_hex
+from bench.core.resources import disk_full
 from evaluators.zoo.recipes import Recipe
 
 CARD_NAME = "zoo_card.json"
@@ -74,7 +75,7 @@ def damage(path: Path) -> str | None:
     missing = [f for f in WEIGHT_FILES if not (path / f).is_file()]
     if missing:
         return f"{', '.join(missing)} missing"
-    hashes = {f: _file_sha256(path / f) for f in WEIGHT_FILES}
+    hashes = {f: file_sha256(path / f) for f in WEIGHT_FILES}
     recorded = card.get("files")
     if isinstance(recorded, dict):
         changed = [f for f in WEIGHT_FILES if recorded.get(f) != hashes[f]]
@@ -100,14 +101,6 @@ def _unloadable(path: Path) -> str | None:
     except Exception as e:  # noqa: BLE001 — safetensors raises several types for a damaged file
         return f"model.safetensors does not load ({type(e).__name__})"
     return None
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None,
@@ -300,10 +293,11 @@ def _start(recipe: Recipe, partial: Path, fingerprint: str | None) -> tuple[torc
 
 def _checkpoint(partial: Path, model: torch.nn.Module, head: torch.nn.Module, opt: torch.optim.Optimizer,
                 state: dict[str, Any]) -> None:
-    tmp = partial / f".{STATE_NAME}.tmp-{os.getpid()}"
+    buffer = io.BytesIO()  # serialised first: torch.save to a full disk raises a RuntimeError that names no cause
     torch.save({"model": model.state_dict(), "head": head.state_dict(),
-                "state": {**state, "optimizer": opt.state_dict()}}, tmp)
-    os.replace(tmp, partial / STATE_NAME)
+                "state": {**state, "optimizer": opt.state_dict()}}, buffer)
+    with replacing(partial / STATE_NAME) as tmp:
+        tmp.write_bytes(buffer.getbuffer())
 
 
 def _publish(model: torch.nn.Module, card: dict[str, Any], final: Path) -> None:
@@ -314,13 +308,20 @@ def _publish(model: torch.nn.Module, card: dict[str, Any], final: Path) -> None:
 
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    with _quiet_transformers():
-        model.save_pretrained(tmp)
-    side = int(model.config.image_size)
-    ViTImageProcessor(size={"height": side, "width": side}, image_mean=[MEAN] * 3, image_std=[STD] * 3,
-                      do_resize=True, do_rescale=True, do_normalize=True, resample=2).save_pretrained(tmp)
-    write_json_atomic({**card, "files": {f: _file_sha256(tmp / f) for f in WEIGHT_FILES}}, tmp / CARD_NAME)
-    os.replace(tmp, final)
+    try:
+        with _quiet_transformers():
+            model.save_pretrained(tmp)
+        side = int(model.config.image_size)
+        ViTImageProcessor(size={"height": side, "width": side}, image_mean=[MEAN] * 3, image_std=[STD] * 3,
+                          do_resize=True, do_rescale=True, do_normalize=True, resample=2).save_pretrained(tmp)
+        write_json_atomic({**card, "files": {f: file_sha256(tmp / f) for f in WEIGHT_FILES}}, tmp / CARD_NAME)
+        os.replace(tmp, final)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # half a model is never left, not even under a temporary name
+        if disk_full(e):  # safetensors reports it as its own error type, naming the cause only in its text
+            raise BenchError(f"zoo: disk full while writing {final}: free space and run `bench zoo train "
+                             f"{card['name']}` again (training resumes from its last checkpoint)") from None
+        raise
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from bench.core.dataset import (CARD_NAME, SCHEMA_VERSION, Scene, encode_scene, 
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, fingerprint
 from bench.core.outdir import DatasetTarget, check_target
+from bench.core.resources import free_disk, gib, min_scene_bytes
 from bench.core.versions import package_versions
 from generators.splits import FCode, assign_splits
 
@@ -176,6 +177,12 @@ def write_import(source: Source, out: Path, *, split_seed: int, val_fraction: fl
     out = Path(out)
     check_target(out, overwrite, sources=sources, stage=True)
     splits = split_scenes(source, split_seed, val_fraction, test_fraction)
+    where, free = free_disk(out)
+    need = len(source.scenes) * min_scene_bytes(config["image_size"])
+    if need > free:  # known only now that the source is read: still before anything is written
+        raise BenchError(f"out: {len(source.scenes):,} scenes of {config['image_size']} px need at least {gib(need)} "
+                         f"on disk, but {where} has {gib(free)} free (room for at most "
+                         f"{free // min_scene_bytes(config['image_size']):,}); use --max-scenes or free space")
     target = DatasetTarget(out, config_hash(config), overwrite=overwrite, sources=sources, stage=True, resume=False)
     try:
         target.record([shard_name(split, k) for split, scenes in splits.items()

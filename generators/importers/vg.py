@@ -9,7 +9,9 @@ Two codings, as in "Formalizing the Binding Problem":
 An object enters when its first name is in the name vocabulary and one of its attributes
 is in the attribute vocabulary; it takes the most frequent of those. Other objects are
 left out (of `objects` and of the mask); images left with none are skipped. Masks are
-the objects' boxes, smaller boxes painted over larger ones (the card says so).
+the objects' boxes, smaller boxes painted over larger ones (the card says so). A box that
+reaches past the image's edge is clipped to it (the release has many a pixel too wide); one
+with no pixel inside the image is refused, naming the file, the image and the object.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def load(src: Path, coding: str = "vg-color", top_n: int = 10, max_scenes: int |
                        f"VG_100K*/: {len(scenes)} JPEG files"],
         "licence": "Visual Genome is released under CC BY 4.0 (cite Krishna et al., IJCV 2017); images keep "
                    "their Flickr/COCO terms",
-        "mask": "boxes: each object's box, smaller boxes painted over larger ones (not instance masks)",
+        "mask": "boxes: each object's box, smaller boxes painted over larger ones (not instance masks); a box "
+                "reaching past the image's edge is clipped to it",
         "objects": f"{coding}: {group} x name, top {top_n} of each; an object takes its most frequent "
                    f"{group} in the vocabulary; objects outside the vocabulary are left out",
     }
@@ -134,9 +137,23 @@ def _image_path(src: Path, iid: int, meta: dict[str, Any]) -> Path:
     return src / IMAGE_DIRS[0] / f"{iid}.jpg"
 
 
+def _check_boxes(objects_file: Path, iid: int, objects: list[SourceObject], boxes: list[list[int]], w: int,
+                 h: int) -> None:
+    """Refuse a box with no pixel inside its `w` x `h` image (empty, or wholly outside it): its
+    object would enter O with nothing to see. A box reaching past an edge is kept, clipped to the
+    image: the release has many a pixel or two too wide."""
+    for obj, (x0, y0, x1, y1) in zip(objects, boxes):
+        if not (x0 < x1 and y0 < y1 and x0 < w and y0 < h and x1 > 0 and y1 > 0):
+            raise malformed(objects_file, f"image {iid}: object {obj.fields['source_id']} has box x={x0}, y={y0}, "
+                            f"w={x1 - x0}, h={y1 - y0}, with no pixel inside the {w}x{h} image", LAYOUT)
+
+
 def _scene(src: Path, iid: int, meta: dict[str, Any], objects: list[SourceObject]) -> SourceScene:
     path = _image_path(src, iid, meta)
     boxes = [o.fields.pop("box") for o in objects]
+    objects_file = src / "objects.json"
+    if isinstance(meta.get("width"), int) and isinstance(meta.get("height"), int):  # checked before any write
+        _check_boxes(objects_file, iid, objects, boxes, meta["width"], meta["height"])
 
     def pixels() -> tuple[np.ndarray, np.ndarray]:
         image = read_rgb(path, LAYOUT)
@@ -144,6 +161,7 @@ def _scene(src: Path, iid: int, meta: dict[str, Any], objects: list[SourceObject
         if (meta.get("width"), meta.get("height")) not in ((w, h), (None, None)):
             raise malformed(path, f"is {w}x{h} but image_data.json says {meta.get('width')}x{meta.get('height')}",
                             LAYOUT)
+        _check_boxes(objects_file, iid, objects, boxes, w, h)
         clipped = [[min(max(v, 0), lim) for v, lim in zip(b, (w, h, w, h))] for b in boxes]
         for o, b in zip(objects, clipped):  # the row's bbox and full size are the clipped box's
             o.fields.update(bbox=b, full_px=(b[2] - b[0]) * (b[3] - b[1]))
