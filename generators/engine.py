@@ -202,18 +202,9 @@ def check_resources(gen_cls: type[SceneGenerator], config: CommonConfig, out: Pa
     at its smallest: its scenes on the disk under `out`, every scene's content hash in memory
     until the card is written, and one scene rendered in each worker at once. Each line names
     the limit that would fit."""
+    # the image side first: an absurd one would otherwise read as too many scenes for the disk
     total = sum(config.split_sizes.values())
-    where, free = free_disk(out)
-    per_scene = min_scene_bytes(config.image_size)
-    if total * per_scene > free:
-        raise BenchError(f"n_train: {total:,} scenes need at least {gib(total * per_scene)} on disk, but {where} has "
-                         f"{gib(free)} free (room for at most {free // per_scene:,} scenes of {config.image_size} px); "
-                         "generate fewer scenes or free space")
     memory = available_memory()
-    if total * HASH_BYTES > memory:
-        raise BenchError(f"n_train: {total:,} scenes need at least {gib(total * HASH_BYTES)} of memory while they are "
-                         f"written, but {gib(memory)} is available (at most {memory // HASH_BYTES:,} scenes); "
-                         "generate fewer scenes")
     at_once = max(1, min(workers, total))
     need = at_once * gen_cls.render_bytes(config)
     if need > memory:
@@ -222,6 +213,16 @@ def check_resources(gen_cls: type[SceneGenerator], config: CommonConfig, out: Pa
         raise BenchError(f"image_size: {at_once} worker(s) rendering {config.image_size}-px scenes need at least "
                          f"{gib(need)} of memory, but {gib(memory)} is available; {limit} with {at_once} worker(s) "
                          "(fewer --workers fit more)")
+    where, free = free_disk(out)
+    per_scene = min_scene_bytes(config.image_size)
+    if total * per_scene > free:
+        raise BenchError(f"n_train: {total:,} scenes need at least {gib(total * per_scene)} on disk, but {where} has "
+                         f"{gib(free)} free (room for at most {free // per_scene:,} scenes of {config.image_size} px); "
+                         "generate fewer scenes or free space")
+    if total * HASH_BYTES > memory:
+        raise BenchError(f"n_train: {total:,} scenes need at least {gib(total * HASH_BYTES)} of memory while they are "
+                         f"written, but {gib(memory)} is available (at most {memory // HASH_BYTES:,} scenes); "
+                         "generate fewer scenes")
 
 
 _WORKER: dict[str, SceneGenerator] = {}
