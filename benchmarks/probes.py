@@ -120,7 +120,8 @@ def rss_by_size(root: Path, sizes: tuple[int, ...], dim: int) -> list[dict]:
 
 def family_costs(root: Path, models: list[str], n_train: int, families: tuple[str, ...]) -> None:
     """Seconds to fit each family (all of its probes) on each backbone's cls activations, and on
-    pixels' patch tokens for the attention family, at one torch thread."""
+    pixels' patch tokens for the attention family, at one torch thread: CPU seconds (what a
+    comparison of two checkouts reads, even on a busy machine) beside wall seconds."""
     from evaluators.run import SPLITS, binding_task, evaluate_binding
 
     torch.set_num_threads(1)
@@ -137,11 +138,11 @@ def family_costs(root: Path, models: list[str], n_train: int, families: tuple[st
             acts = {s: extract_activations(spec, ds, s, layers="last", views=(view,), progress=False) for s in SPLITS}
             inputs = {s: RowReader(a.get(a.layers[0], view)) for s, a in acts.items()}
             for fam in fams:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = evaluate_binding(inputs, task, [fam], train=TrainConfig(), n_boot=200)[fam]
-                wall = time.perf_counter() - t0
-                print(f"  {spec:16s} {view:4s} {fam:17s} {wall:7.1f} s   beta* {r.metrics.get('beta_star', float('nan')):+.4f}",
-                      flush=True)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                print(f"  {spec:16s} {view:4s} {fam:17s} {cpu:7.1f} s CPU {wall:7.1f} s wall   "
+                      f"beta* {r.metrics.get('beta_star', float('nan')):+.4f}", flush=True)
 
 
 def main() -> None:
