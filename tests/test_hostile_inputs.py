@@ -802,24 +802,14 @@ def test_a_full_disk_keeps_the_old_leaderboard_or_report(ds, tmp_path, capsys, m
     assert (out / "board.md").read_bytes() == good and not list(out.glob(".*.tmp-*"))
 
 
-def _tiny_zoo(tmp_path, monkeypatch) -> Path:
-    from evaluators.zoo import RECIPES, ZOO_ENV, training
-    from tests.test_zoo import tiny
-
-    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path))
-    monkeypatch.delenv(ZOO_ENV, raising=False)
-    for name in RECIPES:
-        monkeypatch.setitem(RECIPES, name, tiny(name))
-    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
-    return tmp_path / "zoo"
-
-
 def test_a_full_disk_while_the_zoo_publishes_a_model(tmp_path, capsys, monkeypatch):
     """safetensors reports a full disk as its own error type (a traceback before); no half model
     is left, under its name or a temporary one, and the next run trains it."""
     import transformers.modeling_utils as mu
 
-    zoo = _tiny_zoo(tmp_path, monkeypatch)
+    from tests.test_zoo import use_tiny_zoo
+
+    zoo = use_tiny_zoo(tmp_path, monkeypatch)
 
     def full(*args, **kwargs):
         raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
@@ -835,7 +825,9 @@ def test_a_full_disk_while_the_zoo_publishes_a_model(tmp_path, capsys, monkeypat
 def test_a_full_disk_while_the_zoo_checkpoints(tmp_path, capsys, monkeypatch):
     """torch.save into a full disk raised a RuntimeError naming no cause; the checkpoint is now
     written as bytes, so the error is the disk's, in one line, and no half checkpoint stays."""
-    zoo = _tiny_zoo(tmp_path, monkeypatch)
+    from tests.test_zoo import use_tiny_zoo
+
+    zoo = use_tiny_zoo(tmp_path, monkeypatch)
     monkeypatch.setattr(Path, "write_bytes", _checkpoint_full())
     msg = failed(["zoo", "train", "features"], capsys)
     assert "state.pt: No space left on device (free space and run again)" in msg, msg

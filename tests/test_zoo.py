@@ -26,15 +26,21 @@ def tiny(name: str, **changes):
                                warmup=2, steps=0 if name == "untrained" else 4, **changes)
 
 
-@pytest.fixture
-def zoo_cache(tmp_path, monkeypatch):
-    """A private cache whose recipes are tiny (same objectives, a 2-layer width-32 ViT, 24 scenes)."""
+def use_tiny_zoo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point the cache at `tmp_path` with tiny recipes (same objectives, a 2-layer width-32 ViT,
+    24 scenes) and checkpoints every 2 steps; the zoo folder inside it."""
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path))
     monkeypatch.delenv(ZOO_ENV, raising=False)
     for name in RECIPES:
         monkeypatch.setitem(RECIPES, name, tiny(name))
     monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
     return tmp_path / "zoo"
+
+
+@pytest.fixture
+def zoo_cache(tmp_path, monkeypatch):
+    """A private cache whose recipes are tiny (`use_tiny_zoo`)."""
+    return use_tiny_zoo(tmp_path, monkeypatch)
 
 
 def weights(path):
