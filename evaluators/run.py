@@ -56,7 +56,7 @@ EMPIRICAL_TARGETS = ("F", "O|F", "O|F_ref", "O_paper")
 WARM_STARTED = ("attention",)
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
-PROBE_CODE_VERSION = 3
+PROBE_CODE_VERSION = 4
 #: The planted binding behind every row's sensitivity: its share of scenes, and the seeds of its
 #: O′ draws and of the scenes that carry it (fixed: every backbone meets the same plant).
 PLANT_Q = 0.5

@@ -7,10 +7,10 @@ Every batch read is shared by all probes of a (backbone, layer, view): the F-, O
 paper probes of every family step on it in turn.
 
 How a probe is fitted (`fit_probes` has the details): its linear part by full-batch L-BFGS
-along an L2 path with the strength chosen on validation (a convex fit has no learning rate to
-get wrong); the quadratic families' directions from class-conditional moments
-(`class_directions`); whatever else a family has by AdamW on shared batches, the linear part
-frozen, until the mean validation bits plateau (`ReduceLROnPlateau`, `patience` epochs; 200
+along an L2 and then a short L1 path, the strength chosen on validation (a convex fit has no
+learning rate to get wrong); the quadratic families' directions from class-conditional moments
+(`class_directions`); whatever else a family has (and the bias) by AdamW on shared batches, the
+rest of the linear part frozen, until the mean validation bits plateau (`ReduceLROnPlateau`, `patience` epochs; 200
 epochs is only a backstop); and a guard that keeps a fit only when it beats the exact prior on
 validation by about two standard errors. The chosen settings go into each `FitResult`, and the
 test split is scored once, with the chosen weights. Mixed precision (bf16 autocast) on CUDA
@@ -62,6 +62,13 @@ class TrainConfig:
     #: L2 strengths (per scene, on the mean code length in nats) the linear stage tries,
     #: strongest first; the one with the lowest validation bits is kept.
     l2_path: tuple[float, ...] = tuple(float(10.0 ** -(e / 4)) for e in range(25))
+    #: L1 strengths the linear stage tries after the L2 path, strongest first, each warm-started
+    #: from the last (the first from the best L2 solution); validation chooses among all of them.
+    #: A binding that only some inputs carry (oracle:mix-0.5) is read by a few strong weights,
+    #: which L2 shrinks as hard as it shrinks the noise of all the others.
+    l1_path: tuple[float, ...] = (1e-2, 3e-3, 1e-3, 3e-4)
+    #: The L1 penalty is smoothed, sqrt(w² + eps²) − eps, so that L-BFGS sees a smooth problem.
+    l1_eps: float = 1e-2
     #: L-BFGS iterations per L2 strength (a solve that needs them all is not converged).
     lbfgs_iter: int = 200
     #: A fit replaces the exact prior only when its validation saving exceeds this many
@@ -171,8 +178,8 @@ class FitResult:
 
     `best_epoch` is the gradient stage's best epoch (0: its start, the linear stage's
     solution or, for probes without one, the untrained probe). `setting` records what was
-    chosen on validation: the linear stage's L2 strength (`l2`) and whether the gradient
-    stage improved on it. `guard` is "fit" when the probe's validation saving over its
+    chosen on validation: the linear stage's penalty ("l2" or "l1") and its `strength`, and
+    whether the gradient stage improved on it. `guard` is "fit" when the probe's validation saving over its
     exact prior exceeded `TrainConfig.guard_se` standard errors (taken over validation
     groups, the F codes), "prior" when it did not and the probe was reset to its prior
     (it then codes test exactly at the prior), None for unanchored probes. `val_bits` is
@@ -193,6 +200,7 @@ class FitResult:
     n_bits: int = 0
     history: list[tuple[float, float]] = field(default_factory=list)  # (train, val) mean bits per epoch
     l2_path: list[tuple[float, float]] = field(default_factory=list)  # (L2 strength, val mean bits)
+    l1_path: list[tuple[float, float]] = field(default_factory=list)  # (L1 strength, val mean bits)
     converged: bool = False
     error: str | None = None
     val_scene_bits: np.ndarray | None = None  # validation bits per scene of the chosen probe
@@ -214,17 +222,18 @@ def fit_probes(
     1. Linear stage (probes with a linear part, `Probe.linear_names`): the linear part is
        fitted by full-batch L-BFGS for every L2 strength of `config.l2_path`, strongest
        first, each warm-started from the last, and the strength with the lowest mean
-       validation bits is kept. A convex fit has no learning rate or epoch count to get
-       wrong: Adam at a fixed rate recovered 16 % of a planted linear teacher's bits
-       where the tuned path recovers 40 % (1024-d, 2,000 scenes). Jobs sharing a
-       `linear_key` share one path.
+       validation bits is kept; then a short smoothed-L1 path (`config.l1_path`) from the
+       best of them, for bindings that a few inputs carry. A convex fit has no learning
+       rate or epoch count to get wrong: Adam at a fixed rate recovered 16 % of a planted
+       linear teacher's bits where the tuned path recovers 40 % (1024-d, 2,000 scenes).
+       Jobs sharing a `linear_key` share one path.
     1b. Moment stage (quadratic families): their directions start from class-conditional
        moments (`class_directions`, differences of class covariances as in SAVE, only those
        that both halves of the training rows agree on); from random directions the quadratic
        family recovered 0 % of a planted quadratic teacher at 2,000 scenes.
-    2. Gradient stage (probes with parameters beyond the linear part): those parameters are
-       trained with AdamW on shared batches, the linear part frozen at its chosen
-       solution, until the mean validation bits plateau (`ReduceLROnPlateau` drops the
+    2. Gradient stage (probes with parameters beyond the linear part): those parameters and
+       the bias are trained with AdamW on shared batches, the rest of the linear part frozen
+       at its chosen solution, until the mean validation bits plateau (`ReduceLROnPlateau` drops the
        rate by `lr_factor` after `lr_patience` epochs without a `min_delta` improvement,
        the job stops after `patience` such epochs); epoch 0 is the stage's start, so the
        family never ends worse on validation than the linear probe. Jobs with `warm_start`
@@ -335,7 +344,7 @@ _LINEAR_KEEP_BYTES = 256 * 2**20
 
 def _linear_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig, device: str,
                   results: dict[str, FitResult], active: dict[str, ProbeJob]) -> None:
-    """Fit each linear problem's L2 path once (per `linear_key`) and give every job its chosen solution."""
+    """Fit each linear problem's penalty path once (per `linear_key`) and give every job its chosen solution."""
     reader = inputs["train"]
     keep = reader.n * int(np.prod(reader.row_shape)) * 4 <= _LINEAR_KEEP_BYTES
     cached = [(idx, torch.from_numpy(rows).to(device)) for idx, rows in reader.chunks(_LINEAR_CHUNK)] if keep else None
@@ -348,9 +357,10 @@ def _linear_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config
             if job.linear_key is not None and job.linear_key in solved:
                 state, setting, source = solved[job.linear_key]
                 job.model.load_state_dict(state, strict=False)
-                r.l2_path, r.val_bits, r.val_scene_bits = list(source.l2_path), source.val_bits, source.val_scene_bits
+                r.l2_path, r.l1_path = list(source.l2_path), list(source.l1_path)
+                r.val_bits, r.val_scene_bits = source.val_bits, source.val_scene_bits
             else:
-                state, setting = _l2_path(job, chunks, reader.n, inputs["val"], config, device, r)
+                state, setting = _penalty_path(job, chunks, reader.n, inputs["val"], config, device, r)
                 if job.linear_key is not None:
                     solved[job.linear_key] = (state, setting, r)
             r.setting.update(setting)
@@ -359,20 +369,28 @@ def _linear_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config
             _fail(r, e, active, job.name)
 
 
-def _l2_path(job: ProbeJob, chunks: Callable[[], Iterable[tuple[np.ndarray, torch.Tensor]]], n: int,
-             val: RowReader, config: TrainConfig, device: str,
-             result: FitResult) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """L-BFGS on the job's linear parameters along `config.l2_path`; (chosen linear state, setting).
+def _penalty_path(job: ProbeJob, chunks: Callable[[], Iterable[tuple[np.ndarray, torch.Tensor]]], n: int,
+                  val: RowReader, config: TrainConfig, device: str,
+                  result: FitResult) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """L-BFGS on the job's linear parameters along `config.l2_path`, then `config.l1_path`;
+    (chosen linear state, setting).
 
     One strength for all bits: choosing per bit (each bit's logit reads only its own rows of
     the linear parameters, so it could) overfits validation wherever a bit is free in few
-    scenes — on a 1-bit task whose bit moves over 64 positions, oracle:features read β* −0.87."""
+    scenes — on a 1-bit task whose bit moves over 64 positions, oracle:features read β* −0.87.
+    The L1 path starts from the best L2 solution; its bias keeps an L2 penalty of the same
+    strength (a bias is not sparse, and L1 would pull a rarely free bit's bias to its noise)."""
     model = job.model
     params = model.linear_parameters()
     named = {n_: p for n_, p in model.named_parameters() if any(p is q for q in params)}
+    bias_ids = _bias_ids(model)
+    weights = [p for p in params if id(p) not in bias_ids]
+    biases = [p for p in params if id(p) in bias_ids]
     model.train()
     best: tuple[float, dict[str, torch.Tensor], dict[str, Any], np.ndarray] | None = None
-    for l2 in config.l2_path:
+
+    def solve(kind: str, strength: float) -> None:
+        nonlocal best
         opt = torch.optim.LBFGS(params, lr=1.0, max_iter=config.lbfgs_iter, history_size=20,
                                 line_search_fn="strong_wolfe", tolerance_grad=1e-7, tolerance_change=1e-10)
 
@@ -385,7 +403,10 @@ def _l2_path(job: ProbeJob, chunks: Callable[[], Iterable[tuple[np.ndarray, torc
                 total += loss.item()
             # the bias too: it corrects an exact prior, and a bit free in few training scenes
             # fits its bias to their noise (val 1.6 bits vs the prior's 1.0 on a 1-bit task)
-            penalty = 0.5 * l2 * sum((p * p).sum() for p in params)
+            ridge = 0.5 * strength * sum((p * p).sum() for p in (biases if kind == "l1" else params))
+            lasso = strength * sum(((p * p + config.l1_eps**2).sqrt() - config.l1_eps).sum() for p in weights) \
+                if kind == "l1" else 0.0
+            penalty = ridge + lasso
             penalty.backward()
             return total + penalty.item()
 
@@ -396,15 +417,29 @@ def _l2_path(job: ProbeJob, chunks: Callable[[], Iterable[tuple[np.ndarray, torc
             raise scored
         v = float(scored[0].mean())
         if not math.isfinite(v):
-            raise FloatingPointError(f"validation loss is {v} at L2 {l2:g}")
-        result.l2_path.append((l2, v))
+            raise FloatingPointError(f"validation loss is {v} at {kind.upper()} {strength:g}")
+        (result.l1_path if kind == "l1" else result.l2_path).append((strength, v))
         if best is None or v < best[0]:
             best = (v, {n_: p.detach().clone() for n_, p in named.items()},
-                    {"l2": l2, "lbfgs_converged": iters < config.lbfgs_iter}, scored[0])
-    assert best is not None
+                    {"penalty": kind, "strength": strength, "lbfgs_converged": iters < config.lbfgs_iter}, scored[0])
+
+    for l2 in config.l2_path:
+        solve("l2", l2)
+    if best is not None and config.l1_path:
+        model.load_state_dict(best[1], strict=False)
+    for l1 in config.l1_path:
+        solve("l1", l1)
+    if best is None:
+        raise ValueError("the linear stage needs at least one L2 or L1 strength")
     model.load_state_dict(best[1], strict=False)
     result.val_bits, result.val_scene_bits = best[0], best[3]
     return best[1], best[2]
+
+
+def _bias_ids(model: torch.nn.Module) -> set[int]:
+    """The probe's per-bit bias (its own or a wrapped probe's): the one linear parameter the
+    gradient stage trains on, and the one the L1 path keeps under L2."""
+    return {id(p) for name, p in model.named_parameters() if name in ("bias", "probe.bias")}
 
 
 #: Principal directions the class moments are computed in (the top of the train covariance):
@@ -538,7 +573,9 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
     stale = {j.name: 0 for j in jobs}
     running = {j.name: j for j in jobs}
     for j in jobs:
-        kept = {id(p) for p in (j.model.linear_parameters() if _has_linear(j) else [])}
+        # the linear part stays at its solution, all but the bias: a quadratic term shifts
+        # the logits' mean, and a bias frozen at the linear fit's value no longer centres them
+        kept = {id(p) for p in (j.model.linear_parameters() if _has_linear(j) else [])} - _bias_ids(j.model)
         frozen = getattr(j.model, "frozen_names", frozenset())
         kept |= {id(p) for name, p in j.model.named_parameters() if name in frozen}
         trained = [p for p in j.model.parameters() if id(p) not in kept]

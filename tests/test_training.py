@@ -1,4 +1,4 @@
-"""Fitting probes: the linear stage's L2 path, the gradient stage's plateau stopping, the guard."""
+"""Fitting probes: the linear stage's penalty path, the gradient stage's plateau stopping, the guard."""
 
 from __future__ import annotations
 
@@ -73,17 +73,48 @@ def test_the_linear_stage_solves_a_copy_task_on_its_l2_path():
     res = fit_probes([ProbeJob("linear", build_probe("linear", D, K), targets, prior=prior)], inputs)["linear"]
     assert res.error is None and res.converged and res.guard == "fit"
     assert res.best_epoch == 0 and len(res.history) == 1  # no gradient stage: the L-BFGS solution is the fit
-    assert len(res.l2_path) == len(TrainConfig().l2_path)
+    assert len(res.l2_path) == len(TrainConfig().l2_path) and len(res.l1_path) == len(TrainConfig().l1_path)
     assert res.scene_bits.mean() < 0.12 * _prior_bits(targets["test"]).mean()  # ~ the noise's Bayes rate
     assert res.val_bits == pytest.approx(res.val_scene_bits.mean())
 
 
-def test_the_l2_path_keeps_the_strength_best_on_validation():
+def test_the_penalty_path_keeps_the_strength_best_on_validation():
     inputs, targets, prior = _splits(informative=True)
     res = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs)["l"]
-    path = dict(res.l2_path)
-    assert path[res.setting["l2"]] == min(path.values()) == pytest.approx(res.val_bits)
-    assert path[res.setting["l2"]] < path[max(path)] - 1.0  # the strongest penalty is far from it
+    path = {("l2", s): v for s, v in res.l2_path} | {("l1", s): v for s, v in res.l1_path}
+    chosen = path[(res.setting["penalty"], res.setting["strength"])]
+    assert chosen == min(path.values()) == pytest.approx(res.val_bits)
+    assert chosen < path[("l2", max(dict(res.l2_path)))] - 1.0  # the strongest penalty is far from it
+
+
+def _sparse_splits(d: int, seed: int = 0) -> tuple[dict, dict, dict]:
+    """Few training scenes, wide inputs: bit k is copied (through noise) into input k only, and
+    every other input is noise. (inputs, targets, exact prior logits at p = 1/2.)"""
+    rng = np.random.default_rng(seed)
+    inputs, targets, prior = {}, {}, {}
+    for s, n in {"train": 1000, "val": 500, "test": 2000}.items():
+        o = (rng.random((n, 4)) < 0.5).astype(np.uint8)
+        z = rng.normal(size=(n, d)).astype(np.float32)
+        z[:, :4] += 1.5 * o
+        inputs[s], targets[s], prior[s] = RowReader(z), o, np.zeros((n, 4), dtype=np.float32)
+    return inputs, targets, prior
+
+
+def test_the_l1_path_keeps_a_few_strong_inputs_without_the_noise_of_the_rest():
+    """A binding a few inputs carry among many: L2 shrinks the few as hard as it shrinks the
+    noise of all the others, L1 keeps them. Measured as the test bits lost against a probe that
+    is told which inputs matter."""
+    inputs, targets, prior = _sparse_splits(400)
+    told = {s: RowReader(np.ascontiguousarray(r.array[:, :4])) for s, r in inputs.items()}
+
+    def test_bits(data: dict, config: TrainConfig) -> float:
+        job = ProbeJob("l", build_probe("linear", data["train"].row_shape[-1], 4), targets, prior=prior)
+        return float(fit_probes([job], data, config)["l"].scene_bits.mean())
+
+    best = test_bits(told, TrainConfig(l1_path=()))
+    l2_only, with_l1 = test_bits(inputs, TrainConfig(l1_path=())), test_bits(inputs, TrainConfig())
+    assert l2_only - best > 0.4  # L2 alone pays for the noise of 396 inputs (0.71 bits, measured)
+    assert with_l1 - best < 0.6 * (l2_only - best)  # 0.35 of it with the L1 path
 
 
 def test_jobs_with_one_linear_key_share_the_linear_solution():
@@ -103,7 +134,20 @@ def test_the_gradient_stage_learns_what_the_linear_stage_cannot():
     assert start > 0.95 * K and res.best_epoch > 0 and res.val_bits < 0.7 * start
 
 
-def test_a_budget_too_small_is_not_converged():
+def test_the_gradient_stage_refits_the_bias_a_quadratic_term_shifts():
+    """Bit k = [|z_k| > 0.674] (p = 1/2): a quadratic term s·z_k² reads it only beside a bias of
+    about −s·0.674², which the linear stage (no better than the prior here) leaves at 0."""
+    rng = np.random.default_rng(0)
+    inputs, targets, prior = {}, {}, {}
+    for s, n in N.items():
+        z = rng.normal(size=(n, D)).astype(np.float32)
+        targets[s] = (np.abs(z[:, :K]) > 0.674).astype(np.uint8)
+        inputs[s], prior[s] = RowReader(z), np.zeros((n, K), dtype=np.float32)
+    job = ProbeJob("q", build_probe("quadratic", D, K), targets, prior=prior)
+    res = fit_probes([job], inputs)["q"]
+    assert res.history[0][1] > 0.95 * K  # the linear stage's start: the prior's K bits
+    assert res.scene_bits.mean() < 0.5 * K and job.model.bias.detach().max() < -1.0
+
     inputs, targets, prior = _xor_splits()
     res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior)], inputs,
                      TrainConfig(epochs=3))["dnn"]
@@ -212,3 +256,38 @@ def test_a_planted_probe_trains_the_encoder_it_widened():
     warm_start_from(wider, source)
     assert same.frozen_names == {"encoder.weight", "encoder.bias"}
     assert wider.frozen_names == frozenset()
+
+
+def test_targets_that_keep_one_frozen_encoder_compute_its_product_once_per_batch(monkeypatch):
+    """Two targets warm-started from one O|F-probe hold equal frozen encoders and meet each batch
+    in turn: the second reuses the first's product (`TokenEncoder`), and nothing they code changes."""
+    from evaluators.probes import TokenEncoder
+
+    rng = np.random.default_rng(0)
+    n = {"train": 64, "val": 32, "test": 32}
+    x = {s: RowReader(rng.normal(size=(k, 5, 6)).astype(np.float32)) for s, k in n.items()}
+    targets = {s: (rng.random((k, 3)) < 0.5).astype(np.uint8) for s, k in n.items()}
+    products = []
+    linear = torch.nn.Linear.forward
+
+    def counted(self, inp):
+        products.append(1)
+        return linear(self, inp)
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", counted)
+
+    def fit() -> tuple[int, list[np.ndarray]]:
+        products.clear()
+        jobs = [ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets)]
+        jobs += [ProbeJob(f"a/{t}", build_probe("attention", 6, 3, seed=i), targets, warm_start="a/O|F")
+                 for i, t in ((2, "F"), (3, "O"))]
+        res = fit_probes(jobs, x, TrainConfig(epochs=3, patience=5))
+        encoded = sum(1 for _ in products)  # every Linear call; the encoder's differ between the runs
+        return encoded, [res[j.name].scene_bits for j in jobs]
+
+    cached, bits = fit()
+    monkeypatch.setattr(TokenEncoder, "forward", counted)  # every call computes its product
+    uncached, bits_uncached = fit()
+    assert cached < uncached
+    for a, b in zip(bits, bits_uncached):
+        np.testing.assert_array_equal(a, b)
