@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -885,8 +886,15 @@ for i in range(4):
 """
 
 
+def _needs_pyrender() -> None:
+    """Skip without pyrender, without importing it: imported before `render3d._pyrender` chooses the
+    OpenGL platform, it binds PyOpenGL to GLX for the whole process, and every later render fails."""
+    if importlib.util.find_spec("pyrender") is None:
+        pytest.skip("pyrender is not installed")
+
+
 def test_3d_lights_are_summed_in_insertion_order():
-    pytest.importorskip("pyrender")
+    _needs_pyrender()
     from generators import render3d
 
     pr = render3d._pyrender()
@@ -900,7 +908,7 @@ def test_3d_lights_are_summed_in_insertion_order():
 
 
 def test_3d_render_is_byte_identical_across_processes():
-    pytest.importorskip("pyrender")
+    _needs_pyrender()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     outs = [subprocess.run([sys.executable, "-c", _RENDER, str(junk)], capture_output=True, text=True, env=env,
                            check=True).stdout for junk in (0, 12345)]
