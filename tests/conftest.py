@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from bench import api
+from evaluators.threads import choose_threads
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's default) runs one test worker per free core, as `bench evaluate` takes
+    torch threads: never more workers than the cores other work leaves free, at least one."""
+    return choose_threads().threads
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test worker beside others uses one torch thread: threads that outnumber the free cores
+    spin while they wait for each other (a 23 s test took 319 s beside a busy core at two)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 def make_dataset(out: Path, generator: str = "colorshape", preset: str | None = "small", **overrides) -> Path:
