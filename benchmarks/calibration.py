@@ -9,10 +9,10 @@ codes. The zero of β* must not move with the training-set size; β*_paper's doe
 
     .venv/bin/python benchmarks/calibration.py [--sizes 500,2000] [--families linear,quadratic,quadratic-shared,dnn]
         [--models oracle:features,oracle:objects,oracle:mix-0.5,pixels,random:dinov2-small] [--out DIR]
-        [--control] [--attention pixels,oracle:patches]
+        [--control | --only-control] [--attention pixels,oracle:patches]
 
 `--control` adds every backbone under the control null (each scene's O redrawn from p(O|F): truth 0
-for any backbone); `--attention` measures those backbones' patch tokens with the attention family.
+for any backbone), `--only-control` measures it alone; `--attention` measures those backbones' patch tokens with the attention family.
 Each row also gives the probe's sensitivity (the share of a planted binding it recovers).
 """
 
@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--models", default="oracle:features,oracle:objects,oracle:mix-0.5,pixels,random:dinov2-small")
     ap.add_argument("--out", type=Path, default=None, help="keep the dataset here (default: a temp dir)")
     ap.add_argument("--control", action="store_true", help="also measure every backbone under the control null")
+    ap.add_argument("--only-control", action="store_true", help="measure every backbone under the control null only")
     ap.add_argument("--attention", default="", help="backbones whose patch tokens the attention family reads")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -67,9 +68,11 @@ def main() -> None:
                  data)
     ds = Dataset(data)
     tasks = {None: binding_task(ds)}
-    if args.control:
-        tasks["resampled-o"] = binding_task(ds, control="resampled-o")
     full = tasks[None]
+    if args.control or args.only_control:
+        tasks["resampled-o"] = binding_task(ds, control="resampled-o")
+    if args.only_control:
+        del tasks[None]
     print(f"balanced preset at 128 px, test {len(full.codes['test'][0])} scenes, "
           f"n_F_eff {full.n_F_eff:.0f}, H(O|F) {full.ref_O_given_F.mean():.2f} bits\n")
     print("| backbone | control | truth % | n_train | probe | β* % [95% CI] | β*_paper % [95% CI] | sensitivity % | "
