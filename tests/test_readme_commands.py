@@ -1,7 +1,7 @@
 """The README's quick start, study and "Your own backbone" section, run as written: every
 command and Python block of their code, through one substitution table (local and built-in
 backbones for hub ones, tiny models for big ones, tiny sizes), in a fresh working directory, in
-README order. Set-up, the test command and `bench demo` (which CI runs as itself) are the only
+README order. Set-up, the test command and `bench demo` (tests/test_demo.py runs it end to end) are the only
 commands left out, and they are named here; any other command or block that does not run, or
 a substitution that no longer matches the README, fails a test."""
 
@@ -22,7 +22,7 @@ SECTIONS = ("Quick start", "A real study")
 #: The section whose three examples (a timm file, a `save_pretrained` folder, a module through
 #: the Python API) run on models built by the test at the paths the README names.
 OWN = "Your own backbone"
-#: Commands not run here: set-up, the test command, and `bench demo` (CI runs it in full).
+#: Commands not run here: set-up, the test command, and `bench demo` (tests/test_demo.py runs it).
 LEFT_OUT = ("bash scripts/setup.sh", "source .venv/bin/activate", "python -m pytest", "bench demo")
 SMALL = "--n-train 24 --n-val 8 --n-test 8"
 #: (regular expression, replacement), applied in order to each command; every one must match
