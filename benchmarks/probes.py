@@ -78,7 +78,7 @@ def train(model: Probe, inputs: dict, targets: dict, epochs: int) -> tuple[float
     stamps = [time.perf_counter()]
     # one L2 strength and a short solve for the linear stage: it is not what is compared (the
     # epochs are), and along the whole path it took the reference's 64 MLPs over 45 minutes
-    config = TrainConfig(epochs=epochs, l2_path=(1e-3,), l1_path=(), lbfgs_iter=20)
+    config = TrainConfig(epochs=epochs, l2_path=(1e-3,), l1_path=(), linear_iterations=20)
     res = fit_probes([ProbeJob("p", model, targets)], inputs, config,
                      progress=lambda _: stamps.append(time.perf_counter()))["p"]
     return float(np.median(np.diff(stamps[1:]) if len(stamps) > 2 else np.diff(stamps))), float(res.scene_bits.mean()), len(stamps) - 1

@@ -142,6 +142,27 @@ class Probe(nn.Module):
         if self.cond is not None:
             nn.init.zeros_(self.cond.weight)
 
+    @property
+    def trains_context(self) -> bool:
+        """Whether the linear context of earlier bits is fitted (an anchored probe's is a zero buffer)."""
+        return isinstance(self.context, nn.Parameter)
+
+    def linear_design(self, x: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the standardised input the linear weights `w` read, the condition `cond` reads or None):
+        the linear stage solves on these directly (`evaluators.linear_solver`)."""
+        return (x - self.mu) / self.sigma, (cond if self.cond is not None else None)
+
+    @torch.no_grad()
+    def set_linear(self, w: torch.Tensor, bias: torch.Tensor, context: torch.Tensor | None,
+                   cond: torch.Tensor | None) -> None:
+        """Load the linear stage's solution (w: K x D, bias: K, context: K x K, cond: K x C)."""
+        self.w.weight.copy_(w)
+        self.bias.copy_(bias)
+        if context is not None:
+            self.context.copy_(context * self.tril)
+        if cond is not None:
+            self.cond.weight.copy_(cond)
+
     def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
         """Standardise inputs with training statistics (constant dimensions are left as is)."""
         std = np.where(std > 1e-6, std, 1.0)

@@ -56,7 +56,7 @@ EMPIRICAL_TARGETS = ("F", "O|F", "O|F_ref", "O_paper")
 WARM_STARTED = ("attention",)
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
-PROBE_CODE_VERSION = 4
+PROBE_CODE_VERSION = 5
 #: The planted binding behind every row's sensitivity: its share of scenes, and the seeds of its
 #: O′ draws and of the scenes that carry it (fixed: every backbone meets the same plant).
 PLANT_Q = 0.5
@@ -345,6 +345,16 @@ class BlindProbe(torch.nn.Module):
     def nonlinear_parameters(self) -> list[torch.nn.Parameter]:
         return self.probe.nonlinear_parameters()
 
+    @property
+    def trains_context(self) -> bool:
+        return self.probe.trains_context
+
+    def linear_design(self, x: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.probe.linear_design(cond.to(x.dtype), cond)
+
+    def set_linear(self, *solution: torch.Tensor | None) -> None:
+        self.probe.set_linear(*solution)
+
     def forward(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
         z = cond.to(x.dtype)
         return self.probe(z.unsqueeze(1) if x.dim() == 3 else z, target, cond)  # one token for token probes
@@ -370,6 +380,16 @@ class PlantedProbe(torch.nn.Module):
 
     def nonlinear_parameters(self) -> list[torch.nn.Parameter]:
         return self.probe.nonlinear_parameters()
+
+    @property
+    def trains_context(self) -> bool:
+        return self.probe.trains_context
+
+    def linear_design(self, x: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.probe.linear_design(torch.cat([x, cond.to(x.dtype)], dim=-1), None)
+
+    def set_linear(self, *solution: torch.Tensor | None) -> None:
+        self.probe.set_linear(*solution)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
         extra = cond.to(x.dtype)
