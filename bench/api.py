@@ -214,7 +214,8 @@ def leaderboard(frame: pd.DataFrame, *, dataset: str | None = None, task: str | 
     """The leaderboard of result rows (`load_results` or `evaluate`) as tidy records, one per
     (backbone, probe x tokens column): rank, value, interval, the layer used, status and ‡ checks,
     the numbers `bench leaderboard --format csv` writes."""
-    from leaderboards.tables import build_leaderboard, tidy_records
+    from leaderboards.board import build_leaderboard
+    from leaderboards.render import tidy_records
 
     if frame.empty:
         raise BenchError("results: no rows to rank (evaluate a model first)")

@@ -50,7 +50,8 @@ from bench.core.errors import BenchError  # noqa: E402
 from bench.core.outdir import remove_stale_outputs  # noqa: E402
 from leaderboards.plots import MAX_PNG_WIDTH, layer_curves, probe_bars  # noqa: E402
 from leaderboards.store import load_selected  # noqa: E402
-from leaderboards.tables import Leaderboard, board_notes, build_leaderboard, column_name, format_cell, title  # noqa: E402
+from leaderboards.board import Leaderboard, build_leaderboard  # noqa: E402
+from leaderboards.render import board_notes, column_name, format_cell, title  # noqa: E402
 
 ANALYSIS_JSON = "toy_analysis.json"
 ANALYSIS_PNG = "toy_analysis.png"
@@ -160,7 +161,7 @@ def _binding_section(board: Leaderboard, pngs: list[Path]) -> str:
         cells = [format_cell(row.cells[c], board.metric, markdown=True) for c in board.columns]
         # the layer note is the one piece of markup a cell carries: keep it, escape the rest
         cells = [html.escape(c).replace("&lt;sub&gt;", "<sub>").replace("&lt;/sub&gt;", "</sub>") for c in cells]
-        lead = ["" if row.rank is None else str(row.rank), *([row.dataset] if multi else []), row.backbone]
+        lead = ["" if row.rank is None else str(row.rank), *([row.dataset] if multi else []), row.label]
         body.append("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in lead)
                     + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     thead = "".join(f"<th>{html.escape(h)}</th>" for h in head)

@@ -16,8 +16,9 @@ from bench.commands.common import Format
 from bench.core.errors import BenchError
 from bench.core.results import provenance, write_run
 from leaderboards.store import latest, load_results, select_rows
-from leaderboards.tables import (Cell, beats, build_leaderboard, render_leaderboard, render_leaderboards,
-                                 resolve_metric, tidy_records)
+from leaderboards.board import Cell, beats, build_leaderboard
+from leaderboards.metrics import resolve_metric
+from leaderboards.render import render_leaderboard, render_leaderboards, tidy_records
 
 
 def result_row(backbone: str, probe: str, value: float | None, *, half: float = 0.02, metric: str = "beta_star",

@@ -14,7 +14,7 @@ from bench.cli import main
 from bench.core.results import write_run
 from leaderboards import plots
 from leaderboards.plots import layer_series, sweep_series, sweep_values
-from leaderboards.tables import build_leaderboard
+from leaderboards.board import build_leaderboard
 from test_leaderboard import failed_probe_rows, result_row
 
 

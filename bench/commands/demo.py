@@ -74,7 +74,7 @@ def demo(
     check_writable(work, "out")  # now, not after minutes of training
     _write_manifest(work, settings)
     data, results = work / "colorshape-demo", work / "results"
-    from leaderboards.tables import render_leaderboards
+    from leaderboards.render import render_leaderboards
 
     stderr.print(f"[bold]1/4[/bold] generating the zoo's kind of ColorShape scenes ({n_train}/{n_val}/{n_test}, "
                  f"{side} px) in {data}")
@@ -285,7 +285,7 @@ def _demo_boards(results: Path, fmt: Format) -> list[Any]:
     """β* of the backbones, ranked by paired differences (the control's row shown apart, unranked);
     for tables, β*_paper of the same runs to compare."""
     from leaderboards.store import load_selected
-    from leaderboards.tables import build_leaderboard
+    from leaderboards.board import build_leaderboard
 
     selected = load_selected(results)
     if selected.note:

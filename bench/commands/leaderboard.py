@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _metrics_help() -> str:
-    from leaderboards.tables import metrics_help  # only when help is shown: tables load numpy and the metrics
+    from leaderboards.metrics import metrics_help  # only when help is shown: tables load numpy and the metrics
 
     return metrics_help()
 
@@ -52,7 +52,7 @@ def _board(results_dir: Path, *, fingerprint: str | None = None, include_limited
     """The selected, deduplicated rows (`leaderboards.store.load_selected`) and their leaderboard
     (BenchError when there are none); what the selection set aside goes to stderr in one line."""
     from leaderboards.store import load_selected
-    from leaderboards.tables import build_leaderboard
+    from leaderboards.board import build_leaderboard
 
     selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old)
     if not selected.rows:
@@ -79,7 +79,7 @@ def leaderboard(
     wide: bool = _WIDE,
 ) -> None:
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
-    from leaderboards.tables import render_leaderboard
+    from leaderboards.render import render_leaderboard
 
     _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old,
                       dataset=dataset,
@@ -111,7 +111,7 @@ def compare(
 ) -> None:
     """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
     from leaderboards.store import load_selected
-    from leaderboards.tables import COMPARE_COLUMNS, compare_backbones
+    from leaderboards.board import COMPARE_COLUMNS, compare_backbones
 
     selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
     if selected.note:
