@@ -210,10 +210,11 @@ def load_results(results: PathLike, *, show_old: bool = False, per_scene: bool =
 
 def leaderboard(frame: pd.DataFrame, *, dataset: str | None = None, task: str | None = None,
                 metric: str | None = None, probes: Sequence[str] = (), tokens: Sequence[str] = (),
-                layer: str | int = "best") -> pd.DataFrame:
+                layer: str | int = "best", reference: bool = False) -> pd.DataFrame:
     """The leaderboard of result rows (`load_results` or `evaluate`) as tidy records, one per
     (backbone, probe x tokens column): rank, value, interval, the layer used, status and ‡ checks,
-    the numbers `bench leaderboard --format csv` writes."""
+    the numbers `bench leaderboard --format csv` writes; `reference` adds the papers' published
+    rows for the metric (their `source` and `estimator` filled, never ranked)."""
     from leaderboards.board import build_leaderboard
     from leaderboards.render import tidy_records
 
@@ -222,7 +223,7 @@ def leaderboard(frame: pd.DataFrame, *, dataset: str | None = None, task: str | 
     rows: list[dict[str, Any]] = [{k: (None if _missing(v) else v) for k, v in r.items()}
                                   for r in frame.to_dict(orient="records")]
     board = build_leaderboard(rows, dataset=dataset, task=task, metric=metric, probes=probes, tokens=tokens,
-                              layer=layer)
+                              layer=layer, reference=reference)
     return pd.DataFrame(tidy_records(board))
 
 

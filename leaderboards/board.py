@@ -47,6 +47,7 @@ from bench.core.errors import BenchError
 from evaluators.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
 from evaluators.metrics import metric_checks, paired_difference, validation_metric
 from leaderboards.metrics import CHECK_MEANINGS, TASKS, Metric, resolve_metric
+from leaderboards.published import Reference, references_for
 
 
 def parse_layer(layer: str) -> str | int:
@@ -86,6 +87,9 @@ class Cell:
     #: F-code groups: what a paired comparison with another cell on the same scenes needs
     per_scene: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
     groups: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: the result rows the cell averages (one per seed, at its layer): the views that show a
+    #: row's other columns beside the metric (the report's attention correlation) read them here
+    rows: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def holds_zero(self) -> bool:
@@ -112,9 +116,13 @@ class BoardRow:
     rank: int | None = None
     score: Cell | None = None  # the cell the rank is based on
     control: str | None = None  # a control null's rows (never ranked)
+    reference: Reference | None = None  # a paper's published row (never ranked)
 
     @property
     def label(self) -> str:
+        """The row's name in every view: a control and a published row say what they are."""
+        if self.reference is not None:
+            return f"{self.backbone} (published)"
         return self.backbone if self.control is None else f"{self.backbone} (control: {self.control})"
 
 
@@ -130,7 +138,13 @@ class Leaderboard:
 
     @property
     def datasets(self) -> list[str]:
-        return sorted({r.dataset for r in self.rows})
+        """The measured datasets (a published row's dataset is the paper's, named in its notes)."""
+        return sorted({r.dataset for r in self.rows if r.reference is None})
+
+    @property
+    def references(self) -> list[Reference]:
+        """The published rows' sources, one per row shown."""
+        return [r.reference for r in self.rows if r.reference is not None]
 
     @property
     def has_values(self) -> bool:
@@ -172,8 +186,10 @@ def build_leaderboard(
     probes: Sequence[str] = (),
     tokens: Sequence[str] = (),
     layer: str | int = "best",
+    reference: bool = False,
 ) -> Leaderboard:
-    """The leaderboard of deduplicated result rows (see `leaderboards.store.latest`)."""
+    """The leaderboard of deduplicated result rows (see `leaderboards.store.latest`); with
+    `reference`, the papers' published rows for this metric below them, never ranked."""
     rows = list(rows)
     task = _pick_task(rows, task)
     m = resolve_metric(metric, task)
@@ -202,7 +218,29 @@ def build_leaderboard(
         }
         board.rows.append(BoardRow(ds, backbone, cells, control=control))
     _rank(board)
+    if reference:
+        _add_references(board, probes, tokens)
     return board
+
+
+def _add_references(board: Leaderboard, probes: Sequence[str], tokens: Sequence[str]) -> None:
+    """The published rows of the board's metric (within its --probe / --tokens selection), one
+    board row per (paper, table, backbone), after every measured row; their columns join the board's."""
+    refs = [r for r in references_for(board.metric)
+            if (not probes or r.probe in probes) and (not tokens or r.tokens in tokens)]
+    grouped: dict[tuple, list[Reference]] = defaultdict(list)
+    for ref in refs:
+        grouped[(ref.paper, ref.table, ref.backbone)].append(ref)
+    order = probe_order(board.task)
+    board.columns = sorted({*board.columns, *((r.probe, r.tokens) for r in refs)},
+                           key=lambda col: _column_order(col, order))
+    for row in board.rows:
+        row.cells = {col: row.cells.get(col) for col in board.columns}
+    for group in grouped.values():
+        cells: dict[tuple[str, str], Cell | None] = {col: None for col in board.columns}
+        for ref in group:
+            cells[(ref.probe, ref.tokens)] = Cell("ok", ref.value(board.metric))
+        board.rows.append(BoardRow(group[0].dataset, group[0].backbone, cells, reference=group[0]))
 
 
 def _pick_task(rows: list[dict], task: str | None) -> str:
@@ -317,7 +355,7 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
                 sensitivity=sum(sens) / len(sens) if has_sens else None,
                 sensitivity_lo=min(r["sensitivity_lo"] for r in rows) if has_sens else None,
                 sensitivity_hi=max(r["sensitivity_hi"] for r in rows) if has_sens else None,
-                per_scene=per_scene, groups=groups)
+                per_scene=per_scene, groups=groups, rows=tuple(rows))
 
 
 def _rank(board: Leaderboard) -> None:

@@ -17,7 +17,7 @@ from leaderboards.metrics import CHECK_MEANINGS, Metric
 
 TIDY_COLUMNS = ("rank", "dataset", "backbone", "label", "control", "probe", "tokens", "metric", "value", "lo", "hi",
                 "half_width", "layer", "layer_chosen_on", "n_layers", "n_seeds", "status", "checks", "prior",
-                "sensitivity", "sensitivity_lo", "sensitivity_hi", "n_F_eff", "error")
+                "sensitivity", "sensitivity_lo", "sensitivity_hi", "n_F_eff", "source", "estimator", "error")
 
 
 def column_name(col: tuple[str, str]) -> str:
@@ -38,8 +38,10 @@ def tidy_records(board: Leaderboard) -> list[dict[str, Any]]:
                 "hi": c.hi, "half_width": c.half_width, "layer": c.layer, "layer_chosen_on": c.chosen_on,
                 "n_layers": c.n_layers, "n_seeds": c.n_seeds, "status": c.status,
                 "checks": "; ".join(c.checks) or None, "prior": c.prior, "sensitivity": c.sensitivity,
-                "sensitivity_lo": c.sensitivity_lo, "sensitivity_hi": c.sensitivity_hi, "n_F_eff": n_eff[0],
-                "error": c.error,
+                "sensitivity_lo": c.sensitivity_lo, "sensitivity_hi": c.sensitivity_hi,
+                "n_F_eff": n_eff[0] if row.reference is None else None,
+                "source": row.reference.source if row.reference else None,
+                "estimator": row.reference.estimator if row.reference else None, "error": c.error,
             })
     return out
 
@@ -118,7 +120,25 @@ def board_notes(board: Leaderboard) -> list[str]:
             notes.append(EMPIRICAL_NOTE.format(label=board.metric.label))
     if board.has_failed_cells:
         notes.append(checked_note(board))
+    if board.references:
+        notes.append(published_note(board))
     return notes
+
+
+def published_note(board: Leaderboard) -> str:
+    """What the (published) rows are: each paper's own numbers, where from, by which estimator."""
+    by_source: dict[str, list] = {}
+    for ref in board.references:
+        by_source.setdefault(ref.source, []).append(ref)
+    parts = []
+    for source, refs in by_source.items():
+        extra = sorted({f"{r.probe}: {r.notes}" for r in refs if r.notes})
+        peaks = [f"{r.backbone} {r.values['peak_layer']:.2f}" for r in refs if "peak_layer" in r.values]
+        parts.append(f"{source} on {refs[0].dataset} ({refs[0].estimator}"
+                     + (f"; peak layer, normalised to [0, 1]: {', '.join(peaks)}" if peaks else "")
+                     + (f"; {'; '.join(extra)}" if extra else "") + ")")
+    return ("(published): the papers' own numbers, measured on their data with their estimators, shown to read "
+            "these rows against and never ranked: " + "; ".join(parts))
 
 
 def n_f_eff_note(board: Leaderboard) -> str:

@@ -77,13 +77,16 @@ def leaderboard(
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json (tidy records)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout."),
     wide: bool = _WIDE,
+    reference: bool = typer.Option(
+        False, "--reference",
+        help="Add the papers' published rows for this task and metric (marked published, never ranked)."),
 ) -> None:
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
     from leaderboards.render import render_leaderboard
 
     _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old,
                       dataset=dataset,
-                      task=task, metric=metric, probes=probe, tokens=tokens, layer=layer)
+                      task=task, metric=metric, probes=probe, tokens=tokens, layer=layer, reference=reference)
     text = render_leaderboard(board, fmt, None if wide else TABLE_WIDTH)
     if out is None:
         echo(text)
