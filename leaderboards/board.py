@@ -386,7 +386,7 @@ def beats(a: Cell, b: Cell, m: Metric, *, n_boot: int = 1000, seed: int = 0) -> 
     paired = paired_cells(a, b, m, n_boot=n_boot, seed=seed)
     if paired is not None:
         _, lo, hi = paired
-        return lo > 0 if m.higher_is_better else hi < 0
+        return verdict(lo, hi, m) > 0
     a_lo, a_hi = (a.lo if a.lo is not None else a.value), (a.hi if a.hi is not None else a.value)
     b_lo, b_hi = (b.lo if b.lo is not None else b.value), (b.hi if b.hi is not None else b.value)
     return a_lo > b_hi if m.higher_is_better else a_hi < b_lo
@@ -400,6 +400,16 @@ def paired_cells(a: Cell, b: Cell, m: Metric, *, n_boot: int = 1000,
             or len(a.groups) != len(b.groups) or not np.array_equal(a.groups, b.groups):
         return None
     return paired_difference(a.per_scene, b.per_scene, m.name, groups=a.groups, n_boot=n_boot, seed=seed)
+
+
+def verdict(lo: float, hi: float, m: Metric) -> int:
+    """Of a paired difference a − b with interval [lo, hi]: 1 when a is better beyond doubt, −1
+    when b is, 0 when the interval holds 0 (what `beats`, `bench compare` and the site's matrix say)."""
+    if lo > 0 if m.higher_is_better else hi < 0:
+        return 1
+    if hi < 0 if m.higher_is_better else lo > 0:
+        return -1
+    return 0
 
 
 def _rankable(row: BoardRow) -> list[Cell]:
@@ -448,12 +458,11 @@ def compare_backbones(rows: Iterable[dict[str, Any]], a: str, b: str, *, metrics
                     raise BenchError(f"compare: {a} and {b} on {ds} were not measured on the same test scenes with "
                                      "per-scene bits (results from before this BindingBench, or different data)")
                 diff, lo, hi = paired
-                better = lo > 0 if board.metric.higher_is_better else hi < 0
-                worse = hi < 0 if board.metric.higher_is_better else lo > 0
-                verdict = f"{a} better" if better else f"{b} better" if worse else "no difference beyond noise"
+                side = verdict(lo, hi, board.metric)
+                said = f"{a} better" if side > 0 else f"{b} better" if side < 0 else "no difference beyond noise"
                 out.append({"dataset": ds, "probe": col[0], "tokens": col[1], "metric": board.metric.name,
                             "a": ca.value, "a_layer": ca.layer, "b": cb.value, "b_layer": cb.layer,
-                            "difference": diff, "lo": lo, "hi": hi, "verdict": verdict})
+                            "difference": diff, "lo": lo, "hi": hi, "verdict": said})
     if not out:
         raise BenchError(f"compare: {a} and {b} share no finished cell (dataset, probe, tokens); "
                          "evaluate both on the same dataset with the same probes")

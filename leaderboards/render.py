@@ -181,15 +181,26 @@ def format_cell(cell: Cell | None, m: Metric, markdown: bool = False) -> str:
         return ""
     if cell.status == "error":
         return "error" if markdown else "[red]error[/red]"
-    scale, digits = (100.0, 1) if m.unit == "%" else (1.0, 2)
+    scale, digits = scale_digits(m)
     text = plus_minus(cell.value, cell.lo, cell.hi, scale, digits)
     if cell.n_layers:  # oracles and pixels have only layer 0: nothing to note
         text += f" <sub>L{cell.layer}</sub>" if markdown else f" [dim]L{cell.layer}[/dim]"
     if cell.holds_zero and cell.sensitivity is not None:  # what this 0 is worth
         sens = f"s {fixed(cell.sensitivity * 100, 0)}%"
         text += f" <sub>{sens}</sub>" if markdown else f" [dim]{sens}[/dim]"
-    if cell.unanchored and not m.paper:
-        text += " †" if markdown else " [cyan]†[/cyan]"
-    if cell.checks:
-        text += " ‡" if markdown else " [yellow]‡[/yellow]"
+    for mark in cell_marks(cell, m):
+        text += f" {mark}" if markdown else f" [{MARK_COLOURS[mark]}]{mark}[/{MARK_COLOURS[mark]}]"
     return text
+
+
+MARK_COLOURS = {"†": "cyan", "‡": "yellow"}
+
+
+def cell_marks(cell: Cell, m: Metric) -> list[str]:
+    """† for an unanchored run (headline metrics), ‡ for a failed check: what every view prints after a value."""
+    return (["†"] if cell.unanchored and not m.paper else []) + (["‡"] if cell.checks else [])
+
+
+def scale_digits(m: Metric) -> tuple[float, int]:
+    """How a metric's values print: ratios as percentages with one decimal, bits with two."""
+    return (100.0, 1) if m.unit == "%" else (1.0, 2)
