@@ -36,7 +36,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 OneModel = Union[str, "Backbone", "ModuleAdapter"]
 Models = Union[OneModel, Sequence[OneModel], Mapping[str, OneModel]]
 
-__all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results"]
+__all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results", "site"]
 
 
 def generate(
@@ -230,3 +230,48 @@ def leaderboard(frame: pd.DataFrame, *, dataset: str | None = None, task: str | 
 def _missing(value: Any) -> bool:
     """A pandas gap (NaN, None, NaT) in a scalar cell; lists and arrays are values."""
     return not isinstance(value, (list, tuple)) and not hasattr(value, "shape") and bool(pd.isna(value))
+
+
+def site(results: PathLike | Sequence[PathLike], out: PathLike, *, datasets: Sequence[PathLike] = (),
+         analyses: Sequence[PathLike] = (), include_limited: bool = False, figures: bool = True,
+         say: Any = None) -> list[Path]:
+    """Build the static leaderboard site of one or more results folders into `out` (as `bench site`
+    does) and return the files written, `index.html` first. `datasets`: folders holding the
+    datasets the results were measured on (each a dataset, or a folder of them), so each dataset's
+    page shows its generator's settings and a preview sheet; `analyses`: `bench toys-analysis`
+    outputs; `say(line)` hears what was set aside and what was written."""
+    from leaderboards.site import build_site
+
+    dirs = [results] if isinstance(results, (str, os.PathLike)) else list(results)
+    return build_site(dirs, out, datasets=_dataset_folders(datasets), analyses=analyses,
+                      include_limited=include_limited, figures=figures, say=say)
+
+
+#: Scenes on a dataset page's preview sheet, and its columns (3 keep it under 1,280 px wide).
+PREVIEW_SCENES, PREVIEW_COLUMNS = 6, 3
+
+
+def _dataset_folders(paths: Sequence[PathLike]) -> list[Any]:
+    """Every dataset under the given folders (a folder that is a dataset, else its sub-folders that
+    are), with its card, each split's fingerprint and its preview sheet writer."""
+    from bench.core.dataset import CARD_NAME, Dataset
+    from generators.preview import contact_sheet
+    from leaderboards.site import DatasetFolder
+
+    found = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise BenchError(f"datasets: {p} is not a directory")
+        candidates = [p] if (p / CARD_NAME).exists() else sorted(d for d in p.iterdir() if (d / CARD_NAME).exists())
+        if not candidates:
+            raise BenchError(f"datasets: {p} holds no dataset ({CARD_NAME} in it or in a sub-folder)")
+        for d in candidates:
+            ds = Dataset(d)
+
+            def preview(dst: Path, ds: Any = ds) -> None:
+                split = "test" if "test" in ds.splits else ds.splits[0]
+                contact_sheet(ds, split, PREVIEW_SCENES, cols=PREVIEW_COLUMNS).save(dst, format="PNG")
+
+            found.append(DatasetFolder(d, ds.name, {ds.fingerprint(s) for s in ds.splits}, ds.card, preview))
+    return found
+

@@ -170,6 +170,14 @@ def runs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def provenance(rows: Sequence[dict[str, Any]]) -> dict[str, list[list[Any]]]:
+    """The provenance tables' rows: per dataset its card, per run its versions, device and command."""
+    cards = [[c["dataset"], c["fingerprint"][:12], c["tasks"], c["n_train"], c["n_test"], c["limit"], c["prior"],
+              c["n_F_eff"], c["H_F"], c["H_O_given_F"]] for c in dataset_cards(rows)]
+    return {"cards": cards, "runs": [[r["run"], r["created"], r["versions"], r["device"], r["command"]]
+                                     for r in runs(rows)]}
+
+
 def analysis_view(a: dict[str, Any], k: int, image: str) -> dict[str, Any]:
     """A toy analysis (`bench toys-analysis`): its figure, its table of mean scores per layer and
     pair category, and the heatmap the page draws from `heatmap_data`."""

@@ -127,21 +127,13 @@ def build_report(
         context["heatmap_data"] = html.script_json({"analyses": [html.heatmap_data(a) for a, _ in loaded],
                                                     "colormap": html.colormap()})
     if all_rows:
-        context["provenance"] = provenance(all_rows)
+        context["provenance"] = html.provenance(all_rows)
     write_text_atomic(html.render("report.html", **context), out)
     stale = remove_stale_outputs(out, [out, *figures], prefix=f"{out.stem}_")
     if stale and say is not None:
         say(f"removed {len(stale)} figure(s) the last report drew and this one does not: "
             + ", ".join(p.name for p in stale))
     return [out, *figures]
-
-
-def provenance(rows: Sequence[dict[str, Any]]) -> dict[str, list[list[Any]]]:
-    """The provenance tables' rows: per dataset its card, per run its versions, device and command."""
-    cards = [[c["dataset"], c["fingerprint"][:12], c["tasks"], c["n_train"], c["n_test"], c["limit"], c["prior"],
-              c["n_F_eff"], c["H_F"], c["H_O_given_F"]] for c in html.dataset_cards(rows)]
-    runs = [[r["run"], r["created"], r["versions"], r["device"], r["command"]] for r in html.runs(rows)]
-    return {"cards": cards, "runs": runs}
 
 
 def _binding_figures(rows: list[dict[str, Any]], board: Leaderboard, out: Path) -> list[Path]:
