@@ -4,12 +4,11 @@ take their cell texts and notes from here too."""
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any, Sequence
 
 from rich.markup import escape
 
-from bench.core.console import Format, render_table
+from bench.core.console import Format, render_table, wrap
 from bench.core.numbers import fixed, plus_minus
 from leaderboards.board import Cell, Leaderboard
 from leaderboards.metrics import CHECK_MEANINGS, Metric
@@ -67,7 +66,7 @@ def render_leaderboards(boards: Sequence[Leaderboard], fmt: Format, width: int |
         if markdown:
             parts.append("\n".join([table, *(f"\n_{n}_" for n in notes)]))
         else:
-            parts.append("\n".join([table, *(textwrap.fill(n, width) if width else n for n in notes)]))
+            parts.append("\n".join([table, *(wrap(n, width) if width else n for n in notes)]))
     return "\n\n".join(parts)
 
 

@@ -117,3 +117,16 @@ def test_leaderboard_reference_option(tmp_path, capsys):
     assert out.count("(published)") == 7 and "Li et al., NeurIPS 2025, Table 1" in out
     assert main(["leaderboard", str(tmp_path / "results"), "--task", "issameobject", "--format", "csv"]) == 0
     assert "(published)" not in capsys.readouterr().out
+
+
+def test_the_table_with_published_rows_fits_100_columns(tmp_path, capsys):
+    from bench.core.results import write_run
+
+    rows = [result_row(b, p, v, metric="beta_star_paper", tokens=t) for b, v in (("random:dinov2-small", 0.2),
+                                                                                 ("oracle:objects", 0.9))
+            for p in ("linear", "quadratic", "dnn") for t in ("cls", "mean")]
+    write_run(rows, tmp_path / "results", "r1")
+    assert main(["leaderboard", str(tmp_path / "results"), "--metric", "beta_star_paper", "--reference"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 100
+    assert "ColorShape main table (published)" in out and "(published): the papers' own numbers" in out

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.text import Text
 
-from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr, wrap
 from bench.core.errors import BenchError
 
 
@@ -59,7 +59,7 @@ def _board(results_dir: Path, *, fingerprint: str | None = None, include_limited
         aside = f"; {selected.note}" if selected.note else ""
         raise BenchError(f"results: no runs in {results_dir} (run `bench evaluate` or `bench demo` first){aside}")
     if selected.note:
-        stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
+        stderr.print(wrap(selected.note), soft_wrap=True, markup=False, highlight=False)
     return selected.rows, build_leaderboard(selected.rows, **selection)
 
 
@@ -118,7 +118,7 @@ def compare(
 
     selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
     if selected.note:
-        stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
+        stderr.print(wrap(selected.note), soft_wrap=True, markup=False, highlight=False)
     records = compare_backbones(selected.rows, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens,
                                 layer=layer)
     echo(render_table(records, COMPARE_COLUMNS, fmt, title=f"{a} − {b} (paired, 95% interval over test F codes)",
