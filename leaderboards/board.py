@@ -187,9 +187,12 @@ def build_leaderboard(
     tokens: Sequence[str] = (),
     layer: str | int = "best",
     reference: bool = False,
+    ranked: bool = True,
 ) -> Leaderboard:
     """The leaderboard of deduplicated result rows (see `leaderboards.store.latest`); with
-    `reference`, the papers' published rows for this metric below them, never ranked."""
+    `reference`, the papers' published rows for this metric below them, never ranked. `ranked`
+    False leaves every rank empty: a view that reads only cells (a metric-by-layer table, a
+    curve) skips the paired bootstraps ranks cost."""
     rows = list(rows)
     task = _pick_task(rows, task)
     m = resolve_metric(metric, task)
@@ -217,7 +220,8 @@ def build_leaderboard(
             col: _cell(groups.get((ds, backbone, control, *col), []), m, layer, expected[(ds, *col)]) for col in columns
         }
         board.rows.append(BoardRow(ds, backbone, cells, control=control))
-    _rank(board)
+    if ranked:
+        _rank(board)
     if reference:
         _add_references(board, probes, tokens)
     return board

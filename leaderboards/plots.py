@@ -57,13 +57,14 @@ def _mark(board: Leaderboard, label: str, dataset: str | None = None) -> str:
     return EMPIRICAL_MARK if priors == {"empirical"} else UNANCHORED_MARK
 
 
-def save_figure(fig: plt.Figure, out: str | os.PathLike) -> list[Path]:
-    """Write `out` as .png and .svg (a given .png/.svg suffix is replaced); close the figure."""
+def save_figure(fig: plt.Figure, out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Write `out` as .png and .svg, or the `formats` given (a given .png/.svg suffix is replaced);
+    close the figure."""
     stem = Path(out)
     if stem.suffix.lower() in tuple(f".{f}" for f in FORMATS):
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_name(f"{stem.name}.{f}") for f in FORMATS]
+    paths = [stem.with_name(f"{stem.name}.{f}") for f in formats]
     try:
         for p in paths:
             with replacing(p) as tmp:  # a full disk leaves the old figure, not half a new one
@@ -111,10 +112,10 @@ def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Lead
 
     `selection`: build_leaderboard's filters (dataset, task, metric, probes, tokens).
     """
-    first = build_leaderboard(rows, layer="best", **selection)
+    first = build_leaderboard(rows, layer="best", ranked=False, **selection)
     series: dict[tuple, list[Point]] = defaultdict(list)
     for layer in sorted({r["layer"] for r in rows}):
-        for r in build_leaderboard(rows, layer=layer, **selection).rows:
+        for r in build_leaderboard(rows, layer=layer, ranked=False, **selection).rows:
             for col, c in r.cells.items():
                 if c is not None and c.status == "ok" and c.layer == layer:
                     series[(r.dataset, r.label, col)].append(
@@ -126,8 +127,10 @@ def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Lead
 PANELS_PER_ROW = 3
 
 
-def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selection: Any) -> list[Path]:
-    """Metric vs normalised depth per backbone, one panel per probe x tokens column."""
+def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, formats: Sequence[str] = FORMATS,
+                 **selection: Any) -> list[Path]:
+    """Metric vs normalised depth per backbone, one panel per probe x tokens column (PNG and SVG,
+    or the `formats` given: a page that shows the PNG needs no SVG)."""
     board, series = layer_series(rows, **selection)
     if not series:
         raise BenchError("plot: no results to draw for this selection")
@@ -156,7 +159,7 @@ def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selec
     fig.suptitle(f"{board.metric.label} by depth — {', '.join(board.datasets)}")
     fig.tight_layout()
     _legend(fig, axes)
-    return save_figure(fig, out)
+    return save_figure(fig, out, formats)
 
 
 def _draw_series(ax: plt.Axes, points: list[tuple], scale: float, color: Any, label: str) -> None:

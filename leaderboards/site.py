@@ -133,6 +133,7 @@ class _Site:
                     ("provenance.html", "Provenance")] + ([("toys.html", "Identical objects (toys)")] if analyses else [])
         #: (dataset, task) -> the headline board (its cells, layers and ranks feed every page)
         self.headline: dict[tuple[str, str], Leaderboard] = {}
+        self.layer_boards: dict[tuple[str, str], dict[int, Leaderboard]] = {}
 
     def build(self) -> list[Path]:
         index = self._index()
@@ -194,8 +195,7 @@ class _Site:
             m = board.metric
             scale, digits = scale_digits(m)
             layers = sorted({r["layer"] for r in mine})
-            by_layer = {layer: build_leaderboard(rows, task=task, layer=layer) for layer in layers} \
-                if len(layers) > 1 else {}
+            by_layer = self._by_layer(ds, task, layers) if len(layers) > 1 else {}
             for row in (r for r in board.rows if r.backbone == name and r.reference is None):
                 columns = [col for col in board.columns if row.cells.get(col) is not None]
                 table = []
@@ -222,10 +222,18 @@ class _Site:
                               "dataset_page": self.dataset_pages[ds], "anchor": f"{slug(ds)}--{task}--{m.name}"})
             if self.figures and len(layers) > 1:
                 stem = self.out / f"fig-{self.backbone_pages[name][:-5]}-{slug(ds)}-{task}"
-                paths = layer_curves(mine, stem, task=task, metric=m.name)
+                paths = layer_curves(mine, stem, formats=("png",), task=task, metric=m.name)
                 self.written += paths
                 parts[-1]["figure"] = paths[0].name
         return {"parts": parts, "name": name}
+
+    def _by_layer(self, ds: str, task: str, layers: list[int]) -> dict[int, Leaderboard]:
+        """The headline board of (dataset, task) at each layer, unranked, built once for every backbone page."""
+        cache = self.layer_boards.setdefault((ds, task), {})
+        for layer in layers:
+            if layer not in cache:
+                cache[layer] = build_leaderboard(self.by_key[(ds, task)], task=task, layer=layer, ranked=False)
+        return cache
 
     # -- dataset pages ------------------------------------------------------------------------
 
