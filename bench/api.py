@@ -1,5 +1,5 @@
 """The public Python API: generate a dataset, evaluate models, load a results folder, build a
-leaderboard table.
+leaderboard table, write the report or the leaderboard site.
 
     from bench import api
 
@@ -36,7 +36,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 OneModel = Union[str, "Backbone", "ModuleAdapter"]
 Models = Union[OneModel, Sequence[OneModel], Mapping[str, OneModel]]
 
-__all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results", "site"]
+__all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results", "report", "site"]
 
 
 def generate(
@@ -230,6 +230,18 @@ def leaderboard(frame: pd.DataFrame, *, dataset: str | None = None, task: str | 
 def _missing(value: Any) -> bool:
     """A pandas gap (NaN, None, NaT) in a scalar cell; lists and arrays are values."""
     return not isinstance(value, (list, tuple)) and not hasattr(value, "shape") and bool(pd.isna(value))
+
+
+def report(results: PathLike | None, out: PathLike = "report.html", *, analyses: Sequence[PathLike] = (),
+           metric: str = "accuracy", fingerprint: str | None = None, include_limited: bool = False,
+           say: Any = None) -> list[Path]:
+    """Write the single-page report of a results folder (and/or toy analyses) as `bench report`
+    does; returns [page, *figures]. `metric`: the IsSameObject metric drawn; `say(line)` hears
+    what was set aside and which sections are empty."""
+    from leaderboards.report import build_report
+
+    return build_report(results, analyses, out, metric=metric, fingerprint=fingerprint,
+                        include_limited=include_limited, say=say)
 
 
 def site(results: PathLike | Sequence[PathLike], out: PathLike, *, datasets: Sequence[PathLike] = (),

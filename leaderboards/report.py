@@ -73,6 +73,8 @@ def build_report(
     """Write the HTML page and its PNG figures; returns [page, *figures]. `metric` is the
     IsSameObject metric drawn; `say` hears, one line each, what was set aside and which
     sections are empty and why (the page says the same)."""
+    if metric not in METRIC_KEYS[:3]:
+        raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(METRIC_KEYS[:3])}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     selected = (load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)

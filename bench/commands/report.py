@@ -67,16 +67,13 @@ def report(
         False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`."),
 ) -> None:
     """Write a self-contained HTML report (opens from disk, no server, no network)."""
-    from leaderboards.report import METRIC_KEYS, build_report
-
-    if metric not in METRIC_KEYS[:3]:
-        raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(METRIC_KEYS[:3])}")
+    from bench import api
 
     if results_dir is None and Path("results").is_dir():
         results_dir = Path("results")
-    paths = build_report(results_dir, analysis, out, metric=metric, fingerprint=fingerprint,
-                         include_limited=include_limited,
-                         say=lambda line: stderr.print(line, soft_wrap=True, markup=False, highlight=False))
+    paths = api.report(results_dir, out, analyses=analysis, metric=metric, fingerprint=fingerprint,
+                       include_limited=include_limited,
+                       say=lambda line: stderr.print(line, soft_wrap=True, markup=False, highlight=False))
     echo(str(paths[0]))
     for p in paths[1:]:
         stderr.print(f"figure: {p}")
