@@ -73,6 +73,17 @@ def load_published() -> tuple[Reference, ...]:
                  for r in data["rows"])
 
 
+def none_published(metric: Metric) -> str | None:
+    """Why `--reference` adds no row to a board of `metric` (None when it adds some): the metrics
+    of its task that do have published rows."""
+    if references_for(metric):
+        return None
+    shown = [name for name, quantity in BOARD_QUANTITY.items()
+             if any(r.task == metric.task and quantity in r.values for r in load_published())]
+    return (f"--reference: the papers publish no {metric.label} ({metric.name})"
+            + (f"; their {metric.task} numbers are on --metric {', '.join(shown)}" if shown else ""))
+
+
 def references_for(metric: Metric) -> list[Reference]:
     """The published rows a board of `metric` shows (none for a metric no paper reports)."""
     return [r for r in load_published() if r.value(metric) is not None]

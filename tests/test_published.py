@@ -130,3 +130,15 @@ def test_the_table_with_published_rows_fits_100_columns(tmp_path, capsys):
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) <= 100
     assert "ColorShape main table (published)" in out and "(published): the papers' own numbers" in out
+
+
+def test_reference_on_a_metric_no_paper_reports_says_where_they_are(tmp_path, capsys):
+    from bench.core.results import write_run
+
+    write_run([result_row("A", "linear", 0.3)], tmp_path / "results", "r1")
+    assert main(["leaderboard", str(tmp_path / "results"), "--reference"]) == 0
+    out = capsys.readouterr()
+    assert "(published)" not in out.out
+    assert " ".join(out.err.split()) == ("--reference: the papers publish no β* (beta_star); their binding numbers "
+                                        "are on --metric beta_star_paper, B_star_paper, beta_O, beta_O_paper, B_O, "
+                                        "B_O_paper")

@@ -88,6 +88,12 @@ def leaderboard(
                       dataset=dataset,
                       task=task, metric=metric, probes=probe, tokens=tokens, layer=layer, reference=reference)
     text = render_leaderboard(board, fmt, None if wide else TABLE_WIDTH)
+    if reference:
+        from leaderboards.published import none_published
+
+        why = none_published(board.metric)
+        if why:
+            stderr.print(wrap(why), soft_wrap=True, markup=False, highlight=False)
     if out is None:
         echo(text)
         return
