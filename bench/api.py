@@ -1,5 +1,5 @@
 """The public Python API: generate a dataset, evaluate models, load a results folder, build a
-leaderboard table.
+leaderboard table, write the report or the leaderboard site.
 
     from bench import api
 
@@ -36,7 +36,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 OneModel = Union[str, "Backbone", "ModuleAdapter"]
 Models = Union[OneModel, Sequence[OneModel], Mapping[str, OneModel]]
 
-__all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results"]
+__all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results", "report", "site"]
 
 
 def generate(
@@ -210,21 +210,80 @@ def load_results(results: PathLike, *, show_old: bool = False, per_scene: bool =
 
 def leaderboard(frame: pd.DataFrame, *, dataset: str | None = None, task: str | None = None,
                 metric: str | None = None, probes: Sequence[str] = (), tokens: Sequence[str] = (),
-                layer: str | int = "best") -> pd.DataFrame:
+                layer: str | int = "best", reference: bool = False) -> pd.DataFrame:
     """The leaderboard of result rows (`load_results` or `evaluate`) as tidy records, one per
     (backbone, probe x tokens column): rank, value, interval, the layer used, status and ‡ checks,
-    the numbers `bench leaderboard --format csv` writes."""
-    from leaderboards.tables import build_leaderboard, tidy_records
+    the numbers `bench leaderboard --format csv` writes; `reference` adds the papers' published
+    rows for the metric (their `source` and `estimator` filled, never ranked)."""
+    from leaderboards.board import build_leaderboard
+    from leaderboards.render import tidy_records
 
     if frame.empty:
         raise BenchError("results: no rows to rank (evaluate a model first)")
     rows: list[dict[str, Any]] = [{k: (None if _missing(v) else v) for k, v in r.items()}
                                   for r in frame.to_dict(orient="records")]
     board = build_leaderboard(rows, dataset=dataset, task=task, metric=metric, probes=probes, tokens=tokens,
-                              layer=layer)
+                              layer=layer, reference=reference)
     return pd.DataFrame(tidy_records(board))
 
 
 def _missing(value: Any) -> bool:
     """A pandas gap (NaN, None, NaT) in a scalar cell; lists and arrays are values."""
     return not isinstance(value, (list, tuple)) and not hasattr(value, "shape") and bool(pd.isna(value))
+
+
+def report(results: PathLike | None, out: PathLike = "report.html", *, analyses: Sequence[PathLike] = (),
+           metric: str = "accuracy", fingerprint: str | None = None, include_limited: bool = False,
+           say: Any = None) -> list[Path]:
+    """Write the single-page report of a results folder (and/or toy analyses) as `bench report`
+    does; returns [page, *figures]. `metric`: the IsSameObject metric drawn; `say(line)` hears
+    what was set aside and which sections are empty."""
+    from leaderboards.report import build_report
+
+    return build_report(results, analyses, out, metric=metric, fingerprint=fingerprint,
+                        include_limited=include_limited, say=say)
+
+
+def site(results: PathLike | Sequence[PathLike], out: PathLike, *, datasets: Sequence[PathLike] = (),
+         analyses: Sequence[PathLike] = (), include_limited: bool = False, figures: bool = True,
+         say: Any = None) -> list[Path]:
+    """Build the static leaderboard site of one or more results folders into `out` (as `bench site`
+    does) and return the files written, `index.html` first. `datasets`: folders holding the
+    datasets the results were measured on (each a dataset, or a folder of them), so each dataset's
+    page shows its generator's settings and a preview sheet; `analyses`: `bench toys-analysis`
+    outputs; `say(line)` hears what was set aside and what was written."""
+    from leaderboards.site import build_site
+
+    dirs = [results] if isinstance(results, (str, os.PathLike)) else list(results)
+    return build_site(dirs, out, datasets=_dataset_folders(datasets), analyses=analyses,
+                      include_limited=include_limited, figures=figures, say=say)
+
+
+#: Scenes on a dataset page's preview sheet, and its columns (3 keep it under 1,280 px wide).
+PREVIEW_SCENES, PREVIEW_COLUMNS = 6, 3
+
+
+def _dataset_folders(paths: Sequence[PathLike]) -> list[Any]:
+    """Every dataset under the given folders (a folder that is a dataset, else its sub-folders that
+    are), with its card, each split's fingerprint and its preview sheet writer."""
+    from bench.core.dataset import CARD_NAME, Dataset
+    from generators.preview import contact_sheet
+    from leaderboards.site import DatasetFolder
+
+    found = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise BenchError(f"datasets: {p} is not a directory")
+        candidates = [p] if (p / CARD_NAME).exists() else sorted(d for d in p.iterdir() if (d / CARD_NAME).exists())
+        if not candidates:
+            raise BenchError(f"datasets: {p} holds no dataset ({CARD_NAME} in it or in a sub-folder)")
+        for d in candidates:
+            ds = Dataset(d)
+
+            def preview(dst: Path, ds: Any = ds) -> None:
+                split = "test" if "test" in ds.splits else ds.splits[0]
+                contact_sheet(ds, split, PREVIEW_SCENES, cols=PREVIEW_COLUMNS).save(dst, format="PNG")
+
+            found.append(DatasetFolder(d, ds.name, {ds.fingerprint(s) for s in ds.splits}, ds.card, preview))
+    return found
+

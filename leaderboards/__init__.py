@@ -1,1 +1,1 @@
-"""Results store, tables and plots; they read results."""
+"""Results store, the metric catalogue, the board, its renderings, plots, the report and the site; they read results."""

@@ -30,7 +30,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bench.core.dataset import CARD_NAME, replacing  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
-from leaderboards.tables import Leaderboard, build_leaderboard, column_name  # noqa: E402
+from leaderboards.board import Leaderboard, build_leaderboard  # noqa: E402
+from leaderboards.render import column_name  # noqa: E402
 
 FORMATS = ("png", "svg")
 #: Appended to a backbone whose run was unanchored (the table's †): not comparable with anchored ones.
@@ -45,24 +46,25 @@ SWEEP_AXES: dict[str, tuple[str, str]] = {
 }
 
 
-def _mark(board: Leaderboard, backbone: str, dataset: str | None = None) -> str:
-    """The † label after a backbone's name (of `dataset`, or of any): "† empirical" when every
+def _mark(board: Leaderboard, label: str, dataset: str | None = None) -> str:
+    """The † label after a row's label (of `dataset`, or of any): "† empirical" when every
     † cell is an imported dataset's, "† unanchored" otherwise, "" when no cell is marked."""
-    priors = {c.prior for r in board.rows if r.backbone == backbone and dataset in (None, r.dataset)
-              and (r.dataset, r.backbone) in board.unanchored_backbones
+    priors = {c.prior for r in board.rows if r.label == label and dataset in (None, r.dataset)
+              and (r.dataset, r.label) in board.unanchored_backbones
               for c in r.cells.values() if c is not None and c.unanchored}
     if not priors:
         return ""
     return EMPIRICAL_MARK if priors == {"empirical"} else UNANCHORED_MARK
 
 
-def save_figure(fig: plt.Figure, out: str | os.PathLike) -> list[Path]:
-    """Write `out` as .png and .svg (a given .png/.svg suffix is replaced); close the figure."""
+def save_figure(fig: plt.Figure, out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Write `out` as .png and .svg, or the `formats` given (a given .png/.svg suffix is replaced);
+    close the figure."""
     stem = Path(out)
     if stem.suffix.lower() in tuple(f".{f}" for f in FORMATS):
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_name(f"{stem.name}.{f}") for f in FORMATS]
+    paths = [stem.with_name(f"{stem.name}.{f}") for f in formats]
     try:
         for p in paths:
             with replacing(p) as tmp:  # a full disk leaves the old figure, not half a new one
@@ -106,17 +108,17 @@ Point = tuple  # (x, value, lo, hi, failed); x None for a backbone without layer
 
 
 def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Leaderboard, dict[tuple, list[Point]]]:
-    """Per (dataset, backbone, column): (layer / n_layers, value, lo, hi) at every layer run.
+    """Per (dataset, row label, column) (a control row's label names its control): (layer / n_layers, value, lo, hi) at every layer run.
 
     `selection`: build_leaderboard's filters (dataset, task, metric, probes, tokens).
     """
-    first = build_leaderboard(rows, layer="best", **selection)
+    first = build_leaderboard(rows, layer="best", ranked=False, **selection)
     series: dict[tuple, list[Point]] = defaultdict(list)
     for layer in sorted({r["layer"] for r in rows}):
-        for r in build_leaderboard(rows, layer=layer, **selection).rows:
+        for r in build_leaderboard(rows, layer=layer, ranked=False, **selection).rows:
             for col, c in r.cells.items():
                 if c is not None and c.status == "ok" and c.layer == layer:
-                    series[(r.dataset, r.backbone, col)].append(
+                    series[(r.dataset, r.label, col)].append(
                         (c.layer / c.n_layers if c.n_layers else None, c.value, c.lo, c.hi, bool(c.checks)))
     return first, dict(series)
 
@@ -125,8 +127,10 @@ def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Lead
 PANELS_PER_ROW = 3
 
 
-def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selection: Any) -> list[Path]:
-    """Metric vs normalised depth per backbone, one panel per probe x tokens column."""
+def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, formats: Sequence[str] = FORMATS,
+                 **selection: Any) -> list[Path]:
+    """Metric vs normalised depth per backbone, one panel per probe x tokens column (PNG and SVG,
+    or the `formats` given: a page that shows the PNG needs no SVG)."""
     board, series = layer_series(rows, **selection)
     if not series:
         raise BenchError("plot: no results to draw for this selection")
@@ -155,7 +159,7 @@ def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, **selec
     fig.suptitle(f"{board.metric.label} by depth — {', '.join(board.datasets)}")
     fig.tight_layout()
     _legend(fig, axes)
-    return save_figure(fig, out)
+    return save_figure(fig, out, formats)
 
 
 def _draw_series(ax: plt.Axes, points: list[tuple], scale: float, color: Any, label: str) -> None:
@@ -211,8 +215,8 @@ def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
                 bar.set_hatch("//")
     if board.has_failed_cells:
         ax.bar([np.nan], [np.nan], color="white", edgecolor="black", hatch="//", label="‡ a probe failed: not binding")
-    labels = [(r.backbone if len(board.datasets) == 1 else f"{r.backbone}\n({r.dataset})")
-              + _mark(board, r.backbone, r.dataset) for r in board.rows]
+    labels = [(r.label if len(board.datasets) == 1 else f"{r.label}\n({r.dataset})")
+              + _mark(board, r.label, r.dataset) for r in board.rows]
     ax.set_xticks(x, labels, rotation=20, ha="right")
     ax.axhline(0, color="black", lw=0.6)
     ax.set_ylabel(_ylabel(board))
@@ -244,13 +248,13 @@ def sweep_values(datasets: Iterable[str], root: str | os.PathLike, axis: str) ->
 
 def sweep_series(rows: Sequence[dict[str, Any]], x_values: dict[str, float],
                  **selection: Any) -> tuple[Leaderboard, dict[tuple, list[Point]]]:
-    """Per (backbone, column): (x, value, lo, hi) over the sweep's datasets, sorted by x."""
+    """Per (row label, column): (x, value, lo, hi) over the sweep's datasets, sorted by x."""
     board = build_leaderboard([r for r in rows if r["dataset"] in x_values], **selection)
     series: dict[tuple, list[Point]] = defaultdict(list)
     for r in board.rows:
         for col, c in r.cells.items():
             if c is not None and c.status == "ok":
-                series[(r.backbone, col)].append((x_values[r.dataset], c.value, c.lo, c.hi, bool(c.checks)))
+                series[(r.label, col)].append((x_values[r.dataset], c.value, c.lo, c.hi, bool(c.checks)))
     return board, {k: sorted(v) for k, v in series.items()}
 
 

@@ -198,3 +198,47 @@ def _schema_mismatch(d: Path) -> str:
     expected = RESULT_SCHEMA.remove_metadata()
     bad = [f.name for f in sorted(d.glob("*.parquet")) if pq.read_schema(f).remove_metadata() != expected]
     return f"results: {', '.join(bad) or 'a file'} in {d} do not have the results schema of this BindingBench"
+
+
+def load_folders(results_dirs: Iterable[str | os.PathLike], *, include_limited: bool = False,
+                 show_old: bool = False) -> Selection:
+    """The rows of several results folders as one store: the newest row per key wins whichever
+    folder holds it (`latest` over their union), then each backbone's newest weights and probe
+    settings (`newest_identity`) and every measurement apart (`measurements`)."""
+    older: list[str] = []
+    rows: list[dict[str, Any]] = []
+    for d in results_dirs:
+        rows += load_results(d, older)
+    current = newest_identity(latest(rows), show_old=show_old)
+    measured = measurements(current.rows, include_limited=include_limited)
+    files = [f"{len(older)} results files of an older schema ({', '.join(older)}; re-run `bench evaluate` "
+             "to measure them again)"] if older else []
+    return Selection(measured.rows, files + current.set_aside + measured.set_aside)
+
+
+def measurements(rows: Iterable[dict[str, Any]], *, include_limited: bool = False) -> Selection:
+    """Every measurement on whole splits as a dataset of its own: a dataset name measured on two
+    fingerprints becomes two, `NAME (data FINGERPRINT)`, so their rows never meet in one board.
+    `--limit` measurements are kept apart as `select_rows` keeps them: a name with no whole-split
+    measurement shows its newest limited one, `include_limited` shows every one, each as
+    `NAME (limit N)`; the rest is set aside and named."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["task"], r["dataset"], r["dataset_fingerprint"], r["limit"])].append(r)
+    newest = {g: max(r["created_at"] or "" for r in rs) for g, rs in groups.items()}
+    prints: dict[str, set[str]] = defaultdict(set)  # a name's whole-split fingerprints
+    for _, name, fp, limit in groups:
+        if limit is None:
+            prints[name].add(fp)
+    chosen: dict[tuple, str] = {}
+    for g in groups:
+        task, name, fp, limit = g
+        shown = f"{name} (data {(fp or 'none')[:FINGERPRINT_CHARS]})" if len(prints[name]) > 1 else name
+        full = [h for h in groups if h[:2] == (task, name) and h[3] is None]
+        newest_limited = max((h for h in groups if h[:2] == (task, name)), key=lambda h: newest[h])
+        if limit is None:
+            chosen[g] = shown
+        elif include_limited or (not full and g == newest_limited):
+            chosen[g] = f"{shown} (limit {limit})"
+    out = [{**r, "dataset": chosen[g]} for g, rs in groups.items() if g in chosen for r in rs]
+    return Selection(out, _set_aside_phrases(groups, chosen, newest))

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Set up BindingBench in ./.venv on a fresh machine: the OpenGL library pyrender renders
-# with, Chromium for the report's tests, torch with a matching torchvision, the package with its test extra (timm, OpenCLIP,
+# with, Chromium and its driver for the report's and the site's tests, torch with a matching torchvision, the package with its test extra (timm, OpenCLIP,
 # Ray, datasets), and a PyOpenGL that works under OSMesa (pyrender pins 3.1.0, which does not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages: libosmesa6 (offscreen 3D rendering) and chromium (the report's tests open
-# the page in it, and fail without it); installed when run as root with apt-get, else named.
+# Debian packages: libosmesa6 (offscreen 3D rendering), chromium and chromium-driver (the report's
+# and the site's tests open the pages in it, the site's through Selenium, and fail without them);
+# installed when run as root with apt-get, else named.
 missing=()
 ldconfig -p 2>/dev/null | grep -q libOSMesa || missing+=(libosmesa6)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null \
   || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "setup: missing ${missing[*]} (3D generators need libosmesa6, the report's tests chromium):" \
+    echo "setup: missing ${missing[*]} (3D generators need libosmesa6, the report's and site's tests chromium and chromium-driver):" \
       "sudo apt-get install ${missing[*]}" >&2
   fi
 fi

@@ -58,6 +58,7 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     assert ds.num_rows("train") == 48 and ds.card["config"]["image_size"] == 64
     assert (ds.card["config"]["object_size"], ds.card["config"]["n_objects"], ds.card["seed"]) == (24, 2, 1)
     assert "oracle:objects" in out.out and "bench evaluate --model facebook/dinov2-small" in out.out
+    assert max(map(len, out.out.splitlines())) <= 100  # the tables and their explanation fit 100 columns
     assert CONTROL_ROW in out.out
     for stage in ("1/4", "2/4", "3/4", "4/4", "zoo:conjunctions → ", "generate", "demo finished in"):
         assert stage in out.err

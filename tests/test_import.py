@@ -453,7 +453,8 @@ def test_empirical_rows_are_marked_and_never_ranked_beside_exact_ones():
     """A `prior: empirical` cell is marked † with its own note and ranks only among its kind,
     below the exact-prior rows; a board without unanchored rows keeps the unanchored note out."""
     from bench.commands.common import Format
-    from leaderboards.tables import build_leaderboard, render_leaderboard
+    from leaderboards.board import build_leaderboard
+    from leaderboards.render import render_leaderboard
     from tests.test_leaderboard import result_row
 
     rows = [result_row("A", "linear", 0.30), result_row("E", "linear", 0.90, prior="empirical"),

@@ -14,7 +14,7 @@ from bench.cli import main
 from bench.core.results import write_run
 from leaderboards import plots
 from leaderboards.plots import layer_series, sweep_series, sweep_values
-from leaderboards.tables import build_leaderboard
+from leaderboards.board import build_leaderboard
 from test_leaderboard import failed_probe_rows, result_row
 
 
@@ -118,7 +118,7 @@ def test_layers_whose_probe_failed_are_crossed_out(tmp_path):
 
 def test_unanchored_backbones_are_labelled_in_figures(tmp_path, monkeypatch):
     figures = []
-    monkeypatch.setattr(plots, "save_figure", lambda fig, out: figures.append(fig) or [])
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, *formats: figures.append(fig) or [])
     rows = [result_row("A", "linear", 0.3), result_row("U", "linear", 0.5, prior="none", n_F_eff=None)]
     plots.probe_bars(build_leaderboard(rows), tmp_path / "bars")
     assert [t.get_text() for t in figures[0].axes[0].get_xticklabels()] == ["A", "U † unanchored"]
@@ -129,3 +129,16 @@ def test_unanchored_backbones_are_labelled_in_figures(tmp_path, monkeypatch):
     plots.probe_bars(build_leaderboard(rows), tmp_path / "bars")
     assert sorted(t.get_text() for t in figures[2].axes[0].get_xticklabels()) == ["A", "E † empirical",
                                                                                   "U † unanchored"]
+
+
+def test_control_rows_carry_their_label_in_figures(tmp_path, monkeypatch):
+    """A control row is drawn under its label, never as a second bar or line named like its backbone."""
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, *formats: figures.append(fig) or [])
+    rows = [result_row("A", "linear", 0.3, layer=layer, n_layers=2) for layer in (1, 2)]
+    rows += [{**result_row("A", "linear", 0.0, layer=layer, n_layers=2), "control": "resampled-o"} for layer in (1, 2)]
+    plots.probe_bars(build_leaderboard(rows), tmp_path / "bars")
+    assert [t.get_text() for t in figures[0].axes[0].get_xticklabels()] == ["A", "A (control: resampled-o)"]
+    plots.layer_curves(rows, tmp_path / "layers")
+    assert sorted(t.get_text() for t in figures[1].legends[0].get_texts()) == ["A", "A (control: resampled-o)"]
+

@@ -120,7 +120,9 @@ def test_page_is_self_contained(report):
                      r"<td>0\.700</td><td>0\.500</td><td>0\.41 \(p 0\.002\)</td>", page)
     # the headline leaderboard comes first, with intervals and sensitivity; provenance names the commands
     assert page.index("Binding: β* by backbone") < page.index("IsSameObject") < page.index("Datasets and provenance")
-    assert "<td>95.0 ± 2.0</td>" in page and "<sub>s 60%</sub>" in page
+    assert re.search(r'data-backbone="oracle:objects" data-probe="linear" data-tokens="cls"\s+data-rank="1"[^>]*>'
+                     r'.*?<td class="value" data-sort="0.95">95.0</td>\s*<td>2.0</td>\s*<td data-sort=""></td>\s*'
+                     r'<td data-sort="0.6">60%</td>', page, re.S)
     assert "<td>bench evaluate --model oracle:objects --dataset data/cs-binding</td>" in page
     assert "<td>ffffffffffff</td>" in page and re.search(r"<td>bench [\w.]+, numpy [\w.]+, torch [\w.+]+", page)
     # nothing is empty here, so no grey "Not shown" line; nothing is red
@@ -132,7 +134,7 @@ def test_empty_sections_fold_into_one_grey_line(tmp_path, capsys):
     out = tmp_path / "r.html"
     assert main(["report", str(tmp_path / "results"), "--out", str(out)]) == 0
     page = out.read_text()
-    folded = re.findall(r"<p class='muted folded'>(.*?)</p>", page)
+    folded = re.findall(r'<p class="muted folded">(.*?)</p>', page)
     assert len(folded) == 1 and folded[0].startswith("Not shown: Identical objects (toys) (no --analysis")
     assert ": empty" not in page and "#a00" not in page  # no red "toys: empty" banner
     assert capsys.readouterr().err.count("not shown: ") == 1

@@ -7,10 +7,11 @@ from typing import Any, Callable
 
 from typer.core import TyperCommand
 
-from bench.core.console import TABLE_WIDTH, Format, echo, progress_bar, render_table, stderr
+from bench.core.console import TABLE_WIDTH, Format, echo, progress_bar, render_table, stderr, wrap
 from bench.core.errors import BenchError
 
-__all__ = ["TABLE_WIDTH", "Format", "echo", "parse_floats", "progress_bar", "registry_help", "render_table", "stderr"]
+__all__ = ["TABLE_WIDTH", "Format", "echo", "parse_floats", "progress_bar", "registry_help", "render_table", "stderr",
+           "wrap"]
 
 
 def parse_floats(text: str | None, name: str) -> tuple[float, ...] | None:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import typer
 
-from bench.commands.common import Format, echo, progress_bar, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, progress_bar, stderr, wrap
 from bench.core.errors import BenchError
 
 #: The demo's backbones: three oracles (the top, the middle and the bottom of the scale), a
@@ -74,7 +74,7 @@ def demo(
     check_writable(work, "out")  # now, not after minutes of training
     _write_manifest(work, settings)
     data, results = work / "colorshape-demo", work / "results"
-    from leaderboards.tables import render_leaderboards
+    from leaderboards.render import render_leaderboards
 
     stderr.print(f"[bold]1/4[/bold] generating the zoo's kind of ColorShape scenes ({n_train}/{n_val}/{n_test}, "
                  f"{side} px) in {data}")
@@ -92,10 +92,10 @@ def demo(
             _evaluate(ZOO_MODELS, data, results, epochs)
             _evaluate((CONTROL_MODEL,), data, results, epochs, control=CONTROL)
     stderr.print("[bold]4/4[/bold] leaderboard")
-    echo(render_leaderboards(_demo_boards(results, fmt), fmt))
+    echo(render_leaderboards(_demo_boards(results, fmt), fmt, TABLE_WIDTH if fmt == Format.table else None))
     if fmt in (Format.table, Format.markdown):
-        echo(
-            "\nβ* = 1 − L_O|F / H(O|F): every probe starts at the generator's exact prior, so a backbone with "
+        echo("\n" + wrap(
+            "β* = 1 − L_O|F / H(O|F): every probe starts at the generator's exact prior, so a backbone with "
             "nothing beyond the prior reads 0 (below 0 only by test noise) and none reads above 100%. "
             "oracle:objects hands the probes the object code itself and reads near 100%; oracle:mix-0.5 hands it "
             "over for half the scenes (a true β* of about 50%, which a probe trained on a few hundred scenes "
@@ -112,8 +112,7 @@ def demo(
             "outside [0, 100%], and a cell is marked ‡ and not ranked where its probes fail a check. "
             "To measure a real model, run `bench evaluate --model facebook/dinov2-small --dataset DATA_DIR` on a "
             "dataset made by `bench generate`, then `bench leaderboard results/` "
-            "(`--metric beta_star_paper` for the published estimator)."
-        )
+            "(`--metric beta_star_paper` for the published estimator).", TABLE_WIDTH))
     stderr.print(f"demo finished in {time.perf_counter() - t0:.0f} s; its dataset, results and activation cache are "
                  f"in {work}/ (kept; a demo of the same sizes there reuses them). Next:", soft_wrap=True)
     for command in next_commands(work):
@@ -285,7 +284,7 @@ def _demo_boards(results: Path, fmt: Format) -> list[Any]:
     """β* of the backbones, ranked by paired differences (the control's row shown apart, unranked);
     for tables, β*_paper of the same runs to compare."""
     from leaderboards.store import load_selected
-    from leaderboards.tables import build_leaderboard
+    from leaderboards.board import build_leaderboard
 
     selected = load_selected(results)
     if selected.note:

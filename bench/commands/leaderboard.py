@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.text import Text
 
-from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr, wrap
 from bench.core.errors import BenchError
 
 
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _metrics_help() -> str:
-    from leaderboards.tables import metrics_help  # only when help is shown: tables load numpy and the metrics
+    from leaderboards.metrics import metrics_help  # only when help is shown: tables load numpy and the metrics
 
     return metrics_help()
 
@@ -52,14 +52,14 @@ def _board(results_dir: Path, *, fingerprint: str | None = None, include_limited
     """The selected, deduplicated rows (`leaderboards.store.load_selected`) and their leaderboard
     (BenchError when there are none); what the selection set aside goes to stderr in one line."""
     from leaderboards.store import load_selected
-    from leaderboards.tables import build_leaderboard
+    from leaderboards.board import build_leaderboard
 
     selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old)
     if not selected.rows:
         aside = f"; {selected.note}" if selected.note else ""
         raise BenchError(f"results: no runs in {results_dir} (run `bench evaluate` or `bench demo` first){aside}")
     if selected.note:
-        stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
+        stderr.print(wrap(selected.note), soft_wrap=True, markup=False, highlight=False)
     return selected.rows, build_leaderboard(selected.rows, **selection)
 
 
@@ -77,14 +77,23 @@ def leaderboard(
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json (tidy records)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout."),
     wide: bool = _WIDE,
+    reference: bool = typer.Option(
+        False, "--reference",
+        help="Add the papers' published rows for this task and metric (marked published, never ranked)."),
 ) -> None:
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
-    from leaderboards.tables import render_leaderboard
+    from leaderboards.render import render_leaderboard
 
     _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old,
                       dataset=dataset,
-                      task=task, metric=metric, probes=probe, tokens=tokens, layer=layer)
+                      task=task, metric=metric, probes=probe, tokens=tokens, layer=layer, reference=reference)
     text = render_leaderboard(board, fmt, None if wide else TABLE_WIDTH)
+    if reference:
+        from leaderboards.published import none_published
+
+        why = none_published(board.metric)
+        if why:
+            stderr.print(wrap(why), soft_wrap=True, markup=False, highlight=False)
     if out is None:
         echo(text)
         return
@@ -111,11 +120,11 @@ def compare(
 ) -> None:
     """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
     from leaderboards.store import load_selected
-    from leaderboards.tables import COMPARE_COLUMNS, compare_backbones
+    from leaderboards.board import COMPARE_COLUMNS, compare_backbones
 
     selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
     if selected.note:
-        stderr.print(selected.note, soft_wrap=True, markup=False, highlight=False)
+        stderr.print(wrap(selected.note), soft_wrap=True, markup=False, highlight=False)
     records = compare_backbones(selected.rows, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens,
                                 layer=layer)
     echo(render_table(records, COMPARE_COLUMNS, fmt, title=f"{a} − {b} (paired, 95% interval over test F codes)",

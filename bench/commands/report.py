@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
     app.command("toys-analysis")(toys_analysis)
     app.command("report")(report)
+    app.command("site")(site)
 
 
 def toys_analysis(
@@ -66,19 +67,34 @@ def report(
         False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`."),
 ) -> None:
     """Write a self-contained HTML report (opens from disk, no server, no network)."""
-    from leaderboards.report import METRIC_KEYS, build_report
-
-    if metric not in METRIC_KEYS[:3]:
-        raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(METRIC_KEYS[:3])}")
+    from bench import api
 
     if results_dir is None and Path("results").is_dir():
         results_dir = Path("results")
-    paths = build_report(results_dir, analysis, out, metric=metric, fingerprint=fingerprint,
-                         include_limited=include_limited,
-                         say=lambda line: stderr.print(line, soft_wrap=True, markup=False, highlight=False))
+    paths = api.report(results_dir, out, analyses=analysis, metric=metric, fingerprint=fingerprint,
+                       include_limited=include_limited,
+                       say=lambda line: stderr.print(line, soft_wrap=True, markup=False, highlight=False))
     echo(str(paths[0]))
     for p in paths[1:]:
         stderr.print(f"figure: {p}")
+
+
+def site(
+    results_dirs: list[Path] = typer.Argument(..., help="Results folders (the newest row per key wins across them)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The site's folder (index.html and the pages beside it)."),
+    datasets: list[Path] = typer.Option(
+        [], "--datasets", help="A dataset folder, or a folder of them, to show cards and preview sheets (repeatable)."),
+    analysis: list[Path] = typer.Option([], "--analysis", "-a", help="A `bench toys-analysis` output directory (repeatable)."),
+    include_limited: bool = typer.Option(
+        False, "--include-limited", help="Also show every --limit run, each as its own dataset `NAME (limit N)`."),
+) -> None:
+    """Build a static leaderboard site (opens from disk, no server, no network): a board per dataset x task x
+    metric, a page per backbone and per dataset, the paired comparisons and the provenance."""
+    from bench import api
+
+    paths = api.site(results_dirs, out, datasets=datasets, analyses=analysis, include_limited=include_limited,
+                     say=lambda line: stderr.print(line, soft_wrap=True, markup=False, highlight=False))
+    echo(str(paths[0]))
 
 
 def _check_toys(path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sys
 import textwrap
 import time
@@ -70,9 +71,21 @@ def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: Fo
     if text is None:  # one column wider than the width: let it run over
         text = _printed(_rich_table([row[:1] for row in cells], columns[:1], title), 10**4, tty)
     if shown < len(columns):
-        text += "\n" + textwrap.fill(f"{len(columns) - shown} more column(s): {', '.join(columns[shown:])} "
-                                     "(--wide shows every column)", width)
+        text += "\n" + wrap(f"{len(columns) - shown} more column(s): {', '.join(columns[shown:])} "
+                             "(--wide shows every column)", width)
     return text
+
+
+def wrap(text: str, width: int = TABLE_WIDTH) -> str:
+    """Prose for a terminal in lines of at most `width` characters, its paragraphs kept; a command in
+    backquotes is never split across lines, so it can be copied whole (one longer than `width`
+    runs over)."""
+    def keep(m: re.Match) -> str:
+        return m.group(0).replace(" ", "\x00")
+
+    return "\n".join(textwrap.fill(re.sub(r"`[^`]*`", keep, para), width, break_long_words=False,
+                                    break_on_hyphens=False).replace("\x00", " ") if para else ""
+                     for para in text.split("\n"))
 
 
 def _fitted(table: Table, width: int, tty: bool) -> str | None:

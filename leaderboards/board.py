@@ -1,4 +1,5 @@
-"""Leaderboard views of the results: one row per backbone, one column per probe family x token view.
+"""The board: one row per backbone, one column per probe family x token view, built once from the
+result rows and read by every view (`bench leaderboard`, `compare`, `plot`, `report`, `site`).
 
 A cell is the metric at one layer, averaged over seeds, with the bootstrap 95% interval
 (the envelope of the seeds' intervals, so seed-to-seed spread is never hidden). These
@@ -36,98 +37,17 @@ rules keep the table honest:
 from __future__ import annotations
 
 import math
-import re
-import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
-from rich.markup import escape
-
 import numpy as np
 
-from bench.core.console import Format, render_table
 from bench.core.errors import BenchError
-from bench.core.numbers import fixed, plus_minus
-from bench.core.registry import Registry
 from evaluators.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
 from evaluators.metrics import metric_checks, paired_difference, validation_metric
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str  # the results column
-    label: str  # how tables and plots title it
-    task: str
-    unit: str  # "%" (ratios shown x100) or "bits"
-    higher_is_better: bool = True
-    screened: bool = False  # cells are ‡-screened with metric_checks(row, name)
-
-    @property
-    def paper(self) -> bool:
-        """The paper's two-probe estimator (unanchored direct O- and F-probes)."""
-        return self.name.endswith("_paper")
-
-
-def _binding(name: str, label: str, unit: str, higher_is_better: bool = True) -> Metric:
-    return Metric(name, label, "binding", unit, higher_is_better, screened=True)
-
-
-METRICS: Registry[Metric] = Registry("metric")
-for _m in [
-    # headline: the chain rule on prior-anchored probes
-    _binding("beta_star", "β*", "%"),
-    _binding("beta_star_paper", "β*_paper", "%"),
-    _binding("B_star", "B*", "bits"),
-    _binding("B_star_paper", "B*_paper", "bits"),
-    _binding("beta_O", "β_O", "%"),
-    _binding("beta_O_paper", "β_O_paper", "%"),
-    _binding("B_O", "B_O", "bits"),
-    _binding("B_O_paper", "B_O_paper", "bits"),
-    _binding("beta_F", "β_F", "%"),
-    _binding("B_F", "B_F", "bits"),
-    _binding("B_F_paper", "B_F_paper", "bits"),
-    _binding("L_F", "L_F", "bits", higher_is_better=False),
-    _binding("L_O_given_F", "L_O|F", "bits", higher_is_better=False),
-    _binding("L_O", "L_O", "bits", higher_is_better=False),
-    _binding("L_O_paper", "L_O_paper", "bits", higher_is_better=False),
-    _binding("L_F_paper", "L_F_paper", "bits", higher_is_better=False),
-    _binding("bit_accuracy", "bit accuracy", "%"),
-    _binding("exact_accuracy", "exact-match accuracy", "%"),
-    Metric("accuracy", "IsSameObject accuracy", "issameobject", "%"),
-    Metric("balanced_accuracy", "balanced accuracy", "issameobject", "%"),
-    Metric("auroc", "AUROC", "issameobject", "%"),
-]:
-    METRICS.register(_m.name, _m)
-DEFAULT_METRIC = {"binding": "beta_star", "issameobject": "accuracy"}
-TASKS = tuple(DEFAULT_METRIC)
-
-
-def metrics_help() -> str:
-    """`bench leaderboard --metric` help: every registered metric per task, the default first."""
-    per_task = {t: [m.name for _, m in METRICS.items() if m.task == t] for t in TASKS}
-    return ("beta_star (β* from prior-anchored probes, default), beta_star_paper (the paper's two-probe estimator); "
-            + "; ".join(f"{t}: {', '.join(names)}" for t, names in per_task.items()) + ".")
-
-
-def resolve_metric(name: str | None, task: str) -> Metric:
-    """A metric by results-column name or printed label (β*, β*_paper, L_O|F, ...), checked against the task."""
-    if name is None:
-        return METRICS.get(DEFAULT_METRIC[task])
-    wanted = _norm(name)
-    for _, m in METRICS.items():
-        if wanted in (_norm(m.name), _norm(m.label)):
-            if m.task != task:
-                raise BenchError(f"metric: {m.name!r} belongs to task {m.task!r}, not {task!r}")
-            return m
-    allowed = ", ".join(f"{m.name} ({m.label})" for _, m in METRICS.items() if m.task == task)
-    raise BenchError(f"metric: unknown {name!r} for task {task!r}; allowed: {allowed}")
-
-
-def _norm(name: str) -> str:
-    """Spelling-insensitive key: "β*_paper", "beta_star_paper" and "B* paper"-style names meet."""
-    name = name.lower().replace("β", "beta").replace("*", "star").replace("|", "given")
-    return re.sub(r"[\s_]", "", name)
+from leaderboards.metrics import CHECK_MEANINGS, TASKS, Metric, resolve_metric
+from leaderboards.published import Reference, references_for
 
 
 def parse_layer(layer: str) -> str | int:
@@ -167,6 +87,9 @@ class Cell:
     #: F-code groups: what a paired comparison with another cell on the same scenes needs
     per_scene: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
     groups: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: the result rows the cell averages (one per seed, at its layer): the views that show a
+    #: row's other columns beside the metric (the report's attention correlation) read them here
+    rows: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def holds_zero(self) -> bool:
@@ -193,9 +116,13 @@ class BoardRow:
     rank: int | None = None
     score: Cell | None = None  # the cell the rank is based on
     control: str | None = None  # a control null's rows (never ranked)
+    reference: Reference | None = None  # a paper's published row (never ranked)
 
     @property
     def label(self) -> str:
+        """The row's name in every view: a control and a published row say what they are."""
+        if self.reference is not None:
+            return f"{self.backbone} (published)"
         return self.backbone if self.control is None else f"{self.backbone} (control: {self.control})"
 
 
@@ -211,7 +138,13 @@ class Leaderboard:
 
     @property
     def datasets(self) -> list[str]:
-        return sorted({r.dataset for r in self.rows})
+        """The measured datasets (a published row's dataset is the paper's, named in its notes)."""
+        return sorted({r.dataset for r in self.rows if r.reference is None})
+
+    @property
+    def references(self) -> list[Reference]:
+        """The published rows' sources, one per row shown."""
+        return [r.reference for r in self.rows if r.reference is not None]
 
     @property
     def has_values(self) -> bool:
@@ -237,8 +170,8 @@ class Leaderboard:
 
     @property
     def unanchored_backbones(self) -> set[tuple[str, str]]:
-        """(dataset, backbone) of the rows with † cells: ranked apart, labelled in plots."""
-        return {(r.dataset, r.backbone) for r in self.rows if _unanchored_row(r, self.metric)}
+        """(dataset, label) of the rows with † cells: ranked apart, labelled in plots."""
+        return {(r.dataset, r.label) for r in self.rows if _unanchored_row(r, self.metric)}
 
     def _cells(self) -> Iterable[Cell]:
         return (c for r in self.rows for c in r.cells.values() if c is not None)
@@ -253,8 +186,13 @@ def build_leaderboard(
     probes: Sequence[str] = (),
     tokens: Sequence[str] = (),
     layer: str | int = "best",
+    reference: bool = False,
+    ranked: bool = True,
 ) -> Leaderboard:
-    """The leaderboard of deduplicated result rows (see `leaderboards.store.latest`)."""
+    """The leaderboard of deduplicated result rows (see `leaderboards.store.latest`); with
+    `reference`, the papers' published rows for this metric below them, never ranked. `ranked`
+    False leaves every rank empty: a view that reads only cells (a metric-by-layer table, a
+    curve) skips the paired bootstraps ranks cost."""
     rows = list(rows)
     task = _pick_task(rows, task)
     m = resolve_metric(metric, task)
@@ -282,8 +220,31 @@ def build_leaderboard(
             col: _cell(groups.get((ds, backbone, control, *col), []), m, layer, expected[(ds, *col)]) for col in columns
         }
         board.rows.append(BoardRow(ds, backbone, cells, control=control))
-    _rank(board)
+    if ranked:
+        _rank(board)
+    if reference:
+        _add_references(board, probes, tokens)
     return board
+
+
+def _add_references(board: Leaderboard, probes: Sequence[str], tokens: Sequence[str]) -> None:
+    """The published rows of the board's metric (within its --probe / --tokens selection), one
+    board row per (paper, table, backbone), after every measured row; their columns join the board's."""
+    refs = [r for r in references_for(board.metric)
+            if (not probes or r.probe in probes) and (not tokens or r.tokens in tokens)]
+    grouped: dict[tuple, list[Reference]] = defaultdict(list)
+    for ref in refs:
+        grouped[(ref.paper, ref.table, ref.backbone)].append(ref)
+    order = probe_order(board.task)
+    board.columns = sorted({*board.columns, *((r.probe, r.tokens) for r in refs)},
+                           key=lambda col: _column_order(col, order))
+    for row in board.rows:
+        row.cells = {col: row.cells.get(col) for col in board.columns}
+    for group in grouped.values():
+        cells: dict[tuple[str, str], Cell | None] = {col: None for col in board.columns}
+        for ref in group:
+            cells[(ref.probe, ref.tokens)] = Cell("ok", ref.value(board.metric))
+        board.rows.append(BoardRow(group[0].dataset, group[0].backbone, cells, reference=group[0]))
 
 
 def _pick_task(rows: list[dict], task: str | None) -> str:
@@ -398,7 +359,7 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
                 sensitivity=sum(sens) / len(sens) if has_sens else None,
                 sensitivity_lo=min(r["sensitivity_lo"] for r in rows) if has_sens else None,
                 sensitivity_hi=max(r["sensitivity_hi"] for r in rows) if has_sens else None,
-                per_scene=per_scene, groups=groups)
+                per_scene=per_scene, groups=groups, rows=tuple(rows))
 
 
 def _rank(board: Leaderboard) -> None:
@@ -429,7 +390,7 @@ def beats(a: Cell, b: Cell, m: Metric, *, n_boot: int = 1000, seed: int = 0) -> 
     paired = paired_cells(a, b, m, n_boot=n_boot, seed=seed)
     if paired is not None:
         _, lo, hi = paired
-        return lo > 0 if m.higher_is_better else hi < 0
+        return verdict(lo, hi, m) > 0
     a_lo, a_hi = (a.lo if a.lo is not None else a.value), (a.hi if a.hi is not None else a.value)
     b_lo, b_hi = (b.lo if b.lo is not None else b.value), (b.hi if b.hi is not None else b.value)
     return a_lo > b_hi if m.higher_is_better else a_hi < b_lo
@@ -445,6 +406,16 @@ def paired_cells(a: Cell, b: Cell, m: Metric, *, n_boot: int = 1000,
     return paired_difference(a.per_scene, b.per_scene, m.name, groups=a.groups, n_boot=n_boot, seed=seed)
 
 
+def verdict(lo: float, hi: float, m: Metric) -> int:
+    """Of a paired difference a − b with interval [lo, hi]: 1 when a is better beyond doubt, −1
+    when b is, 0 when the interval holds 0 (what `beats`, `bench compare` and the site's matrix say)."""
+    if lo > 0 if m.higher_is_better else hi < 0:
+        return 1
+    if hi < 0 if m.higher_is_better else lo > 0:
+        return -1
+    return 0
+
+
 def _rankable(row: BoardRow) -> list[Cell]:
     """The cells a backbone may be ranked by: finished, and marked by no check."""
     return [c for c in row.cells.values() if c is not None and c.status == "ok" and not c.checks]
@@ -453,176 +424,6 @@ def _rankable(row: BoardRow) -> list[Cell]:
 def _unanchored_row(row: BoardRow, m: Metric) -> bool:
     """Whether a backbone's cells are unanchored (the `*_paper` estimator is unanchored for every row)."""
     return not m.paper and any(c is not None and c.unanchored for c in row.cells.values())
-
-
-# -- rendering ----------------------------------------------------------------------------
-
-TIDY_COLUMNS = ("rank", "dataset", "backbone", "control", "probe", "tokens", "metric", "value", "lo", "hi",
-                "half_width", "layer", "layer_chosen_on", "n_layers", "n_seeds", "status", "checks", "prior",
-                "sensitivity", "sensitivity_lo", "sensitivity_hi", "n_F_eff", "error")
-
-
-def column_name(col: tuple[str, str]) -> str:
-    return f"{col[0]} / {col[1]}"
-
-
-def tidy_records(board: Leaderboard) -> list[dict[str, Any]]:
-    """One record per (backbone, column): raw numbers, what CSV and JSON carry. `n_F_eff` is the
-    dataset's effective number of test F codes (the smallest, if its rows disagree)."""
-    out = []
-    for row in board.rows:
-        n_eff = board.n_F_eff.get(row.dataset) or (None,)
-        for col, c in row.cells.items():
-            c = c or Cell("missing")
-            out.append({
-                "rank": row.rank, "dataset": row.dataset, "backbone": row.backbone, "control": row.control,
-                "probe": col[0], "tokens": col[1], "metric": board.metric.name, "value": c.value, "lo": c.lo,
-                "hi": c.hi, "half_width": c.half_width, "layer": c.layer, "layer_chosen_on": c.chosen_on,
-                "n_layers": c.n_layers, "n_seeds": c.n_seeds, "status": c.status,
-                "checks": "; ".join(c.checks) or None, "prior": c.prior, "sensitivity": c.sensitivity,
-                "sensitivity_lo": c.sensitivity_lo, "sensitivity_hi": c.sensitivity_hi, "n_F_eff": n_eff[0],
-                "error": c.error,
-            })
-    return out
-
-
-def render_leaderboard(board: Leaderboard, fmt: Format, width: int | None = None) -> str:
-    """Text in a format: table/markdown show `value ± half-interval`; CSV/JSON are tidy records.
-    A table and its notes fit `width` characters (None: the table's natural width)."""
-    return render_leaderboards([board], fmt, width)
-
-
-def render_leaderboards(boards: Sequence[Leaderboard], fmt: Format, width: int | None = None) -> str:
-    """Several boards (e.g. one metric each) as one text: tables one after another, each note
-    printed once, under the first board that needs it; CSV/JSON one tidy table (records name
-    their metric)."""
-    if fmt in (Format.csv, Format.json):
-        return render_table([r for board in boards for r in tidy_records(board)], TIDY_COLUMNS, fmt)
-    markdown = fmt == Format.markdown
-    parts, shown = [], set()
-    for board in boards:
-        notes = [n for n in board_notes(board) if n not in shown]
-        shown.update(notes)
-        table = _render_board(board, markdown, fmt, width)
-        if markdown:
-            parts.append("\n".join([table, *(f"\n_{n}_" for n in notes)]))
-        else:
-            parts.append("\n".join([table, *(textwrap.fill(n, width) if width else n for n in notes)]))
-    return "\n\n".join(parts)
-
-
-def _render_board(board: Leaderboard, markdown: bool, fmt: Format, width: int | None = None) -> str:
-    names = [column_name(c) for c in board.columns]
-    multi = len(board.datasets) > 1
-    header = ["rank", *(["dataset"] if multi else []), "backbone", *names]
-    lines = []
-    for row in board.rows:
-        line = {"rank": "" if row.rank is None else str(row.rank), "dataset": row.dataset,
-                "backbone": row.label if markdown else escape(row.label)}
-        for col, name in zip(board.columns, names):
-            line[name] = format_cell(row.cells[col], board.metric, markdown)
-        lines.append(line)
-    return render_table(lines, header, fmt, title=title(board), width=width)
-
-
-FOOTNOTE = ("rank: each backbone by its best sound cell among the columns selected (--probe, --tokens; also those a "
-            "table too narrow leaves out) (empty, error and failed-check "
-            "cells neither rank nor unrank it): 1 + the number of backbones better beyond doubt, i.e. whose paired "
-            "difference on the same test scenes (bootstrap over F codes) has a 95% interval wholly above 0; ± is half "
-            "the bootstrap 95% interval; L12 after a value: the layer it comes from (hidden state 12, 0 = "
-            "embeddings), under --layer best chosen on validation; s after a value whose interval holds 0: the "
-            "probe's sensitivity, the share of a planted binding of known size it recovers on this dataset at this "
-            "size; control rows (O redrawn from p(O|F), true value 0) are never ranked; empty = not run or incomplete")
-#: What each `metric_checks` reason means, in the order the ‡ note lists them.
-CHECK_MEANINGS = {
-    "L_F > H(F)": "the F-probe coded the test F codes in more bits than their prior",
-    "L_O|F > H(O|F)": "the O|F-probe coded the test objects in more bits than the exact prior it started from",
-    "L_O > H(O)": "the direct O-probe coded the test objects in more bits than their prior",
-    "L_O < L_F": "the direct O-probe beat the F-probe, so β*_paper > 1, impossible since F is a function of O",
-    "not converged": "a probe's best epoch lay in the last 10% of its epoch budget, or it stopped before its validation plateau, so more training could still move it",
-}
-HEADLINE_MEANING = ("β* = 1 − L_O|F / H(O|F) comes from probes that start at the generator's exact prior: "
-                    "0 = nothing beyond the prior, ≤ 1 always, below 0 only by test noise")
-PAPER_MEANING = ("β*_paper = 1 − (L_O − L_F) / H(O|F) is the paper's difference of two unanchored probes, "
-                 "shown to compare with published numbers; it leaves [0, 1] when the two probes are unequally good")
-UNANCHORED_NOTE = ("† unanchored (prior: none): {label} from probes that learned the prior themselves; "
-                   "not comparable with anchored rows, so ranked only among themselves")
-EMPIRICAL_MEANING = ("on imported real images (prior: empirical) the probes start at p = 1/2 and H(O|F) is the "
-                     "blind reference probe's L^ref_O|F, so L_O|F > H(O|F) means the probe coded the test objects "
-                     "worse than that reference")
-EMPIRICAL_NOTE = ("† prior: empirical (imported real images, no exact prior): {label} against a reference probe of "
-                  "the same family given F but not the image, H(F) the test split's plug-in entropy; not comparable "
-                  "with exact-prior rows, so ranked only among themselves")
-
-
-def board_notes(board: Leaderboard) -> list[str]:
-    """The footnotes a board needs: intervals and ranks, n_F_eff, and the † and ‡ marks it uses."""
-    notes = [FOOTNOTE]
-    if board.n_F_eff:
-        notes.append(n_f_eff_note(board))
-    if board.has_unanchored_cells:
-        kinds = {p for c in board._cells() if c.unanchored for p in c.prior.split(",") if p != "exact"}
-        if kinds - {"empirical"}:
-            notes.append(UNANCHORED_NOTE.format(label=board.metric.label))
-        if "empirical" in kinds:
-            notes.append(EMPIRICAL_NOTE.format(label=board.metric.label))
-    if board.has_failed_cells:
-        notes.append(checked_note(board))
-    return notes
-
-
-def n_f_eff_note(board: Leaderboard) -> str:
-    """Intervals resample whole test F codes: how many there effectively are, per dataset."""
-    def shown(values: tuple[float, ...]) -> str:
-        if not values:
-            return "unknown"
-        return f"{values[0]:.1f}" if len(values) == 1 else f"{values[0]:.1f}–{values[-1]:.1f}"
-
-    per = [f"{ds} {shown(v)}" if len(board.n_F_eff) > 1 else shown(v) for ds, v in sorted(board.n_F_eff.items())]
-    return ("intervals resample whole test F codes; effective number of test F codes "
-            f"(n_F_eff = 1/ΣP(f)²): {', '.join(per)}")
-
-
-def checked_note(board: Leaderboard) -> str:
-    """The ‡ note: what the metric means and which checks fired on this board."""
-    fired = "; ".join(f"{k} ({CHECK_MEANINGS[k]})" if k in CHECK_MEANINGS else k for k in board.fired_checks)
-    meaning = PAPER_MEANING if board.metric.paper else HEADLINE_MEANING
-    if not board.metric.paper and any(c.prior == "empirical" for c in board._cells()):
-        meaning += f"; {EMPIRICAL_MEANING}"
-    return (f"‡ not read as binding. {meaning}. A ‡ cell's row broke a check: {fired}. A ‡ cell never ranks "
-            "a backbone or wins a best layer; --format csv names each cell's checks")
-
-
-def title(board: Leaderboard) -> str:
-    m = board.metric
-    unit = " (%)" if m.unit == "%" else " (bits)"
-    where = ", ".join(board.datasets) or "no results"
-    chosen = {c.chosen_on for c in board._cells() if c.chosen_on}
-    on = "on test: these rows have no validation numbers" if chosen == {"test"} else \
-        "on validation; on test where a row has none" if "test" in chosen else "on validation"
-    layer = {"best": f"best layer per cell ({on})", "last": "last layer"}.get(board.layer, f"layer {board.layer}")
-    return f"{m.label}{unit} — {where} — {layer}"
-
-
-def format_cell(cell: Cell | None, m: Metric, markdown: bool = False) -> str:
-    """`value ± half-interval`, the layer in small print (Markdown <sub>, terminal dim), then
-    † for an unanchored run (headline metrics) and ‡ for a failed check."""
-    if cell is None or cell.status == "incomplete":
-        return ""
-    if cell.status == "error":
-        return "error" if markdown else "[red]error[/red]"
-    scale, digits = (100.0, 1) if m.unit == "%" else (1.0, 2)
-    text = plus_minus(cell.value, cell.lo, cell.hi, scale, digits)
-    if cell.n_layers:  # oracles and pixels have only layer 0: nothing to note
-        text += f" <sub>L{cell.layer}</sub>" if markdown else f" [dim]L{cell.layer}[/dim]"
-    if cell.holds_zero and cell.sensitivity is not None:  # what this 0 is worth
-        sens = f"s {fixed(cell.sensitivity * 100, 0)}%"
-        text += f" <sub>{sens}</sub>" if markdown else f" [dim]{sens}[/dim]"
-    if cell.unanchored and not m.paper:
-        text += " †" if markdown else " [cyan]†[/cyan]"
-    if cell.checks:
-        text += " ‡" if markdown else " [yellow]‡[/yellow]"
-    return text
 
 
 # -- paired comparison of two backbones ------------------------------------------------------
@@ -661,12 +462,11 @@ def compare_backbones(rows: Iterable[dict[str, Any]], a: str, b: str, *, metrics
                     raise BenchError(f"compare: {a} and {b} on {ds} were not measured on the same test scenes with "
                                      "per-scene bits (results from before this BindingBench, or different data)")
                 diff, lo, hi = paired
-                better = lo > 0 if board.metric.higher_is_better else hi < 0
-                worse = hi < 0 if board.metric.higher_is_better else lo > 0
-                verdict = f"{a} better" if better else f"{b} better" if worse else "no difference beyond noise"
+                side = verdict(lo, hi, board.metric)
+                said = f"{a} better" if side > 0 else f"{b} better" if side < 0 else "no difference beyond noise"
                 out.append({"dataset": ds, "probe": col[0], "tokens": col[1], "metric": board.metric.name,
                             "a": ca.value, "a_layer": ca.layer, "b": cb.value, "b_layer": cb.layer,
-                            "difference": diff, "lo": lo, "hi": hi, "verdict": verdict})
+                            "difference": diff, "lo": lo, "hi": hi, "verdict": said})
     if not out:
         raise BenchError(f"compare: {a} and {b} share no finished cell (dataset, probe, tokens); "
                          "evaluate both on the same dataset with the same probes")
