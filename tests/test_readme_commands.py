@@ -14,6 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Mapping
 
+import pyarrow.parquet as pq
+
 
 from bench.cli import main
 
@@ -163,3 +165,36 @@ def test_your_own_backbone_section_runs_as_written(tmp_path, monkeypatch, capsys
     assert isinstance(df, pd.DataFrame) and set(df["backbone"]) == {"my-module"} and len(df) == 1
     shown = set(pd.concat([pd.read_parquet(f) for f in Path("results").glob("*.parquet")])["backbone"])
     assert shown == {"my-timm", "my-vit", "my-module"}
+
+
+STUDIES = "Studies"
+#: The study file of the Studies section at test size: a tiny local DINOv2 checkpoint (2 blocks)
+#: for DINOv2-S and its layers, datasets of 40 scenes, probes of 2 epochs.
+STUDY_SUBSTITUTIONS = (
+    (r'"random:dinov2-small"', '"{tiny}"'),
+    (r"layers = \[0, 6, 12\]", "layers = [0, 1, 2]"),
+    (r"n_train = 400\nn_val = 100\nn_test = 100\nimage_size = 128", "n_train = 24\nn_val = 8\nn_test = 8\nimage_size = 112"),
+    (r"^\[\[evaluate\]\].*$", "[[evaluate]]\nepochs = 2"),
+)
+
+
+def test_the_studies_section_runs_its_study_file_as_written(tmp_path, monkeypatch, capsys):
+    """The section's study file (through STUDY_SUBSTITUTIONS) and its commands, in order: the
+    plan, the run, a rerun that fits nothing, the report."""
+    from tests.test_backbones import tiny_checkpoint
+
+    (lang, study), (_, commands) = readme_blocks(README.read_text(), (STUDIES,))[:2]
+    assert lang == "toml"
+    tiny = tiny_checkpoint("dinov2", tmp_path / "tiny-dinov2")[1]
+    for pattern, replacement in STUDY_SUBSTITUTIONS:
+        study, n = re.subn(pattern, replacement.format(tiny=tiny), study, flags=re.M)
+        assert n, f"a substitution that matches the README's study no more: {pattern}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    Path("study.toml").write_text(study)
+    outputs = [run_command(c, capsys, set(), {}) for c in block_commands(commands)]
+    assert [c.split()[1] for c in block_commands(commands)] == ["run", "run", "run", "report"]
+    assert "to fit: " in outputs[0][0] and not Path("study/results").exists()  # the dry run plans only
+    rows = pq.read_table(sorted(Path("study/results").glob("*.parquet"))[0]).num_rows
+    assert rows > 0 and "nothing to fit" in outputs[2][1]
+    assert Path("report.html").stat().st_size > 10_000

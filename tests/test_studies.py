@@ -52,7 +52,7 @@ probes = ["attention"]
 epochs = 1
 
 [[evaluate]]
-backbones = ["pixels", "vit=./vit"]
+backbones = [{pair_backbones}]
 datasets = ["cs-b"]
 task = "issameobject"
 layers = "last"
@@ -60,7 +60,19 @@ probes = ["linear", "cosine"]
 epochs = 1
 limit = 8
 """
-BACKBONES = ['"oracle:objects"', '"oracle:features"', '"pixels"', '"vit=./vit"']
+BACKBONES = ['"oracle:objects"', '"pixels"', '"vit=./vit"']
+PAIR_BACKBONES = ['"pixels"', '"vit=./vit"']
+#: A part of the grid (one dataset, two backbones) that a test kills mid-run.
+PART = """
+threads = 1
+[datasets.cs-b]
+path = "data-b"
+[[evaluate]]
+backbones = ["oracle:objects", "pixels"]
+tokens = "cls"
+probes = ["linear", "quadratic", "dnn"]
+epochs = 2
+"""
 
 
 def rows_of(results: Path) -> dict[tuple, dict]:
@@ -87,9 +99,10 @@ def grid(tmp_path_factory) -> Path:
     return root
 
 
-def write_grid(root: Path, name: str, backbones: list[str] = BACKBONES) -> Path:
+def write_grid(root: Path, name: str, pair_backbones: list[str] = PAIR_BACKBONES) -> Path:
     path = root / f"{name}.toml"
-    path.write_text(GRID.format(data_b="data-b", backbones=", ".join(backbones)))
+    path.write_text(GRID.format(data_b="data-b", backbones=", ".join(BACKBONES),
+                                pair_backbones=", ".join(pair_backbones)))
     return path
 
 
@@ -103,7 +116,7 @@ def test_a_grid_runs_with_one_command_and_reruns_only_what_is_missing(grid, tmp_
     study = write_grid(grid, "grid")
     code, out, err = run(capsys, "run", study, "--out", tmp_path / "a", "--dry-run")
     assert code == 0, err
-    assert "cs-a: to make" in out and "cs-b: present" in out and "layers read when it loads" in out
+    assert "cs-a: to make" in out and "cs-b: present" in out and "vit (" in out and "2 layers, hidden states 2" in out
     assert "30 s a row set, a stated constant" in out and not (tmp_path / "a" / "results").exists()
 
     code, out, err = run(capsys, "run", study, "--out", tmp_path / "a", "--format", "json")
@@ -111,7 +124,7 @@ def test_a_grid_runs_with_one_command_and_reruns_only_what_is_missing(grid, tmp_
     rows = rows_of(tmp_path / "a" / "results")
     # binding: 4 backbones x 2 datasets x 3 families (the ViT at its last layer); attention: 1;
     # IsSameObject: 2 backbones x 2 probes
-    assert len(rows) == 4 * 2 * 3 + 1 + 2 * 2, sorted(rows)
+    assert len(rows) == 3 * 2 * 3 + 1 + 2 * 2, sorted(rows)
     assert all(r["status"] == "ok" for r in rows.values()), [r["error"] for r in rows.values() if r["error"]]
     files = sorted((tmp_path / "a" / "results").glob("*.parquet"))
 
@@ -123,31 +136,33 @@ def test_a_grid_runs_with_one_command_and_reruns_only_what_is_missing(grid, tmp_
     assert sorted((tmp_path / "a" / "results").glob("*.parquet")) == files
 
     # one backbone more: only its rows are fitted, the plan says so first
-    study = write_grid(grid, "grid", [*BACKBONES, '"oracle:mix-0.5"'])
+    study = write_grid(grid, "grid", [*PAIR_BACKBONES, '"pixels:8"'])
     code, out, _ = run(capsys, "run", study, "--out", tmp_path / "a", "--dry-run")
-    assert "to fit: 2 row sets" in out
+    assert "to fit: 1 row sets" in out and "· pixels:8: 0 layers, hidden states 0; tokens all; probes linear,cosine; " \
+                                            "1 row sets; 0/2 rows held" in out
     assert run(capsys, "run", study, "--out", tmp_path / "a")[0] == 0
     new = [f for f in (tmp_path / "a" / "results").glob("*.parquet") if f not in files]
     assert len(new) == 1
-    assert {(r["backbone"], r["dataset"]) for r in read_results(new[0].parent).to_pylist()
-            if r["run_id"] == new[0].stem} == {("oracle:mix-0.5", "cs-a"), ("oracle:mix-0.5", "cs-b")}
+    assert {(r["backbone"], r["task"], r["probe"]) for r in read_results(new[0].parent).to_pylist()
+            if r["run_id"] == new[0].stem} == {("pixels:8", "issameobject", "linear"), ("pixels:8", "issameobject", "cosine")}
 
-    # killed with kill -9 mid-run and run again: the same rows as the uninterrupted run
-    study = write_grid(grid, "grid")
+    # killed with kill -9 mid-run (after its first backbone's rows) and run again: the rows of the
+    # uninterrupted run above, every key and number
+    part = grid / "part.toml"
+    part.write_text(PART)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([*BENCH, "run", str(study), "--out", str(tmp_path / "b")], env=env,
+    proc = subprocess.Popen([*BENCH, "run", str(part), "--out", str(tmp_path / "b")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not list((tmp_path / "b" / "results").glob("*.parquet")):
-        time.sleep(0.2)
+    while time.time() < deadline and proc.poll() is None and not list((tmp_path / "b" / "results").glob("*.parquet")):
+        time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    partial = rows_of(tmp_path / "b" / "results")
-    assert 0 < len(partial) < len(rows), "the kill should land mid-run"
-    assert run(capsys, "run", study, "--out", tmp_path / "b")[0] == 0
+    assert len(rows_of(tmp_path / "b" / "results")) == 3, "the kill should land between the two backbones"
+    assert run(capsys, "run", part, "--out", tmp_path / "b")[0] == 0
     again = rows_of(tmp_path / "b" / "results")
-    assert again.keys() == rows.keys()
-    different = {k: [c for c in rows[k] if rows[k][c] != again[k][c]] for k in rows if rows[k] != again[k]}
+    assert len(again) == 6 and again.keys() <= rows.keys()
+    different = {k: [c for c in again[k] if rows[k][c] != again[k][c]] for k in again if rows[k] != again[k]}
     assert not different, different
 
 

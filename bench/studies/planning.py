@@ -147,7 +147,9 @@ def plan_study(study: Study, out: str | Path | None = None, cwd: Path | None = N
         else:
             seconds += ROW_SET_SECONDS * u.pending_row_sets
             source.append(u)
-    if timed and source:
+    if not any(u.pending_row_sets for u in units):
+        how = "nothing to fit"
+    elif timed and source:
         how = (f"wall_time_s of the rows present for {timed} backbone(s), {ROW_SET_SECONDS:.0f} s a row set for "
                f"{len(source)} without rows to time from")
     elif timed:

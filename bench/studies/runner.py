@@ -70,8 +70,9 @@ def run_study(study: Study, out: str | Path | None = None, *, executor: str = "l
         say(f"1/3 datasets of study {study.name} in {plan.out}")
         for step in plan.datasets:
             _make_dataset(step, executor, address, progress, say)
-        first = [(b, d, m) for b, d, m in _work(study, plan) if not waiting & {x.spec for x in m}]
-        later = [(b, d, m) for b, d, m in _work(study, plan) if waiting & {x.spec for x in m}]
+        work = _work(study, plan)  # what does not wait for the zoo first, in the study's order
+        first = [(b, d, mine) for b, d, m in work if (mine := tuple(x for x in m if x.spec not in waiting))]
+        later = [(b, d, mine) for b, d, m in work if (mine := tuple(x for x in m if x.spec in waiting))]
         with zoo_in_background(sorted(waiting), f"bench run {study.name}") as zoo_trained:
             if waiting:
                 say(f"2/3 training {', '.join(sorted(waiting))} in a second process (once: reused from the cache "

@@ -256,10 +256,11 @@ def source_of(spec: str) -> str:
 def backbone_metadata(spec: str) -> BackboneInfo | None:
     """What the registry knows of `spec` without loading weights or touching the network: its
     layers, width, patch, input size and (where the cache or the zoo can tell) the weights
-    fingerprint its rows will carry. A study plans from it offline. None for specs whose shape
-    only their files tell (a checkpoint folder, a `py:` file, a timm or OpenCLIP name that is
-    not a preset, a hub id that is not a preset's, a plugin's); an unknown or malformed spec
-    of a known source raises BenchError, as loading it would."""
+    fingerprint its rows will carry. A study plans from it offline. A Hugging Face checkpoint
+    folder is read from its config.json, its fingerprint hashed from its weight files (as
+    loading it does). None for specs whose shape only running code tells (a `py:` file, a timm
+    or OpenCLIP name that is not a preset, a hub id that is not a preset's, a plugin's); an
+    unknown or malformed spec of a known source raises BenchError, as loading it would."""
     spec = spec.strip()
     name = source_of(spec)
     if name == "unknown":
@@ -287,7 +288,31 @@ def backbone_metadata(spec: str) -> BackboneInfo | None:
         if spec not in infos:
             raise _unknown(spec, list(infos))
         return infos[spec]
+    if name == "folder":
+        return _folder_info(spec, Path(spec).expanduser())
     return None
+
+
+def _folder_info(spec: str, path: Path) -> BackboneInfo | None:
+    """A checkpoint folder's metadata from its config.json (CLIP: its vision tower's), None when
+    the config does not say (the folder is checked when it loads)."""
+    import json
+
+    from evaluators.backbones.hf import WEIGHT_PATTERNS
+    from evaluators.backbones.weights import files_hash
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+        vision = config.get("vision_config", config) if config.get("model_type") == "clip" else config
+        n_layers, width, patch = (int(vision[k]) for k in ("num_hidden_layers", "hidden_size", "patch_size"))
+        side = int(vision.get("image_size", 224))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    registers = int(vision.get("num_register_tokens", 0) or 0)
+    weights = files_hash(sorted(f for pattern in WEIGHT_PATTERNS for f in path.glob(pattern)))
+    return BackboneInfo(spec=spec, family=str(config.get("model_type", "hf")), revision=f"sha256:{weights[:12]}",
+                        n_params=0, patch_size=patch, input_size=side, n_layers=n_layers, width=width,
+                        n_prefix=1 + registers, cls_index=0, register_indices=tuple(range(1, 1 + registers)))
 
 
 def _cached_revision(hub_id: str) -> str:
