@@ -38,7 +38,7 @@ class DatasetStep:
 
     entry: DatasetEntry
     target: Path
-    status: str  # "present", "to make", "to import", "resume" (an unfinished one is there)
+    status: str  # "present", "to make", "to import", "resume" (an unfinished one is there), "not set"
     scenes: int | None
     image_size: int | None
 
@@ -215,6 +215,8 @@ def _dataset_step(study: Study, entry: DatasetEntry, folder: Path) -> DatasetSte
     from bench.core.dataset import CARD_NAME, Dataset
 
     target = dataset_target(entry, folder)
+    if entry.kind == "path" and "${" in str(target):  # a dry run with the variable unset
+        return DatasetStep(entry, target, "not set", None, None)
     present = (target / CARD_NAME).is_file()
     card = Dataset(target).card if present else None
     if entry.kind == "generate":

@@ -53,6 +53,12 @@ def run_study(study: Study, out: str | Path | None = None, *, executor: str = "l
     if study.unset:
         raise BenchError(f"{study.source}: ${{{study.unset[0]}}} is not set; pass --set {study.unset[0]}=VALUE or "
                          f"export {study.unset[0]}")
+    if executor != "local":  # a bad executor or an unreachable cluster: refused before any work
+        from bench.core.ray_cluster import require_ray
+
+        require_ray(executor, address)
+    elif address is not None:
+        raise BenchError("executor: --address needs --executor ray")
     plan = plan_study(study, out)
     check_writable(plan.out, "out")  # now, not after minutes of work
     for step in plan.datasets:
@@ -146,9 +152,6 @@ def _make_dataset(step: DatasetStep, executor: str, address: str | None, progres
     gen, config = generator_config(step.entry)
     shards = None
     if executor == "ray":
-        from bench.core.ray_cluster import require_ray
-
-        require_ray(executor, address)
         from generators.ray_shards import ray_shards
 
         shards = ray_shards(address)
