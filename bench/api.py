@@ -36,7 +36,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 OneModel = Union[str, "Backbone", "ModuleAdapter"]
 Models = Union[OneModel, Sequence[OneModel], Mapping[str, OneModel]]
 
-__all__ = ["BenchError", "evaluate", "generate", "leaderboard", "load_results", "report", "site"]
+__all__ = ["BenchError", "evaluate", "generate", "import_dataset", "leaderboard", "load_results", "load_study",
+           "plan_study", "report", "run_study", "shipped_studies", "site", "study_next_commands", "study_report",
+           "study_site"]
 
 
 def generate(
@@ -124,6 +126,21 @@ def _render_one(gen: Any, cfg: Any, target: Path, *, workers: int, overwrite: bo
     n = sum(s["n"] for s in card["splits"].values())
     dt = time.perf_counter() - t0
     say(f"wrote {n} scenes to {target} in {dt:.1f} s ({n / dt:.0f} scenes/s)")
+
+
+def import_dataset(importer: str, *, src: PathLike, out: PathLike, split_seed: int = 0,
+                   max_scenes: int | None = None, val_fraction: float = 0.1, test_fraction: float = 0.1,
+                   image_size: int = 448, overwrite: bool = False, options: Mapping[str, Any] | None = None,
+                   say: Any = None) -> Path:
+    """Import a local copy of real images (`ade20k`, `vg`, `clevr`, in its official layout) into
+    a dataset at `out`, as `bench import` does; `options` are the importer's own (`top_n`,
+    `coding`); `say(text)` hears the closing line. Nothing is downloaded."""
+    from generators.importers import import_dataset as run_import
+
+    run_import(importer, Path(src), Path(out), split_seed=split_seed, max_scenes=max_scenes,
+               val_fraction=val_fraction, test_fraction=test_fraction, image_size=image_size, overwrite=overwrite,
+               say=say, **dict(options or {}))
+    return Path(out)
 
 
 def evaluate(
@@ -286,4 +303,62 @@ def _dataset_folders(paths: Sequence[PathLike]) -> list[Any]:
 
             found.append(DatasetFolder(d, ds.name, {ds.fingerprint(s) for s in ds.splits}, ds.card, preview))
     return found
+def shipped_studies() -> dict[str, str]:
+    """The studies shipped with the package (`bench run NAME`): name -> one line about it."""
+    from bench.studies.spec import shipped_studies as shipped
+
+    return shipped()
+
+
+def load_study(study: PathLike, variables: Mapping[str, str] | None = None, *, allow_unset: bool = False) -> Any:
+    """A study file (a path, or a shipped study's name) read and checked whole: a
+    `bench.studies.spec.Study`. `variables` fill its `${VAR}` references before the environment
+    does (`bench run --set VAR=VALUE`); `allow_unset` (a dry run) leaves unset ones as written.
+    A bad file raises BenchError naming the file and the key path."""
+    from bench.studies.spec import load_study as load
+
+    return load(study, variables, allow_unset=allow_unset)
+
+
+def plan_study(study: Any, out: PathLike | None = None) -> Any:
+    """What running `study` into `out` (None: its default folder in the working directory) will
+    do, worked out without loading a model: a `bench.studies.planning.StudyPlan` (`.lines()`
+    prints it: datasets, row sets and the rows already held, disk, estimated time)."""
+    from bench.studies.planning import plan_study as plan
+
+    return plan(study, out)
+
+
+def run_study(study: Any, out: PathLike | None = None, *, executor: str = "local", address: str | None = None,
+              progress: bool = False, command: str | None = None) -> Any:
+    """Run `study` into `out`: make the datasets it lacks and fit the rows it lacks (the rows
+    `evaluate` would write), locally or as Ray tasks; a run stopped at any point resumes when
+    started again. Returns a `bench.studies.runner.StudyRun` (its folder, results, files written)."""
+    from bench.studies.runner import run_study as run
+
+    return run(study, out, executor=executor, address=address, progress=progress, command=command)
+
+
+def study_site(done: Any, say: Any = None) -> list[Path]:
+    """Build a finished study run's static site (`bench site`: its boards, a page per backbone and
+    per dataset, with each dataset's preview) into the run's folder, `site/`; returns the files
+    written, `index.html` first. `done`: what `run_study` returned."""
+    datasets = [step.target for step in done.plan.datasets if (step.target / "dataset.json").exists()]
+    return site(done.results, done.out / "site", datasets=datasets, say=say)
+
+
+def study_report(study: Any, results: PathLike, fmt: str = "table") -> tuple[str, str | None]:
+    """A study's leaderboards over `results`, rendered as `fmt` (table, markdown, csv, json), and
+    the note on rows set aside (None if none)."""
+    from bench.core.console import Format
+    from bench.studies.runner import study_report as report
+
+    return report(study, Path(results), Format(fmt))
+
+
+def study_next_commands(study: Any, out: PathLike) -> list[str]:
+    """The commands a study suggests once it has run (its `next`), with its folder filled in."""
+    from bench.studies.runner import next_commands
+
+    return next_commands(study, Path(out))
 

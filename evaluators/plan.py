@@ -13,7 +13,7 @@ backbone object (`evaluators.backbones.base.Backbone`), e.g. a user's own; see `
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from numbers import Integral
 from pathlib import Path
 from typing import Mapping, Sequence, Union
@@ -272,3 +272,20 @@ class EvaluationPlan:
         if self.task == "issameobject":
             return ["all"]
         return parse_views(("cls",) if self.tokens is None else self.tokens)
+
+    def probe_request(self) -> dict[str, object]:
+        """The request behind every row's probe fingerprint (`evaluators.run.probe_fingerprints`):
+        the training settings asked for (device and seed aside: they do not change what is
+        asked), dtype and the task's options, with the preprocessing given in place of the
+        models' own. A study plans which rows already exist from it without loading a model."""
+        preprocessing = ({"preprocessing": {k: list(v) if isinstance(v, tuple) else v
+                                            for k, v in self.preprocessing.items()}} if self.preprocessing else {})
+        if self.task == "issameobject":
+            return {"epochs": self.epochs, "dtype": self.dtype, "exclude_background": self.exclude_background,
+                    **preprocessing}
+        train = self.train or TrainConfig()
+        if self.epochs is not None:
+            train = replace(train, epochs=self.epochs)
+        return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device")},
+                "dtype": self.dtype, "unanchored": self.unanchored, **preprocessing}
+

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.commands.demo import CONTROL, CONTROL_MODEL, DEMO_MODELS, DEMO_PROBES, ZOO_MODELS
 from bench.core.dataset import Dataset
 from bench.core.results import write_run
 from evaluators.zoo import RECIPES, ZOO_ENV
@@ -20,6 +19,11 @@ from test_leaderboard import result_row
 from test_zoo import tiny
 
 SMALL = ["--n-train", "48", "--n-val", "16", "--n-test", "16"]
+#: What the shipped demo study (bench/studies/demo.toml) evaluates.
+ZOO_MODELS = ["zoo:conjunctions", "zoo:masked", "zoo:features", "zoo:untrained"]
+DEMO_MODELS = ["oracle:objects", "oracle:mix-0.5", "oracle:features", "pixels", *ZOO_MODELS]
+DEMO_PROBES = ["linear", "quadratic", "dnn"]
+CONTROL, CONTROL_MODEL = "resampled-o", "zoo:conjunctions"
 CONTROL_ROW = f"{CONTROL_MODEL} (control: {CONTROL})"
 
 
@@ -47,7 +51,10 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
                                 fingerprint=ds.fingerprint("test")), control=control) for m in models for p in plan.families]
         return write_run(rows, plan.results_dir, f"stand-in-{len(calls)}")
 
-    monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation))
+    from evaluators.run import probe_fingerprints
+
+    monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation,
+                                                                             probe_fingerprints=probe_fingerprints))
     code = main(["demo", "--out", str(tmp_path / "demo"), *SMALL])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -60,7 +67,7 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     assert "oracle:objects" in out.out and "bench evaluate --model facebook/dinov2-small" in out.out
     assert max(map(len, out.out.splitlines())) <= 100  # the tables and their explanation fit 100 columns
     assert CONTROL_ROW in out.out
-    for stage in ("1/4", "2/4", "3/4", "4/4", "zoo:conjunctions → ", "generate", "demo finished in"):
+    for stage in ("1/3", "2/3", "3/3", "zoo:conjunctions → ", "generate", "demo finished in"):
         assert stage in out.err
     assert "demo finished in" in out.err and f"in {tmp_path / 'demo'}/ (kept" in out.err
     assert f"bench report {tmp_path / 'demo'}/results -o {tmp_path / 'demo'}/report.html" in out.err
@@ -78,8 +85,10 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     assert {(r["value"], r["rank"]) for r in records if r["control"] == CONTROL} == {(0.9, None)}
     assert {r["value"] for r in records if r["backbone"] == CONTROL_MODEL and r["control"] is None} == {0.0}
     kept = sorted(p.name for p in (cwd / "bench-demo").iterdir())
-    assert kept == ["bench-demo.json", "colorshape-demo", "results"], kept
-    assert len(list((cwd / "bench-demo" / "results").glob("*.parquet"))) == 3
+    assert kept == ["bench-study.json", "cache", "colorshape-demo", "results"] or kept == [
+        "bench-study.json", "colorshape-demo", "results"], kept
+    # the zoo trained by the run above: the eight backbones in one evaluation, then the control
+    assert len(list((cwd / "bench-demo" / "results").glob("*.parquet"))) == 2
     assert "in bench-demo/ (kept" in out.err and "bench leaderboard bench-demo/results" in out.err
     assert len([line for line in out.err.splitlines() if line.startswith("  bench ")]) == 3
     card = (cwd / "bench-demo" / "colorshape-demo" / "dataset.json").read_bytes()
@@ -120,7 +129,10 @@ def test_a_zoo_training_error_in_the_second_process_exits_2(tmp_path, capsys, mo
     def run_evaluation(plan, **kw):
         calls.append([m.spec for m in plan.models])
 
-    monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation))
+    from evaluators.run import probe_fingerprints
+
+    monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation,
+                                                                             probe_fingerprints=probe_fingerprints))
     bad = tiny("masked").with_(data=dict(tiny("masked").data, object_size=80))  # cannot fit a 64-px image
     monkeypatch.setitem(RECIPES, "masked", bad)
     assert main(["demo", "--out", str(tmp_path / "demo"), *SMALL]) == 2
@@ -157,4 +169,29 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     assert {r["value"] for r in records if r["backbone"] == "oracle:features"} == {0.0}
     assert all(r["value"] > 0.1 for r in records if r["backbone"] == "oracle:objects")
     assert "demo finished in" in out.err
-    assert list(Path(tmp_path, "results").glob("*.parquet"))
+    files = sorted(Path(tmp_path, "results").glob("*.parquet"))
+    assert files
+
+    # `bench run demo` with the same variables finds every row of `bench demo` there (the key holds
+    # the dataset, weights and probe fingerprints): nothing to fit, nothing written
+    sizes = ["--set", "N_TRAIN=48", "--set", "N_VAL=16", "--set", "N_TEST=16", "--set", "EPOCHS=3"]
+    code = main(["run", "demo", "--out", str(tmp_path), *sizes, "--format", "json"])
+    err = capsys.readouterr().err
+    assert code == 0 and "nothing to fit" in err and "0/3 rows held" not in err, err
+    assert sorted(Path(tmp_path, "results").glob("*.parquet")) == files
+
+    # the rows are those the demo's evaluations give when asked directly, as `bench demo` asked
+    # before it became a study: a backbone and the control, every key and number
+    from evaluators.plan import EvaluationPlan
+    from evaluators.run import run_evaluation
+    from tests.test_studies import rows_of
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    for models, control in ((["oracle:objects"], None), ([CONTROL_MODEL], CONTROL)):
+        run_evaluation(EvaluationPlan(models, tmp_path / "colorshape-demo", task="binding", layers="last",
+                                      tokens=("cls",), probes=DEMO_PROBES, results_dir=tmp_path / "reference",
+                                      epochs=3, control=control, threads=1), progress=False)
+    reference, demo = rows_of(tmp_path / "reference"), rows_of(tmp_path / "results")
+    assert len(reference) == 6 and reference.keys() <= demo.keys()
+    assert [k for k in reference if reference[k] != demo[k]] == []
+

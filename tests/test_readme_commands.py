@@ -16,6 +16,7 @@ from typing import Mapping
 
 
 from bench.cli import main
+from bench.core.results import read_results
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SECTIONS = ("Quick start", "A real study")
@@ -163,3 +164,42 @@ def test_your_own_backbone_section_runs_as_written(tmp_path, monkeypatch, capsys
     assert isinstance(df, pd.DataFrame) and set(df["backbone"]) == {"my-module"} and len(df) == 1
     shown = set(pd.concat([pd.read_parquet(f) for f in Path("results").glob("*.parquet")])["backbone"])
     assert shown == {"my-timm", "my-vit", "my-module"}
+
+
+STUDIES = "Studies"
+#: The study file of the Studies section at test size: a tiny local DINOv2 checkpoint (2 blocks)
+#: for DINOv2-S and two of its layers, the class token only, datasets of 40 scenes, probes of 2 epochs.
+STUDY_SUBSTITUTIONS = (
+    (r'"random:dinov2-small"', '"{tiny}"'),
+    (r"layers = \[0, 6, 12\]", "layers = [1, 2]"),
+    (r'tokens = \["cls", "mean"\]', 'tokens = "cls"'),
+    (r"n_train = 400\nn_val = 100\nn_test = 100\nimage_size = 128", "n_train = 24\nn_val = 8\nn_test = 8\nimage_size = 112"),
+    (r"^\[\[evaluate\]\].*$", "[[evaluate]]\nepochs = 2"),
+)
+
+
+def test_the_studies_section_runs_its_study_file_as_written(tmp_path, monkeypatch, capsys):
+    """The section's study file (through STUDY_SUBSTITUTIONS) and its commands, in order: the
+    plan, the run, a rerun that fits nothing, the report."""
+    from tests.test_backbones import tiny_checkpoint
+
+    (lang, study), (_, commands) = readme_blocks(README.read_text(), (STUDIES,))[:2]
+    assert lang == "toml"
+    tiny = tiny_checkpoint("dinov2", tmp_path / "tiny-dinov2")[1]
+    for pattern, replacement in STUDY_SUBSTITUTIONS:
+        study, n = re.subn(pattern, replacement.format(tiny=tiny), study, flags=re.M)
+        assert n, f"a substitution that matches the README's study no more: {pattern}"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    Path("study.toml").write_text(study)
+    assert [c.split()[1] for c in block_commands(commands)] == ["run", "run", "run", "report"]
+    outputs = []
+    for command in block_commands(commands):
+        outputs.append(run_command(command, capsys, set(), {}))
+        if len(outputs) == 1:  # the dry run plans, and writes nothing
+            assert "to fit: 8 row sets" in outputs[0][0] and not Path("study").exists()
+    # binding: 2 layers x 2 probes, 3 references x 2 probes, attention; IsSameObject: 2 layers x 4 probes,
+    # less attention-qk at the last layer (no block reads it)
+    assert len(read_results("study/results")) == 2 * 2 + 3 * 2 + 1 + 2 * 4 - 1
+    assert "nothing to fit" in outputs[2][1]
+    assert Path("report.html").stat().st_size > 10_000

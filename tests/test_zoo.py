@@ -102,6 +102,12 @@ def test_zoo_spec_is_the_local_checkpoint_path(zoo_cache, balanced_small, capsys
     assert main(["zoo", "path", "features"]) == 0 and capsys.readouterr().out.strip() == path
     by_name, by_dir = resolve_backbone("zoo:features"), resolve_backbone(path)
     assert by_name.info.revision == by_dir.info.revision and by_name.identity() == by_dir.identity()
+    from evaluators.backbones import backbone_metadata
+
+    for spec in ("zoo:features", path):  # what a study plans from without loading it: what loading gives
+        planned = backbone_metadata(spec)
+        assert (planned.revision, planned.n_layers, planned.width) == (by_dir.info.revision, by_dir.info.n_layers,
+                                                                      by_dir.info.width)
     ds = Dataset(balanced_small)
     a = extract_activations("zoo:features", ds, "test", layers=[2], views=["cls"], progress=False)
     b = extract_activations(path, ds, "test", layers=[2], views=["cls"], progress=False)

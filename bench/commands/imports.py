@@ -7,14 +7,13 @@ the card; evaluation then measures binding against a reference probe given F alo
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
-from bench.commands.common import progress_bar, stderr
-from bench.core.errors import BenchError
+from bench import api
+from bench.commands.common import stderr
 
 import_app = typer.Typer(help="Import a real-image dataset from a local copy (nothing is downloaded).",
                          no_args_is_help=True)
@@ -40,11 +39,7 @@ def ade20k(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scen
            val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """ADE20K with per-image instance masks (e.g. ADE20K_2021_17_01): for --task issameobject."""
-    from generators.importers import ade20k as mod
-
-    _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
-    _run(mod.load(src, top_n=top_n, max_scenes=max_scenes), out, src, split_seed, max_scenes, val_fraction,
-         test_fraction, overwrite, {"top_n": top_n, "image_size": image_size})
+    _run("ade20k", src, out, split_seed, max_scenes, val_fraction, test_fraction, image_size, overwrite, top_n=top_n)
 
 
 @import_app.command("vg")
@@ -54,11 +49,8 @@ def vg(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: 
        val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """Visual Genome v1.2 (image_data.json, objects.json, attributes.json, VG_100K*/): VG:Color or VG:TopAttr."""
-    from generators.importers import vg as mod
-
-    _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
-    _run(mod.load(src, coding=coding, top_n=top_n, max_scenes=max_scenes), out, src, split_seed, max_scenes,
-         val_fraction, test_fraction, overwrite, {"coding": coding, "top_n": top_n, "image_size": image_size})
+    _run("vg", src, out, split_seed, max_scenes, val_fraction, test_fraction, image_size, overwrite, coding=coding,
+         top_n=top_n)
 
 
 @import_app.command("clevr")
@@ -66,48 +58,12 @@ def clevr(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scene
           val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """CLEVR v1.0 (scenes/CLEVR_<split>_scenes.json + images/<split>/): size x colour x material x shape."""
-    from generators.importers import clevr_v1 as mod
-
-    _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
-    _run(mod.load(src, max_scenes=max_scenes), out, src, split_seed, max_scenes, val_fraction, test_fraction,
-         overwrite, {"image_size": image_size})
+    _run("clevr", src, out, split_seed, max_scenes, val_fraction, test_fraction, image_size, overwrite)
 
 
-def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, image_size: int, out: Path, src: Path,
-           overwrite: bool) -> None:
-    """Every option and the destination, before the source is read (parsing it can take minutes)."""
-    from bench.core.outdir import check_target
-    from bench.core.resources import PIXEL_BYTES, available_memory, gib, largest_side
-
-    if image_size < 16:
-        raise BenchError(f"image-size: must be ≥ 16, got {image_size}")
-    memory = available_memory()
-    if image_size ** 2 * PIXEL_BYTES > memory:  # each image and its mask are resized to this side
-        side = largest_side(memory, lambda s: s * s * PIXEL_BYTES)
-        raise BenchError(f"image-size: a {image_size}-px image and its mask need at least "
-                         f"{gib(image_size ** 2 * PIXEL_BYTES)} of memory, but {gib(memory)} is available; at most "
-                         f"--image-size {side:,} fits")
-    if max_scenes is not None and max_scenes < 1:
-        raise BenchError(f"max-scenes: must be ≥ 1, got {max_scenes}")
-    for name, value in (("val-fraction", val_fraction), ("test-fraction", test_fraction)):
-        if not 0 < value < 1:
-            raise BenchError(f"{name}: must be in (0, 1), got {value}")
-    if val_fraction + test_fraction >= 1:
-        raise BenchError(f"val-fraction + test-fraction: must be < 1, got {val_fraction + test_fraction}")
-    check_target(out, overwrite, sources=[src], stage=True)
-
-
-def _run(source: Any, out: Path, src: Path, split_seed: int, max_scenes: int | None, val_fraction: float,
-         test_fraction: float, overwrite: bool, options: dict[str, Any]) -> None:
-    from generators.importers.common import write_import
-
-    config = {"source": source.name, "src": str(src.resolve()), "split_seed": split_seed, "max_scenes": max_scenes,
-              "val_fraction": val_fraction, "test_fraction": test_fraction, **options}
-    t0 = time.perf_counter()
-    with progress_bar(f"import {source.name} → {out}", total=len(source.scenes)) as bar:
-        card = write_import(source, out, split_seed=split_seed, val_fraction=val_fraction,
-                            test_fraction=test_fraction, config=config, overwrite=overwrite, sources=[src],
-                            progress=bar.advance)
-    n = sum(s["n"] for s in card["splits"].values())
-    per_split = ", ".join(f"{k} {v['n']}" for k, v in card["splits"].items())
-    stderr.print(f"wrote {n} scenes to {out} in {time.perf_counter() - t0:.1f} s ({per_split}; priors: empirical)")
+def _run(importer: str, src: Path, out: Path, split_seed: int, max_scenes: int | None, val_fraction: float,
+         test_fraction: float, image_size: int, overwrite: bool, **options: object) -> None:
+    api.import_dataset(importer, src=src, out=out, split_seed=split_seed, max_scenes=max_scenes,
+                       val_fraction=val_fraction, test_fraction=test_fraction, image_size=image_size,
+                       overwrite=overwrite, options=options,
+                       say=lambda text: stderr.print(text, soft_wrap=True, markup=False, highlight=False))

@@ -27,7 +27,7 @@ from evaluators.backbones.presets import (LIBRARY_PRESETS, PREPROCESSING, PRESET
 from evaluators.zoo.listing import zoo_infos, zoo_specs
 
 __all__ = ["Backbone", "BackboneInfo", "BackboneSource", "ModuleAdapter", "LIBRARY_PRESETS", "PRESETS", "SOURCES",
-           "backbone_source", "list_backbones", "resolve_backbone", "spec_source", "known_specs"]
+           "backbone_metadata", "backbone_source", "list_backbones", "resolve_backbone", "spec_source", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
@@ -251,6 +251,68 @@ def source_of(spec: str) -> str:
         if source.matches(spec.strip()):
             return name
     return "unknown"
+
+
+def backbone_metadata(spec: str) -> BackboneInfo | None:
+    """What the registry knows of `spec` without loading weights or touching the network: its
+    layers, width, patch, input size and (where the cache or the zoo can tell) the weights
+    fingerprint its rows will carry. A study plans from it offline. A Hugging Face checkpoint
+    folder is read from its config.json, its fingerprint hashed from its weight files (as
+    loading it does). None for specs whose shape only running code tells (a `py:` file, a timm
+    or OpenCLIP name that is not a preset, a hub id that is not a preset's, a plugin's); an
+    unknown or malformed spec of a known source raises BenchError, as loading it would."""
+    spec = spec.strip()
+    name = source_of(spec)
+    if name == "unknown":
+        raise _unknown(spec, known_specs())
+    by_hub = {p.hub_id: (n, p) for n, p in PRESETS.items()}
+    if name == "preset" or (name == "hub" and spec in by_hub):
+        preset = PRESETS[spec] if spec in PRESETS else by_hub[spec][1]
+        return _preset_info(spec, preset, _cached_revision(preset.hub_id))
+    if name == "library":
+        return _library_info(spec, LIBRARY_PRESETS[spec], _cached_weights(LIBRARY_PRESETS[spec])) \
+            if spec in LIBRARY_PRESETS else None
+    if name == "random":
+        inner = spec.split(":", 1)[1]
+        if inner in PRESETS:
+            return _preset_info(spec, PRESETS[inner], "seed=0")
+        if inner in LIBRARY_PRESETS:
+            return _library_info(spec, LIBRARY_PRESETS[inner], "seed=0")
+        if _is_library(inner):
+            return None
+        raise _unknown(spec, [f"random:{p}" for p in PRESETS])
+    if name in ("pixels", "oracle"):
+        return (parse_pixels(spec) if name == "pixels" else parse_oracle(spec)).info
+    if name == "zoo":
+        infos = {info.spec: info for info in zoo_infos()}
+        if spec not in infos:
+            raise _unknown(spec, list(infos))
+        return infos[spec]
+    if name == "folder":
+        return _folder_info(spec, Path(spec).expanduser())
+    return None
+
+
+def _folder_info(spec: str, path: Path) -> BackboneInfo | None:
+    """A checkpoint folder's metadata from its config.json (CLIP: its vision tower's), None when
+    the config does not say (the folder is checked when it loads)."""
+    import json
+
+    from evaluators.backbones.hf import WEIGHT_PATTERNS
+    from evaluators.backbones.weights import files_hash
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+        vision = config.get("vision_config", config) if config.get("model_type") == "clip" else config
+        n_layers, width, patch = (int(vision[k]) for k in ("num_hidden_layers", "hidden_size", "patch_size"))
+        side = int(vision.get("image_size", 224))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    registers = int(vision.get("num_register_tokens", 0) or 0)
+    weights = files_hash(sorted(f for pattern in WEIGHT_PATTERNS for f in path.glob(pattern)))
+    return BackboneInfo(spec=spec, family=str(config.get("model_type", "hf")), revision=f"sha256:{weights[:12]}",
+                        n_params=0, patch_size=patch, input_size=side, n_layers=n_layers, width=width,
+                        n_prefix=1 + registers, cls_index=0, register_indices=tuple(range(1, 1 + registers)))
 
 
 def _cached_revision(hub_id: str) -> str:

@@ -1,0 +1,93 @@
+"""`bench run STUDY`: one study file names a whole comparison; run it, making only what is missing.
+`bench studies`: the studies shipped with the package."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Mapping, Optional
+
+import typer
+
+from bench import api
+from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr, wrap
+from bench.core.errors import BenchError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("studies")(studies)
+
+
+def run(
+    ctx: typer.Context,
+    study: str = typer.Argument(..., help="A study file (TOML), or the name of a shipped study (`bench studies`)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write datasets, results (and a private cache) here [default: ./NAME after the study, or NAME-2, … when one of another study or other settings is there]."),
+    values: list[str] = typer.Option([], "--set", help="VAR=VALUE for the study's ${VAR} references (repeatable; else the environment, else the study's default)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (datasets, row sets, what results hold, disk, time) and stop; loads no model."),
+    executor: str = typer.Option("local", help="local (in this process) or ray (shards and probes as Ray tasks)."),
+    address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray]."),
+    fmt: Format = typer.Option(Format.table, "--format", help="Leaderboard format."),
+) -> None:
+    """Run a study: check the whole file, print the plan, make the datasets and fit the rows that are missing, rank."""
+    run_and_report(study, _variables(values), out, dry_run=dry_run, executor=executor, address=address, fmt=fmt,
+                   command=(ctx.obj or {}).get("command"))
+
+
+def run_and_report(study: str, variables: Mapping[str, str], out: Path | None, *, dry_run: bool = False,
+                   executor: str = "local", address: str | None = None, fmt: Format = Format.table,
+                   command: str | None = None) -> None:
+    """`bench run` (and `bench demo`, the demo study): load, plan, run, print the leaderboards,
+    the study's notes, where everything is and what to run next."""
+    t0 = time.perf_counter()
+    loaded = api.load_study(study, variables, allow_unset=dry_run)
+    plan = api.plan_study(loaded, out)
+    for line in plan.lines():
+        if dry_run:
+            echo(line)
+        else:
+            stderr.print(line, soft_wrap=True, markup=False, highlight=False)
+    if dry_run:
+        return
+    done = api.run_study(loaded, plan.out if out is None else out, executor=executor, address=address, progress=True,
+                         command=command)
+    stderr.print("3/3 leaderboard")
+    text, note = api.study_report(loaded, done.results, fmt.value)
+    if note:
+        stderr.print(note, soft_wrap=True, markup=False, highlight=False)
+    echo(text)
+    if fmt in (Format.table, Format.markdown) and loaded.notes:
+        echo("\n" + wrap(loaded.notes, TABLE_WIDTH))
+    pages = api.study_site(done, say=lambda line: None)
+    stderr.print(f"site: {_shown(pages[0])} (open it in a browser; nothing in it is fetched from a network)",
+                 soft_wrap=True, markup=False, highlight=False)
+    fitted = "nothing to fit" if not done.written else f"wrote {len(done.written)} run file(s)"
+    stderr.print(f"{loaded.name} finished in {time.perf_counter() - t0:.0f} s ({fitted}; {done.skipped} row(s) were "
+                 f"there already); its datasets, results and activation cache are in {_shown(done.out)}/ (kept; a run "
+                 "of the same study and settings there reuses them)." + (" Next:" if loaded.next else ""),
+                 soft_wrap=True, markup=False, highlight=False)
+    for line in api.study_next_commands(loaded, done.out):
+        stderr.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+def _variables(values: list[str]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise BenchError(f"set: expected VAR=VALUE, got {item!r}")
+        out[name.strip()] = value
+    return out
+
+
+def studies(fmt: Format = typer.Option(Format.table, "--format")) -> None:
+    """List the studies shipped with the package (`bench run NAME`)."""
+    rows = [{"study": name, "description": text} for name, text in api.shipped_studies().items()]
+    echo(render_table(rows, ["study", "description"], fmt, title="shipped studies (bench run NAME)", width=TABLE_WIDTH))

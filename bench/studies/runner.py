@@ -1,0 +1,242 @@
+"""Running a study: make the datasets it lacks, evaluate the rows it lacks, then its leaderboards.
+
+Every evaluation goes through `evaluators.plan.EvaluationPlan` and `run_evaluation`, the path
+`bench evaluate` and `bench.api.evaluate` take, so a study's rows are theirs, and the results
+identity decides what is missing: rows already in the study's results are skipped, and a run
+killed at any point (even `kill -9`) resumes where it stopped when started again — datasets
+resume their unfinished shards, every backbone's rows are written atomically as it finishes,
+and interrupted activation-cache entries resume.
+
+Zoo models the study names that are not trained yet train in a second process while the
+other backbones are evaluated (the demo's two cores: one trains, one evaluates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from bench.core.errors import BenchError
+from bench.studies.planning import MANIFEST, DatasetStep, StudyPlan, generator_config, plan_study
+from bench.studies.spec import EvaluateBlock, Study
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """What a run did: its plan, the folder, the results folder, the run files it wrote and the
+    rows it found already there."""
+
+    plan: StudyPlan
+    out: Path
+    results: Path
+    written: tuple[Path, ...]
+    skipped: int
+    seconds: float
+
+
+def run_study(study: Study, out: str | Path | None = None, *, executor: str = "local", address: str | None = None,
+              progress: bool = True, command: str | None = None,
+              say: Callable[[str], None] | None = None) -> StudyRun:
+    """Run `study` into `out` (None: the default folder, `planning.choose_out`): what its plan
+    says is missing, nothing else. `executor` "ray" renders and evaluates as Ray tasks (on the
+    cluster at `address`); `command` goes into every row's provenance; `say` hears the stage
+    lines (default: stderr when `progress`)."""
+    from bench.core.results import check_writable
+
+    t0 = time.perf_counter()
+    say = say or (_stderr if progress else (lambda text: None))
+    if study.unset:
+        raise BenchError(f"{study.source}: ${{{study.unset[0]}}} is not set; pass --set {study.unset[0]}=VALUE or "
+                         f"export {study.unset[0]}")
+    if executor != "local":  # a bad executor or an unreachable cluster: refused before any work
+        from bench.core.ray_cluster import require_ray
+
+        require_ray(executor, address)
+    elif address is not None:
+        raise BenchError("executor: --address needs --executor ray")
+    plan = plan_study(study, out)
+    check_writable(plan.out, "out")  # now, not after minutes of work
+    for step in plan.datasets:
+        if step.entry.kind == "import" and not step.entry.path.is_dir():
+            raise BenchError(f"{study.source}: datasets.{step.entry.name}.src: {step.entry.path} is not a folder")
+    _write_manifest(plan.out, study)
+    results = plan.out / "results"
+    written: list[Path] = []
+    skipped: list[int] = []
+    zoo = [b.spec for b in study.backbones.values() if b.spec.startswith("zoo:")]
+    from evaluators.zoo.background import untrained, zoo_in_background
+
+    waiting = set(untrained(zoo)) if executor == "local" else set()
+    with _environment(study, plan.out):
+        say(f"1/3 datasets of study {study.name} in {plan.out}")
+        for step in plan.datasets:
+            _make_dataset(step, executor, address, progress, say)
+        work = _work(study, plan)  # what does not wait for the zoo first, in the study's order
+        first = [(b, d, mine) for b, d, m in work if (mine := tuple(x for x in m if x.spec not in waiting))]
+        later = [(b, d, mine) for b, d, m in work if (mine := tuple(x for x in m if x.spec in waiting))]
+        with zoo_in_background(sorted(waiting), f"bench run {study.name}") as zoo_trained:
+            if waiting:
+                say(f"2/3 training {', '.join(sorted(waiting))} in a second process (once: reused from the cache "
+                    f"afterwards) while evaluating {', '.join(_names(first)) or 'nothing else'}")
+            else:
+                say(f"2/3 evaluating {', '.join(_names(first + later))}")
+            for block, dataset, models in first:
+                written += _evaluate(study, block, dataset, models, results, executor, address, progress, command,
+                                     skipped)
+            if later:
+                for spec, path in zoo_trained().items():
+                    say(f"{spec} → {path}")
+                say(f"2/3 evaluating {', '.join(_names(later))}")
+            for block, dataset, models in later:
+                written += _evaluate(study, block, dataset, models, results, executor, address, progress, command,
+                                     skipped)
+    return StudyRun(plan, plan.out, results, tuple(written), sum(skipped), time.perf_counter() - t0)
+
+
+def _names(work: Sequence[tuple]) -> list[str]:
+    """The backbones of some evaluations, each once (a control block's marked)."""
+    out = []
+    for block, _, models in work:
+        control = block.options.get("control")
+        out += [f"{m.name} (control {control})" if control else m.name for m in models]
+    return list(dict.fromkeys(out))
+
+
+def _work(study: Study, plan: StudyPlan) -> list[tuple[EvaluateBlock, DatasetStep, tuple]]:
+    """One evaluation per (block, dataset, input settings): the block's backbones that share
+    their input settings go in one `EvaluationPlan` (it takes one set), in the block's order."""
+    steps = {s.entry.name: s for s in plan.datasets}
+    out = []
+    for block in study.blocks:
+        for name in block.datasets:
+            groups: dict[tuple, list] = {}
+            for b in block.backbones:
+                groups.setdefault(tuple(sorted(b.preprocessing.items())), []).append(b)
+            out += [(block, steps[name], tuple(group)) for group in groups.values()]
+    return out
+
+
+def _evaluate(study: Study, block: EvaluateBlock, step: DatasetStep, backbones: tuple, results: Path, executor: str,
+              address: str | None, progress: bool, command: str | None, skipped: list[int]) -> list[Path]:
+    """One `run_evaluation` of a block's backbones (sharing input settings) on one dataset."""
+    from evaluators.plan import EvaluationPlan
+    from evaluators.run import run_evaluation
+
+    plan = EvaluationPlan([b.model for b in backbones], step.target, **block.options, **backbones[0].preprocessing,
+                          results_dir=results, executor=executor, address=address, threads=study.threads,
+                          command=command)
+    path = run_evaluation(plan, progress=progress, on_skipped=skipped.append)
+    return [] if path is None else [path]
+
+
+def _make_dataset(step: DatasetStep, executor: str, address: str | None, progress: bool,
+                  say: Callable[[str], None]) -> None:
+    """Render, import or check one dataset; one already made with the same settings is reused."""
+    if step.status == "present":
+        say(f"reusing the scenes in {step.target} (the same settings)")
+        return
+    if step.entry.kind == "import":
+        from generators.importers import import_dataset
+
+        import_dataset(step.entry.importer, step.entry.path, step.target, progress=progress, say=say,
+                       **step.entry.options)
+        return
+    from bench.core.console import progress_bar
+    from generators.engine import generate
+
+    gen, config = generator_config(step.entry)
+    shards = None
+    if executor == "ray":
+        from generators.ray_shards import ray_shards
+
+        shards = ray_shards(address)
+    t0 = time.perf_counter()
+    with progress_bar(f"generate {step.target}") if progress else contextlib.nullcontext() as bar:
+        card = generate(gen, config, step.target, progress=bar and bar.advance, on_start=bar and bar.set_total,
+                        shards=shards, say=say)
+    n = sum(s["n"] for s in card["splits"].values())
+    say(f"wrote {n} scenes to {step.target} in {time.perf_counter() - t0:.1f} s")
+
+
+def _write_manifest(folder: Path, study: Study) -> None:
+    """Record which study made the folder, with which settings (a later run of the same study and
+    settings reuses it; another study is refused), unless it says so already."""
+    if (folder / MANIFEST).exists():
+        return
+    import bench
+    from bench.core.dataset import write_json_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic({"made_by": "bench run", "study": study.name, "source": study.source,
+                       "bench_version": bench.__version__, "settings": dict(study.settings)}, folder / MANIFEST)
+
+
+@contextlib.contextmanager
+def _environment(study: Study, folder: Path) -> Iterator[None]:
+    """A study with `private_cache` keeps its activations in its own folder (unless
+    $BINDINGBENCH_CACHE is set), so it leaves only the zoo in the user's cache; the zoo stays
+    where it is trained."""
+    if not study.private_cache:
+        yield
+        return
+    from evaluators.zoo import ZOO_ENV, zoo_root
+
+    pinned = {ZOO_ENV: str(zoo_root()),
+              "BINDINGBENCH_CACHE": os.environ.get("BINDINGBENCH_CACHE") or str(folder / "cache")}
+    before = {k: os.environ.get(k) for k in pinned}
+    os.environ.update(pinned)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def study_report(study: Study, results: Path, fmt: Any) -> tuple[str, str | None]:
+    """What `bench run` prints of a study once its rows are in: its leaderboards (one per dataset ×
+    task, under the study's first metric of the task; further metrics in tables, controls aside),
+    rendered in `fmt` (terminal tables 100 columns wide). Returns the text for stdout and the note
+    on rows set aside (None if none). The study's site is `study_site`."""
+    from bench.core.console import TABLE_WIDTH, Format
+    from leaderboards.board import build_leaderboard
+    from leaderboards.metrics import METRICS
+    from leaderboards.render import render_leaderboards
+    from leaderboards.store import load_selected
+
+    selected = load_selected(results)
+    names = set(study.backbones)
+    rows = [r for r in selected.rows if r["backbone"] in names]
+    boards = []
+    for dataset, task in dict.fromkeys((r["dataset"], r["task"]) for r in rows):
+        metrics = [m for m in study.leaderboard_metrics if METRICS.get(m).task == task] or [None]
+        boards.append(build_leaderboard(rows, dataset=dataset, task=task, metric=metrics[0],
+                                        layer=study.leaderboard_layer))
+        if fmt in (Format.table, Format.markdown):  # the same rows under further metrics, to compare
+            for metric in metrics[1:]:
+                board = build_leaderboard([r for r in rows if r.get("control") is None], dataset=dataset, task=task,
+                                          metric=metric, layer=study.leaderboard_layer)
+                boards += [board] if board.has_values else []
+    return render_leaderboards(boards, fmt, TABLE_WIDTH if fmt == Format.table else None), selected.note
+
+
+def next_commands(study: Study, out: Path) -> list[str]:
+    """The study's `next` commands, with `{out}` as the user would type the folder."""
+    try:
+        shown = str(Path(out).resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        shown = str(out)
+    return [c.replace("{out}", shlex.quote(shown)) for c in study.next]
+
+
+def _stderr(text: str) -> None:
+    from bench.core.console import stderr
+
+    stderr.print(text, soft_wrap=True, markup=False, highlight=False)

@@ -1,0 +1,559 @@
+"""A study file, read and checked whole: the typed `Study` every other step works from.
+
+A study is a TOML file that names a whole comparison — the datasets it is measured on and the
+`[[evaluate]]` blocks that say which backbones, with which probes, layers, tokens and seeds —
+so that a comparison is a versioned object rather than a chain of typed commands (as
+lm-evaluation-harness tasks and MTEB benchmarks are). Every key, type and name is checked here,
+against the same registries the commands use (generators, backbone sources, probe families,
+token views, metrics), before any work; a bad file raises BenchError with one line naming the
+file and the key path, arrays counted from 1 (`study.toml: evaluate[2].probes[1]: unknown probe
+'mlp'; ...`).
+
+`${VAR}` and `${VAR:-default}` in a string take a value from `variables` (`--set VAR=VALUE`)
+or the environment. A string that is a single reference takes the type TOML reads its value
+as (`${N_TRAIN:-800}` is the number 800), and one that comes out empty leaves its key out (the
+key's default applies). Relative paths (a dataset `path`, an import's `src`, a checkpoint
+folder, a `py:` file, a timm state-dict file) resolve from the study file's folder.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from bench.core.errors import BenchError
+
+try:  # Python 3.11+; `tomli` is the same parser, for 3.10
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib  # type: ignore[no-redef]
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: The options of a study's `import` beside `src` (those of `bench import`), with their types;
+#: which importers take which of `_IMPORT_OWN` is `generators.importers.IMPORTERS`'s to say.
+_IMPORT_COMMON = {"split_seed": int, "max_scenes": int, "val_fraction": float, "test_fraction": float,
+                  "image_size": int}
+_IMPORT_OWN = {"top_n": int, "coding": str}
+#: A dataset the generator renders: its config keys other than these go in `set`.
+_GENERATE_KEYS = {"generator": str, "preset": str, "n_train": int, "n_val": int, "n_test": int, "seed": int,
+                  "image_size": int, "set": dict}
+_TOP_KEYS = {"name": str, "description": str, "folder": str, "threads": int, "private_cache": bool, "notes": str,
+             "next": list, "datasets": dict, "evaluate": list, "leaderboard": dict}
+_EVALUATE_KEYS = {"backbones": (list, dict), "datasets": list, "task": str, "layers": (str, int, list),
+                  "tokens": (str, list), "probes": (str, list), "seeds": (int, list), "limit": int, "control": str,
+                  "epochs": int, "exclude_background": bool, "unanchored": bool, "dtype": str, "device": str}
+_BACKBONE_KEYS = {"spec": str, "image_size": int, "mean": list, "std": list}
+_LEADERBOARD_KEYS = {"layer": (str, int), "metrics": list}
+SUFFIX = ".toml"
+
+
+@dataclass(frozen=True)
+class BackboneEntry:
+    """One backbone of an evaluate block: the rows' `backbone` column (`name`), its spec, and
+    the input side and normalisation given in place of its own (None: its own)."""
+
+    name: str
+    spec: str
+    image_size: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    @property
+    def model(self) -> Any:
+        """The evaluator's `Model` of this entry (rows under `name`)."""
+        from evaluators.plan import Model
+
+        return Model(self.name, self.spec)
+
+    @property
+    def preprocessing(self) -> dict[str, Any]:
+        return {k: v for k, v in (("image_size", self.image_size), ("mean", self.mean), ("std", self.std))
+                if v is not None}
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One dataset: rendered by a generator (`kind` "generate"), imported from a local copy
+    ("import"), or an existing folder ("path"). Made ones live in the study's folder under `name`."""
+
+    name: str
+    kind: str
+    generator: str | None = None
+    preset: str | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    importer: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    path: Path | None = None  # "path": the folder; "import": the source folder (`src`)
+
+
+@dataclass(frozen=True)
+class EvaluateBlock:
+    """One `[[evaluate]]` block: `bench evaluate`'s options, over several datasets and backbones."""
+
+    index: int
+    backbones: tuple[BackboneEntry, ...]
+    datasets: tuple[str, ...]
+    options: Mapping[str, Any]  # EvaluationPlan keywords: task, layers, tokens, probes, seeds, limit, ...
+
+    @property
+    def task(self) -> str:
+        return self.options.get("task", "binding")
+
+    @property
+    def key(self) -> str:
+        return f"evaluate[{self.index}]"
+
+
+@dataclass(frozen=True)
+class Study:
+    """A checked study. `variables`: every `${VAR}` it reads, with the value used; `settings`:
+    those its datasets read (a folder made with other settings holds other scenes); `unset`:
+    variables left unresolved (a dry run only, where they print as written)."""
+
+    name: str
+    source: str  # the file, or `shipped:NAME`
+    root: Path  # relative paths resolve from here
+    datasets: Mapping[str, DatasetEntry]
+    blocks: tuple[EvaluateBlock, ...]
+    description: str = ""
+    folder: str = ""
+    threads: int | None = None
+    private_cache: bool = False
+    notes: str = ""
+    next: tuple[str, ...] = ()
+    leaderboard_layer: str | int = "best"
+    leaderboard_metrics: tuple[str, ...] = ()
+    variables: Mapping[str, str] = field(default_factory=dict)
+    settings: Mapping[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+
+    @property
+    def backbones(self) -> dict[str, BackboneEntry]:
+        """Every backbone of the study by name, in order of first appearance."""
+        return {b.name: b for block in self.blocks for b in block.backbones}
+
+
+def shipped_studies() -> dict[str, str]:
+    """The studies that ship with the package: name -> its description (first line)."""
+    out = {}
+    for entry in sorted(resources.files(__package__).iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(SUFFIX):
+            data = tomllib.loads(entry.read_text(encoding="utf-8"))
+            out[entry.name[: -len(SUFFIX)]] = str(data.get("description", "")).strip().splitlines()[0]
+    return out
+
+
+def load_study(study: str | os.PathLike[str], variables: Mapping[str, str] | None = None, *,
+               allow_unset: bool = False) -> Study:
+    """The study at a path, or shipped under a name (`shipped_studies`), read and checked whole.
+
+    `variables` fill `${VAR}` before the environment does; one the study never reads is refused
+    (a typo would otherwise be silently ignored). `allow_unset` (a dry run) leaves a variable
+    with neither a value nor a default as written instead of refusing the file."""
+    text, source, root, name = _read(study)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise BenchError(f"{source}: not valid TOML: {e}") from None
+    check = _Checker(source)
+    given = {k: str(v) for k, v in (variables or {}).items()}
+    resolver = _Resolver(check, given, allow_unset)
+    data = resolver.walk(data, "")
+    unused = sorted(set(given) - resolver.read)
+    if unused:
+        uses = ", ".join(sorted(resolver.read)) or "none"
+        raise BenchError(f"{source}: set: the study reads no variable {unused[0]} (it reads: {uses})")
+    return _build(data, check, source, root, name, resolver)
+
+
+def _read(study: str | os.PathLike[str]) -> tuple[str, str, Path, str]:
+    """(text, source label, folder relative paths resolve from, default name) of a path or a shipped name."""
+    path = Path(study)
+    text_name = str(study)
+    if path.suffix == SUFFIX or path.exists() or os.sep in text_name or "/" in text_name:
+        if not path.is_file():
+            raise BenchError(f"study: no study file {path}" + ("" if path.suffix == SUFFIX else
+                             f"; shipped studies: {', '.join(shipped_studies())}"))
+        try:
+            return path.read_text(encoding="utf-8"), str(path), path.resolve().parent, path.stem
+        except (OSError, UnicodeDecodeError) as e:
+            raise BenchError(f"study: cannot read {path}: {e}") from None
+    shipped = resources.files(__package__) / f"{text_name}{SUFFIX}"
+    if not shipped.is_file():
+        close = difflib.get_close_matches(text_name, list(shipped_studies()), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else f"shipped: {', '.join(shipped_studies())}"
+        raise BenchError(f"study: no study file or shipped study {text_name!r}; {hint}")
+    return shipped.read_text(encoding="utf-8"), f"shipped:{text_name}", Path.cwd(), text_name
+
+
+class _Checker:
+    """Raises the one-line errors of a study file: `FILE: KEY.PATH: message`."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, message: str) -> BenchError:
+        return BenchError(f"{self.source}: {key}: {message}")
+
+    def table(self, value: Any, key: str, allowed: Mapping[str, Any], required: tuple[str, ...] = ()) -> dict:
+        """`value` as a table with only `allowed` keys (each of its type) and every `required` one."""
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected a table, got {_type_name(value)}")
+        for k, v in value.items():
+            where = f"{key}.{k}" if key else k
+            if k not in allowed:
+                close = difflib.get_close_matches(k, list(allowed), n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(allowed)}"
+                raise self.fail(where, f"unknown key; {hint}")
+            self.typed(v, where, allowed[k])
+        for k in required:
+            if k not in value:
+                raise self.fail(f"{key}.{k}" if key else k, "missing (required)")
+        return value
+
+    def typed(self, value: Any, key: str, types: Any) -> Any:
+        types = types if isinstance(types, tuple) else (types,)
+        ok = any(isinstance(value, t) and not (isinstance(value, bool) and t in (int, float)) for t in types)
+        if not ok:
+            names = " or ".join({str: "a string", int: "an integer", float: "a number", bool: "true or false",
+                                 list: "an array", dict: "a table"}[t] for t in types)
+            raise self.fail(key, f"expected {names}, got {_type_name(value)}")
+        return value
+
+    def items(self, value: Any, key: str, types: Any) -> list:
+        """A scalar or an array of them, as a list, each element checked (`key[i]` names a bad one)."""
+        values = value if isinstance(value, list) else [value]
+        for i, v in enumerate(values):
+            self.typed(v, f"{key}[{i + 1}]" if isinstance(value, list) else key, types)
+        return values
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "a table"}.get(type(value), type(value).__name__)
+
+
+class _Resolver:
+    """Fills `${VAR}` references in every string of the parsed file, recording what it read."""
+
+    def __init__(self, check: _Checker, given: Mapping[str, str], allow_unset: bool) -> None:
+        self.check, self.given, self.allow_unset = check, given, allow_unset
+        self.read: set[str] = set()
+        self.values: dict[str, str] = {}
+        self.unset: set[str] = set()
+        self.by_key: dict[str, set[str]] = {}
+
+    def walk(self, value: Any, key: str) -> Any:
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                v = self.walk(v, f"{key}.{k}" if key else k)
+                if v is not _LEFT_OUT:
+                    out[k] = v
+            return out
+        if isinstance(value, list):
+            return [w for w in (self.walk(v, f"{key}[{i + 1}]") for i, v in enumerate(value)) if w is not _LEFT_OUT]
+        if isinstance(value, str) and "${" in value:
+            return self._fill(value, key)
+        return value
+
+    def _fill(self, text: str, key: str) -> Any:
+        def value_of(m: re.Match) -> str:
+            var, default = m.group(1), m.group(2)
+            self.read.add(var)
+            self.by_key.setdefault(key.split(".")[0] if not key.startswith("datasets") else "datasets", set()).add(var)
+            if var in self.given:
+                value = self.given[var]
+            elif var in os.environ:
+                value = os.environ[var]
+            elif default is not None:
+                value = default
+            elif self.allow_unset:
+                self.unset.add(var)
+                return m.group(0)
+            else:
+                raise self.check.fail(key, f"${{{var}}} is not set; pass --set {var}=VALUE or export {var}")
+            self.values[var] = value
+            return value
+
+        whole = _VAR.fullmatch(text)
+        filled = _VAR.sub(value_of, text)
+        if not whole or filled == text:
+            return filled
+        if filled == "":
+            return _LEFT_OUT
+        try:  # a whole reference takes the type TOML reads its value as: 48 a number, /data a string
+            return tomllib.loads(f"v = {filled}")["v"]
+        except tomllib.TOMLDecodeError:
+            return filled
+
+
+_LEFT_OUT = object()
+
+
+def _build(data: dict, check: _Checker, source: str, root: Path, default_name: str, resolver: _Resolver) -> Study:
+    check.table(data, "", _TOP_KEYS, required=("datasets", "evaluate"))
+    name = data.get("name", default_name)
+    if not _DATASET_NAME.fullmatch(name):
+        raise check.fail("name", f"letters, digits, '.', '_' and '-' only, got {name!r}")
+    datasets = _datasets(data["datasets"], check, root)
+    if not data["evaluate"]:
+        raise check.fail("evaluate", "give at least one [[evaluate]] block")
+    blocks = tuple(_block(b, i + 1, check, root, datasets) for i, b in enumerate(data["evaluate"]))
+    _check_names(blocks, check)
+    board = check.table(data.get("leaderboard", {}), "leaderboard", _LEADERBOARD_KEYS)
+    metrics = tuple(check.items(board.get("metrics", []), "leaderboard.metrics", str))
+    _check_metrics(metrics, blocks, check)
+    if "layer" in board:
+        _check_board_layer(board["layer"], check)
+    threads = data.get("threads")
+    if threads is not None and threads < 1:
+        raise check.fail("threads", f"must be ≥ 1, got {threads}")
+    settings = {v: resolver.values.get(v, f"${{{v}}}") for v in sorted(resolver.by_key.get("datasets", ()))}
+    return Study(name=name, source=source, root=root, datasets=datasets, blocks=blocks,
+                 description=data.get("description", "").strip(), folder=data.get("folder", name), threads=threads,
+                 private_cache=data.get("private_cache", False), notes=" ".join(data.get("notes", "").split()),
+                 next=tuple(check.items(data.get("next", []), "next", str)),
+                 leaderboard_layer=board.get("layer", "best"), leaderboard_metrics=metrics,
+                 variables=dict(sorted(resolver.values.items())), settings=settings,
+                 unset=tuple(sorted(resolver.unset)))
+
+
+def _datasets(table: Any, check: _Checker, root: Path) -> dict[str, DatasetEntry]:
+    check.typed(table, "datasets", dict)
+    if not table:
+        raise check.fail("datasets", "name at least one dataset ([datasets.NAME])")
+    out = {}
+    for name, entry in table.items():
+        key = f"datasets.{name}"
+        if not _DATASET_NAME.fullmatch(name):
+            raise check.fail(key, "a dataset name is letters, digits, '.', '_' and '-' (it names a folder)")
+        check.typed(entry, key, dict)
+        kinds = [k for k in ("generator", "import", "path") if k in entry]
+        if len(kinds) != 1:
+            raise check.fail(key, "give exactly one of generator (render it), import (a local copy of real images) "
+                                  f"or path (an existing dataset folder); got {', '.join(kinds) or 'none'}")
+        out[name] = {"generator": _generated, "import": _imported, "path": _existing}[kinds[0]](
+            name, entry, key, check, root)
+    return out
+
+
+def _generated(name: str, entry: dict, key: str, check: _Checker, root: Path) -> DatasetEntry:
+    from generators.base import build_config, get_generator
+
+    check.table(entry, key, _GENERATE_KEYS)
+    overrides = dict(check.table(entry.get("set", {}), f"{key}.set", _AnyKey()))
+    for k in ("n_train", "n_val", "n_test", "seed", "image_size"):
+        if k in entry:
+            if k in overrides:
+                raise check.fail(f"{key}.set.{k}", f"given twice: as {key}.{k} and here; keep one")
+            overrides[k] = entry[k]
+    try:
+        gen = get_generator(entry["generator"])
+    except BenchError as e:
+        raise check.fail(f"{key}.generator", str(e)) from None
+    try:
+        config = build_config(gen, entry.get("preset"), overrides)
+        variants = gen.expand(config)
+        if len(variants) != 1:
+            raise BenchError(f"{gen.name} makes {len(variants)} datasets from these settings (a sweep); name each "
+                             "setting as a dataset of its own")
+        gen(config)
+    except BenchError as e:
+        raise check.fail(key, str(e)) from None
+    return DatasetEntry(name, "generate", generator=gen.name, preset=entry.get("preset"), overrides=overrides)
+
+
+def _imported(name: str, entry: dict, key: str, check: _Checker, root: Path) -> DatasetEntry:
+    from generators.importers import IMPORTERS
+
+    importer = check.typed(entry["import"], f"{key}.import", str)
+    if importer not in IMPORTERS:
+        raise check.fail(f"{key}.import", f"unknown importer {importer!r}; allowed: {', '.join(IMPORTERS)}")
+    own = {k: _IMPORT_OWN[k] for k in IMPORTERS[importer][1]}
+    check.table(entry, key, {"import": str, "src": str, **_IMPORT_COMMON, **own}, required=("src",))
+    options = {k: v for k, v in entry.items() if k not in ("import", "src")}
+    return DatasetEntry(name, "import", importer=importer, options=options, path=_resolve(entry["src"], root))
+
+
+def _existing(name: str, entry: dict, key: str, check: _Checker, root: Path) -> DatasetEntry:
+    check.table(entry, key, {"path": str})
+    path = _resolve(entry["path"], root)
+    if "${" not in entry["path"] and not (path / "dataset.json").is_file():
+        raise check.fail(f"{key}.path", f"{path} holds no dataset (no dataset.json); make it with bench generate "
+                                        "or bench import, or let the study make it (generator = ...)")
+    return DatasetEntry(name, "path", path=path)
+
+
+class _AnyKey(dict):
+    """`set`'s allowed keys: any (the generator's config checks them), any scalar type."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __getitem__(self, key: str) -> tuple:
+        return (str, int, float, bool, list)
+
+
+def _resolve(text: str, root: Path) -> Path:
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else root / path
+
+
+def _block(raw: Any, index: int, check: _Checker, root: Path, datasets: Mapping[str, DatasetEntry]) -> EvaluateBlock:
+    from evaluators.plan import EvaluationPlan
+
+    key = f"evaluate[{index}]"
+    block = check.table(raw, key, _EVALUATE_KEYS, required=("backbones",))
+    names = tuple(check.items(block.get("datasets", list(datasets)), f"{key}.datasets", str))
+    for i, n in enumerate(names):
+        if n not in datasets:
+            raise check.fail(f"{key}.datasets[{i + 1}]", f"no dataset {n!r} in [datasets]; named: {', '.join(datasets)}")
+    task = block.get("task", "binding")
+    options: dict[str, Any] = {k: v for k, v in block.items() if k not in ("backbones", "datasets")}
+    _check_names_in_registries(options, task, key, check)
+    backbones = _backbones(block["backbones"], f"{key}.backbones", check, root)
+    if "seeds" in options:
+        options["seeds"] = tuple(check.items(options["seeds"], f"{key}.seeds", int))
+    for group in {tuple(sorted(b.preprocessing.items())) for b in backbones}:
+        try:  # the evaluator's own checks of the request, on a plan that is never run
+            EvaluationPlan([b.model for b in backbones if tuple(sorted(b.preprocessing.items())) == group],
+                           Path("."), **options, **dict(group))
+        except BenchError as e:
+            raise check.fail(key, str(e)) from None
+    return EvaluateBlock(index, backbones, names, options)
+
+
+def _check_names_in_registries(options: dict, task: str, key: str, check: _Checker) -> None:
+    """Task, probe families, token views and control by name, each against its registry."""
+    from evaluators.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
+    from evaluators.plan import CONTROLS, TASKS
+
+    if task not in TASKS:
+        raise check.fail(f"{key}.task", f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+    registry = BINDING_PROBES if task == "binding" else PAIR_PROBES
+    for name, reg in (("probes", registry), ("tokens", TOKEN_VIEWS)):
+        if name not in options:
+            continue
+        values = check.items(options[name], f"{key}.{name}", str)
+        values = [p.strip() for v in values for p in v.split(",")]
+        for i, v in enumerate(values):
+            if v not in reg:
+                where = f"{key}.{name}[{i + 1}]" if isinstance(options[name], list) else f"{key}.{name}"
+                raise check.fail(where, f"unknown {reg.kind} {v!r} for task {task}; allowed: {', '.join(reg.names())}")
+        options[name] = tuple(values)
+    if "control" in options and options["control"] not in CONTROLS:
+        raise check.fail(f"{key}.control", f"unknown control {options['control']!r}; allowed: {', '.join(CONTROLS)}")
+    if "layers" in options and isinstance(options["layers"], list):
+        options["layers"] = ",".join(str(v) for v in check.items(options["layers"], f"{key}.layers", (int, str)))
+    elif "layers" in options:
+        options["layers"] = str(options["layers"])
+    if "layers" in options:
+        from evaluators.extract import parse_layers
+
+        try:
+            parse_layers(options["layers"], 10**6)  # the form; each backbone's depth is checked by the plan
+        except BenchError as e:
+            raise check.fail(f"{key}.layers", str(e)) from None
+
+
+def _backbones(raw: Any, key: str, check: _Checker, root: Path) -> tuple[BackboneEntry, ...]:
+    """`["spec", "NAME=SPEC"]` or a table `NAME = "spec"` / `NAME = {spec = ..., image_size = ...}`."""
+    from evaluators.plan import named_spec
+
+    if isinstance(raw, list):
+        entries = []
+        for i, item in enumerate(raw):
+            check.typed(item, f"{key}[{i + 1}]", str)
+            try:
+                model = named_spec(item)
+            except BenchError as e:
+                raise check.fail(f"{key}[{i + 1}]", str(e)) from None
+            spec = _spec_path(model.spec, root)
+            entries.append((f"{key}[{i + 1}]", BackboneEntry(model.name if model.name != model.spec else spec, spec)))
+    else:
+        entries = []
+        for name, value in raw.items():
+            where = f"{key}.{name}"
+            if isinstance(value, str):
+                value = {"spec": value}
+            check.table(value, where, _BACKBONE_KEYS, required=("spec",))
+            pre = {}
+            for k in ("mean", "std"):
+                if k in value:
+                    pre[k] = tuple(check.items(value[k], f"{where}.{k}", (int, float)))
+            entries.append((where, BackboneEntry(name, _spec_path(value["spec"], root), value.get("image_size"),
+                                                 pre.get("mean"), pre.get("std"))))
+    if not entries:
+        raise check.fail(key, "name at least one backbone")
+    for where, entry in entries:
+        _check_backbone(entry, where, check)
+    return tuple(e for _, e in entries)
+
+
+def _spec_path(spec: str, root: Path) -> str:
+    """A spec with its relative file or folder resolved from the study's folder (a checkpoint
+    folder `./ckpt`, `py:FILE:FUNCTION`, `timm:ARCH@FILE`); other specs as written."""
+    if spec.startswith((".", "~")) or (spec.startswith("/") is False and (root / spec).is_dir()):
+        return str(_resolve(spec, root))
+    if spec.startswith("py:"):
+        file, sep, function = spec[3:].rpartition(":")
+        return f"py:{_resolve(file, root)}{sep}{function}" if sep else spec
+    if spec.startswith("timm:") and "@" in spec:
+        arch, _, file = spec.partition("@")
+        if Path(file).suffix in (".pth", ".pt", ".safetensors", ".bin"):
+            return f"{arch}@{_resolve(file, root)}"
+    return spec
+
+
+def _check_backbone(entry: BackboneEntry, key: str, check: _Checker) -> None:
+    from evaluators.backbones import backbone_metadata
+    from evaluators.backbones.presets import checked_preprocessing
+
+    try:
+        checked_preprocessing(entry.image_size, entry.mean, entry.std)
+        backbone_metadata(entry.spec)
+    except BenchError as e:
+        raise check.fail(key, str(e)) from None
+    if any(c in entry.name for c in "/:\\=") or not entry.name:
+        if entry.name != entry.spec:
+            raise check.fail(key, f"a backbone name is non-empty without / : \\ or =, got {entry.name!r}")
+
+
+def _check_names(blocks: tuple[EvaluateBlock, ...], check: _Checker) -> None:
+    """One name, one backbone: rows are keyed by the name, so two specs under it would mix."""
+    seen: dict[str, tuple[BackboneEntry, str]] = {}
+    for block in blocks:
+        for i, b in enumerate(block.backbones):
+            first = seen.setdefault(b.name, (b, block.key))
+            if first[0] != b:
+                raise check.fail(f"{block.key}.backbones", f"{b.name} names {b.spec} here and {first[0].spec} in "
+                                                           f"{first[1]}; give them different names")
+
+
+def _check_metrics(metrics: tuple[str, ...], blocks: tuple[EvaluateBlock, ...], check: _Checker) -> None:
+    from leaderboards.metrics import METRICS
+
+    tasks = {b.task for b in blocks}
+    for i, m in enumerate(metrics):
+        if m not in METRICS:
+            raise check.fail(f"leaderboard.metrics[{i + 1}]", f"unknown metric {m!r}; allowed: {', '.join(METRICS.names())}")
+        if METRICS.get(m).task not in tasks:
+            raise check.fail(f"leaderboard.metrics[{i + 1}]", f"{m} is a {METRICS.get(m).task} metric and no block "
+                                                          "evaluates that task")
+
+
+def _check_board_layer(layer: str | int, check: _Checker) -> None:
+    from leaderboards.board import parse_layer
+
+    try:
+        parse_layer(str(layer))
+    except BenchError as e:
+        raise check.fail("leaderboard.layer", str(e)) from None
+
