@@ -1,5 +1,5 @@
 """One-way layers: `bench.core` at the bottom; `generators`, `evaluators` and `leaderboards` above
-it; `bench.api` above those; the CLI (`bench.cli`, `bench.commands`) on top. A module imports only
+it, with `bench.studies` (study files, run through them); `bench.api` above those; the CLI (`bench.cli`, `bench.commands`) on top. A module imports only
 from its own layer or below, and there is no import cycle anywhere.
 
 The graph is read from source with `ast`, imports inside functions included (a lazy import
@@ -51,10 +51,10 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def layer(module: str) -> int:
-    """0 core, 1 generators/evaluators/leaderboards, 2 the API, 3 the CLI."""
+    """0 core, 1 generators/evaluators/leaderboards and the studies over them, 2 the API, 3 the CLI."""
     if module == "bench" or module.startswith("bench.core"):
         return 0
-    if module.split(".")[0] in ("generators", "evaluators", "leaderboards"):
+    if module.split(".")[0] in ("generators", "evaluators", "leaderboards") or module.startswith("bench.studies"):
         return 1
     if module == "bench.api":
         return 2
