@@ -515,7 +515,8 @@ def class_directions(reader: RowReader, job: ProbeJob, dims: int, rank: int, dev
     keep = _confirmed(reader, weights, mu_dev, sigma_dev, basis_dev, candidates)  # K x rank, on the second half
     top = _top_eigenvectors(delta.mean(0), rank)  # from both halves
     n_keep = keep.sum(-1)  # as many of both halves' leading directions as the odd rows confirmed
-    top = top * (torch.arange(rank, device=device)[None, :] < n_keep[:, None]).float()[:, None, :]
+    width = top.shape[-1]  # fewer than `rank` where the input has fewer dimensions
+    top = top * (torch.arange(width, device=device)[None, :] < n_keep[:, None]).float()[:, None, :]
     return (basis_dev @ top).transpose(1, 2)  # K x rank x D
 
 

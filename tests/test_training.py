@@ -291,3 +291,18 @@ def test_targets_that_keep_one_frozen_encoder_compute_its_product_once_per_batch
     assert cached < uncached
     for a, b in zip(bits, bits_uncached):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("family", ["quadratic", "quadratic-shared"])
+def test_a_quadratic_family_fits_inputs_narrower_than_its_rank(family):
+    """Six input dimensions (oracle:features on 3 colours x 3 shapes) under a rank-8 family: the
+    moment stage finds at most six directions per bit, and the probe still fits."""
+    rng = np.random.default_rng(0)
+    inputs, targets = {}, {}
+    for s, n in {"train": 300, "val": 100, "test": 100}.items():
+        o = (rng.random((n, 9)) < 0.3).astype(np.uint8)
+        z = (o[:, :6] + 0.1 * rng.normal(size=(n, 6))).astype(np.float32)
+        inputs[s], targets[s] = RowReader(z), o
+    res = fit_probes([ProbeJob("q", build_probe(family, 6, 9), targets)], inputs, TrainConfig(epochs=3))["q"]
+    assert res.error is None
+    assert res.scene_bits.mean() < _prior_bits(targets["test"]).mean() - 1.0  # it reads the six copied bits
