@@ -196,7 +196,7 @@ def _num(x) -> float | None:
 def fit_row_sets(acts: dict, task, row_sets: list[tuple[int, str]], families: list[str], device: str,
                  allowance: float) -> dict:
     """Fit row sets in order while the next one (at the mean so far) fits in `allowance` s."""
-    if allowance < 1:
+    if allowance <= 0:
         return {"status": "skipped", "reason": "budget spent", "row_sets_total": len(row_sets)}
     out: dict = {"row_sets_total": len(row_sets), "row_sets_done": 0, "seconds": 0.0, "times": {}, "beta": {}}
     start = time.perf_counter()
@@ -227,7 +227,7 @@ def fit_row_sets(acts: dict, task, row_sets: list[tuple[int, str]], families: li
 
 
 def fit_attention(acts: dict, task, layer: int, device: str, allowance: float) -> dict:
-    if allowance < 1:
+    if allowance <= 0:
         return {"status": "skipped", "reason": "budget spent"}
     t0 = time.perf_counter()
     try:
@@ -245,7 +245,7 @@ def power(ds: Dataset, task, families: list[str], device: str, cache: Path, allo
     start = time.perf_counter()
     for spec in ORACLES:
         left = allowance - (time.perf_counter() - start)
-        if left < 1:
+        if left <= 0:
             out.update(status="partial" if out["beta"] else "skipped", reason=f"budget spent before {spec}")
             break
         try:
@@ -315,9 +315,8 @@ def run(args: argparse.Namespace) -> dict:
         say(f"attention on pixels, {args.device}: {summary_note(phases['attention_device'])}")
         if sampler is not None:
             sampler.stop()
-            phases["sm_utilisation"] = {"status": "done", **{k: sampler.mean(*w) for k, w in windows.items()},
-                                        "all": sampler.mean(windows["fit_device"][0], windows["attention_device"][1])}
-            phases["sm_utilisation"]["mean_sm_pct"] = phases["sm_utilisation"]["all"].get("mean_sm_pct")
+            whole = sampler.mean(windows["fit_device"][0], windows["attention_device"][1])
+            phases["sm_utilisation"] = {**whole, **{k: sampler.mean(*w) for k, w in windows.items()}}
             sampler = None
         else:
             phases["sm_utilisation"] = {"status": "skipped", "reason": "device is cpu" if args.device != "cuda"
@@ -374,12 +373,20 @@ def summary_note(p: dict) -> str:
     elif "seconds_at_least" in p:
         note = f"> {p['seconds_at_least']} s (stopped)"
     elif "beta" in p:
-        note = "; ".join(f"{spec} " + ", ".join(f"{f} {b}" for f, b in beta.items()) for spec, beta in p["beta"].items())
+        note = "; ".join(f"{spec} " + ", ".join(f"{f} {b}" for f, b in beta.items())
+                         for spec, beta in p["beta"].items())
         if p.get("pixels_attention") is not None:
             note += f"; pixels attention {p['pixels_attention']}"
     else:
         note = f"{p['seconds']} s, β* {p.get('beta_star')}"
     return note + (f"  [{p['reason']}]" if p.get("reason") else "")
+
+
+def sm_note(sm: dict) -> str:
+    if sm["status"] != "done":
+        return f"skipped: {sm['reason']}"
+    parts = [f"{k} {w['mean_sm_pct']} %" for k, w in sm.items() if isinstance(w, dict) and "mean_sm_pct" in w]
+    return f"{sm['mean_sm_pct']} % mean over {sm['samples']} s ({', '.join(parts)})"
 
 
 def print_table(report: dict) -> None:
@@ -393,8 +400,7 @@ def print_table(report: dict) -> None:
         rows.append((f"extract {r['model']} {r['dtype']}", f"{r['seconds']} s" if "seconds" in r else "skipped"))
     rows += [(f"fit {c['families']} ({c['device']})", summary_note(p["fit_device"])),
              (f"attention on pixels ({c['device']})", summary_note(p["attention_device"])),
-             ("SM utilisation", f"{p['sm_utilisation']['mean_sm_pct']} % mean" if p["sm_utilisation"].get("mean_sm_pct")
-              is not None else f"skipped: {p['sm_utilisation'].get('reason', 'no sample')}"),
+             ("SM utilisation while fitting", sm_note(p["sm_utilisation"])),
              ("β* (power)", summary_note(p["power"])),
              (f"fit {c['families']} (cpu)", summary_note(p["fit_cpu"])),
              ("attention on pixels (cpu)", summary_note(p["attention_cpu"])),
