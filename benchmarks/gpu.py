@@ -398,12 +398,12 @@ def print_table(report: dict) -> None:
     rows = [("generate", f"{p['generate']['seconds']} s")]
     for r in p["extract"]["runs"]:
         rows.append((f"extract {r['model']} {r['dtype']}", f"{r['seconds']} s" if "seconds" in r else "skipped"))
-    rows += [(f"fit {c['families']} ({c['device']})", summary_note(p["fit_device"])),
-             (f"attention on pixels ({c['device']})", summary_note(p["attention_device"])),
+    rows += [(f"fit {c['families']} (device {c['device']})", summary_note(p["fit_device"])),
+             (f"attention on pixels (device {c['device']})", summary_note(p["attention_device"])),
              ("SM utilisation while fitting", sm_note(p["sm_utilisation"])),
              ("β* (power)", summary_note(p["power"])),
-             (f"fit {c['families']} (cpu)", summary_note(p["fit_cpu"])),
-             ("attention on pixels (cpu)", summary_note(p["attention_cpu"])),
+             (f"fit {c['families']} (CPU path)", summary_note(p["fit_cpu"])),
+             ("attention on pixels (CPU path)", summary_note(p["attention_cpu"])),
              ("cpu / device", summary_note(p["ratio"]) if p["ratio"]["status"] == "skipped" else
               "; ".join(f"{k} {v}" for k, v in p["ratio"].items() if k != "status"))]
     width = max(len(name) for name, _ in rows)

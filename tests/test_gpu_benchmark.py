@@ -57,7 +57,7 @@ def test_tiny_cpu_run_reports_every_phase_within_its_budget(tmp_path):
     assert report["elapsed_s"] <= budget + 10
     assert report["skipped"] == sorted(set(report["skipped"]), key=report["skipped"].index)
     assert "cut for the budget" in proc.stdout or not report["skipped"]
-    for line in ("extract random:dinov2-small fp32", "attention on pixels (cpu)", "cpu / device"):
+    for line in ("extract random:dinov2-small fp32", "attention on pixels (CPU path)", "cpu / device"):
         assert line in proc.stdout
 
 
