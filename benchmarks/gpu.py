@@ -1,0 +1,449 @@
+"""What a GPU buys: extraction and every probe family's fit of a backbone, on the device and on the CPU.
+
+One command for a CUDA machine (issue 37's benchmark):
+
+    PYTHONPATH=. python benchmarks/gpu.py [--budget 360] [--json gpu.json]
+
+generates the colorshape small preset (128 px, 2,000/500/500 scenes, seed 0), then
+
+1. times extraction of `random:dinov2-small` (all 13 hidden states, views cls and mean) and of
+   `pixels` (view all), in fp32 and in bf16;
+2. times the fit of linear, quadratic, dnn over every (layer, view) row set of
+   `random:dinov2-small` and of attention on `pixels` (tokens all) on the device, sampling SM
+   utilisation every second with `nvidia-smi dmon` meanwhile;
+3. fits the oracles (objects, features, mix-0.5; cls) on the device, so that the GPU's power is
+   read beside its speed (with pixels under attention from step 2);
+4. fits the same row sets and attention on the CPU path (torch threads = every core) for the
+   device/CPU ratio.
+
+Everything stops within `--budget` seconds: each fitting phase gets a share of the time left
+(unused time passes on), a row-set loop stops before a row set that would not fit, and a fit
+still running at the end of its share is stopped (`OutOfBudget`). What was cut is said: a phase
+is `done`, `partial` (row sets done of the total, the total extrapolated and labelled so) or
+`skipped`/`stopped` with its reason. `--device cpu` and the size options run it end to end on
+any machine (tests/test_gpu_benchmark.py does, at tiny sizes). The project need not be installed:
+the checkout's root goes on sys.path, and nothing here imports the 3D renderer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# After PYTHONPATH's entries, so that `PYTHONPATH=OTHER_CHECKOUT` times that checkout's probes.
+sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.core.dataset import Dataset  # noqa: E402
+from bench.core.errors import BenchError  # noqa: E402
+from evaluators.backbones import Backbone, resolve_backbone  # noqa: E402
+from evaluators.extract import extract_activations  # noqa: E402
+from evaluators.training import RowReader, TrainConfig  # noqa: E402
+from generators.base import build_config, get_generator  # noqa: E402
+from generators.engine import generate  # noqa: E402
+
+try:  # the evaluator's layout moved (evaluators/binding); the entry points kept their names
+    from evaluators.binding import binding_task, evaluate_binding  # noqa: E402
+except ImportError:
+    from evaluators.run import binding_task, evaluate_binding  # noqa: E402
+
+SPLITS = ("train", "val", "test")
+MODEL, PIXELS = "random:dinov2-small", "pixels"
+ORACLES = ("oracle:objects", "oracle:features", "oracle:mix-0.5")
+#: Weights of the fitting phases in the time left after extraction; a phase gets
+#: left × its weight / the weights of the phases still to run, so time one leaves passes on.
+SHARES = {"fit_device": 0.35, "attention_device": 0.2, "power": 0.15, "fit_cpu": 0.2, "attention_cpu": 0.1}
+#: bf16 extraction is skipped when, by the fp32 time, it would leave less than this part of
+#: the budget to the fits.
+FIT_RESERVE = 0.6
+
+
+class OutOfBudget(BaseException):
+    """A fit ran past its phase's share. A BaseException: the evaluator turns an Exception
+    inside a fit into an error row and goes on, and this must end the phase instead."""
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise OutOfBudget in the main thread once `seconds` have passed."""
+    def _alarm(signum, frame):
+        raise OutOfBudget
+
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class Clock:
+    """The run's budget: what is left, and each fitting phase's share of it."""
+
+    def __init__(self, budget: float) -> None:
+        self.budget, self.t0 = budget, time.perf_counter()
+        self.pending = dict(SHARES)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.budget - self.elapsed()
+
+    def share(self, phase: str) -> float:
+        weight = self.pending.pop(phase)
+        return self.left() * weight / (weight + sum(self.pending.values()))
+
+
+def read_dmon(lines: Iterable[str]) -> Iterator[float]:
+    """The 'sm' column (%) of `nvidia-smi dmon -s u` output, one value per data line; the
+    column is found in the header line ('# gpu sm mem ...'), and '-' (no reading) is skipped."""
+    column = None
+    for line in lines:
+        fields = line.split()
+        if not fields:
+            continue
+        if fields[0] == "#":
+            if "sm" in fields[1:]:
+                column = fields[1:].index("sm")
+            continue
+        if column is not None and column < len(fields):
+            try:
+                yield float(fields[column])
+            except ValueError:
+                continue
+
+
+class SmSampler:
+    """`nvidia-smi dmon -s u -d 1` in the background: SM utilisation with the time it was read."""
+
+    def __init__(self) -> None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+        self.samples: list[tuple[float, float]] = []
+        self.proc = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-d", "1", "-i", visible if visible.isdigit()
+                                      else "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for value in read_dmon(self.proc.stdout):
+            self.samples.append((time.perf_counter(), value))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+        self.thread.join(timeout=5)
+
+    def mean(self, start: float, stop: float) -> dict:
+        values = [v for t, v in self.samples if start <= t <= stop]
+        if not values:
+            return {"status": "skipped", "reason": "no sample in the window (shorter than dmon's 1 s period)"}
+        return {"status": "done", "mean_sm_pct": round(sum(values) / len(values), 1), "samples": len(values)}
+
+
+def make_dataset(root: Path, n_train: int, n_eval: int, image_size: int, seed: int) -> Dataset:
+    """The small preset at `image_size` px; below 128 px its objects and margins shrink with the
+    image (16 and 4 px at 128), so that its 18 objects still fit a tiny test image."""
+    gen = get_generator("colorshape")
+    shrink = {"object_size": max(2, 16 * image_size // 128), "margin": max(1, 4 * image_size // 128)} \
+        if image_size < 128 else {}
+    cfg = build_config(gen, "small", {"n_train": n_train, "n_val": n_eval, "n_test": n_eval,
+                                      "image_size": image_size, "seed": seed, **shrink})
+    generate(gen, cfg, root / "small", workers=os.cpu_count() or 1)
+    return Dataset(root / "small")
+
+
+def extract(spec: str | Backbone, ds: Dataset, layers: str, views: list[str], device: str, dtype: str, cache: Path,
+            input_size: int | None = None) -> tuple[dict, float]:
+    """Every split's activations and the seconds they took (a fresh cache: nothing is read back).
+    A resolved `spec` is built once, outside the time, not once per split."""
+    t0 = time.perf_counter()
+    acts = {s: extract_activations(spec, ds, s, layers=layers, views=views, device=device, dtype=dtype,
+                                   image_size=input_size, cache_dir=cache, progress=False) for s in SPLITS}
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return acts, time.perf_counter() - t0
+
+
+def fit(acts: dict, task, layer: int, view: str, families: list[str], device: str) -> tuple[float, dict]:
+    """(wall s, β* per family) of one row set, at the evaluator's default settings on `device`."""
+    inputs = {s: RowReader(a.get(layer, view)) for s, a in acts.items()}
+    t0 = time.perf_counter()
+    res = evaluate_binding(inputs, task, families, train=TrainConfig(device=device), n_boot=200)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, {f: _num(r.metrics.get("beta_star")) for f, r in res.items()}
+
+
+def _num(x) -> float | None:
+    return None if x is None or x != x else round(float(x), 4)
+
+
+def fit_row_sets(acts: dict, task, row_sets: list[tuple[int, str]], families: list[str], device: str,
+                 allowance: float) -> dict:
+    """Fit row sets in order while the next one (at the mean so far) fits in `allowance` s."""
+    if allowance <= 0:
+        return {"status": "skipped", "reason": "budget spent", "row_sets_total": len(row_sets)}
+    out: dict = {"row_sets_total": len(row_sets), "row_sets_done": 0, "seconds": 0.0, "times": {}, "beta": {}}
+    start = time.perf_counter()
+    for layer, view in row_sets:
+        spent = time.perf_counter() - start
+        done = out["row_sets_done"]
+        if done and spent + spent / done > allowance:
+            out["reason"] = f"the next row set would pass this phase's {allowance:.0f} s"
+            break
+        try:
+            with deadline(allowance - spent):
+                wall, beta = fit(acts, task, layer, view, families, device)
+        except OutOfBudget:
+            out["reason"] = f"row set {layer}/{view} stopped at this phase's {allowance:.0f} s"
+            break
+        key = f"{layer}/{view}"
+        out["times"][key], out["beta"][key] = round(wall, 2), beta
+        out["row_sets_done"] += 1
+        out["seconds"] = round(out["seconds"] + wall, 2)
+    done = out["row_sets_done"]
+    if not done:
+        return {"status": "skipped", "reason": out.get("reason", "no row set"), "row_sets_total": len(row_sets)}
+    out["per_row_set_s"] = round(out["seconds"] / done, 2)
+    out["all_row_sets_s"] = round(out["per_row_set_s"] * len(row_sets), 2)
+    out["status"] = "done" if done == len(row_sets) else "partial"
+    out["all_row_sets_extrapolated"] = done < len(row_sets)
+    return out
+
+
+def fit_attention(acts: dict, task, layer: int, device: str, allowance: float) -> dict:
+    if allowance <= 0:
+        return {"status": "skipped", "reason": "budget spent"}
+    t0 = time.perf_counter()
+    try:
+        with deadline(allowance):
+            wall, beta = fit(acts, task, layer, "all", ["attention"], device)
+    except OutOfBudget:
+        return {"status": "stopped", "reason": f"still training at this phase's {allowance:.0f} s",
+                "seconds_at_least": round(time.perf_counter() - t0, 2)}
+    return {"status": "done", "seconds": round(wall, 2), "beta_star": beta["attention"]}
+
+
+def power(ds: Dataset, task, families: list[str], device: str, cache: Path, allowance: float) -> dict:
+    """β* of each oracle's cls row set (extraction included in its time)."""
+    out: dict = {"status": "done", "beta": {}, "seconds": 0.0}
+    start = time.perf_counter()
+    for spec in ORACLES:
+        left = allowance - (time.perf_counter() - start)
+        if left <= 0:
+            out.update(status="partial" if out["beta"] else "skipped", reason=f"budget spent before {spec}")
+            break
+        try:
+            with deadline(left):
+                acts, _ = extract(spec, ds, "last", ["cls"], device, "fp32", cache)
+                _, beta = fit(acts, task, acts["train"].layers[-1], "cls", families, device)
+        except OutOfBudget:
+            out.update(status="partial" if out["beta"] else "stopped", reason=f"{spec} stopped at {allowance:.0f} s")
+            break
+        out["beta"][spec] = beta
+    out["seconds"] = round(time.perf_counter() - start, 2)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    clock = Clock(args.budget)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(cores)
+    families = args.families.split(",")
+    report: dict = {"config": {**vars(args), "torch": torch.__version__, "cpu_threads": cores,
+                               "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"},
+                    "phases": {}}
+    phases = report["phases"]
+    root = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+    sampler = None
+    try:
+        cache = root / "cache"
+        t0 = time.perf_counter()
+        ds = make_dataset(root, args.n_train, args.n_eval, args.image_size, args.seed)
+        task = binding_task(ds)
+        phases["generate"] = {"status": "done", "seconds": round(time.perf_counter() - t0, 2)}
+        say(f"generated {args.n_train}/{args.n_eval}/{args.n_eval} scenes at {args.image_size} px "
+            f"in {phases['generate']['seconds']} s")
+
+        runs, fp32 = [], {}
+        for spec, layers, views, side in ((MODEL, args.layers, ["cls", "mean"], args.input_size),
+                                          (PIXELS, "last", ["all"], None)):
+            backbone = resolve_backbone(spec)
+            fp32[spec], secs = extract(backbone, ds, layers, views, args.device, "fp32", cache, side)
+            runs.append({"model": spec, "dtype": "fp32", "status": "done", "seconds": round(secs, 2)})
+            if clock.left() - secs < FIT_RESERVE * args.budget:
+                runs.append({"model": spec, "dtype": "bf16", "status": "skipped",
+                             "reason": f"at the fp32 time ({secs:.1f} s) it would leave the fits under "
+                                       f"{FIT_RESERVE:.0%} of the budget"})
+                continue
+            _, secs = extract(backbone, ds, layers, views, args.device, "bf16", cache, side)
+            runs.append({"model": spec, "dtype": "bf16", "status": "done", "seconds": round(secs, 2)})
+        phases["extract"] = {"status": "done" if all(r["status"] == "done" for r in runs) else "partial",
+                             "runs": runs, "layers": fp32[MODEL]["train"].layers}
+        say("extraction: " + ", ".join(f"{r['model']} {r['dtype']} " + (f"{r['seconds']} s" if "seconds" in r
+                                                                          else "skipped") for r in runs))
+
+        acts = fp32[MODEL]
+        row_sets = [(layer, view) for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
+        pixel_layer = fp32[PIXELS]["train"].layers[-1]
+        if args.device == "cuda" and shutil.which("nvidia-smi"):
+            sampler = SmSampler()
+        windows = {}
+        start = time.perf_counter()
+        phases["fit_device"] = fit_row_sets(acts, task, row_sets, families, args.device, clock.share("fit_device"))
+        windows["fit_device"] = (start, time.perf_counter())
+        say(f"fit on {args.device}: {summary_note(phases['fit_device'])}")
+        start = time.perf_counter()
+        phases["attention_device"] = fit_attention(fp32[PIXELS], task, pixel_layer, args.device,
+                                                   clock.share("attention_device"))
+        windows["attention_device"] = (start, time.perf_counter())
+        say(f"attention on pixels, {args.device}: {summary_note(phases['attention_device'])}")
+        if sampler is not None:
+            sampler.stop()
+            whole = sampler.mean(windows["fit_device"][0], windows["attention_device"][1])
+            phases["sm_utilisation"] = {**whole, **{k: sampler.mean(*w) for k, w in windows.items()}}
+            sampler = None
+        else:
+            phases["sm_utilisation"] = {"status": "skipped", "reason": "device is cpu" if args.device != "cuda"
+                                        else "nvidia-smi not found"}
+
+        phases["power"] = power(ds, task, families, args.device, cache, clock.share("power"))
+        phases["power"]["pixels_attention"] = phases["attention_device"].get("beta_star")
+        say(f"power: {summary_note(phases['power'])}")
+
+        cpu_rows = fit_row_sets(acts, task, row_sets, families, "cpu", clock.share("fit_cpu"))
+        phases["fit_cpu"] = cpu_rows
+        phases["attention_cpu"] = fit_attention(fp32[PIXELS], task, pixel_layer, "cpu", clock.share("attention_cpu"))
+        phases["ratio"] = ratios(phases)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    report["elapsed_s"] = round(clock.elapsed(), 1)
+    report["skipped"] = [f"{name}: {p['reason']}" for name, p in phases.items() if p.get("reason")]
+    report["skipped"] += [f"extract {r['model']} {r['dtype']}: {r['reason']}" for r in phases["extract"]["runs"]
+                          if r.get("reason")]
+    return report
+
+
+def ratios(phases: dict) -> dict:
+    """CPU seconds over device seconds, on the row sets both fitted (and attention if both finished)."""
+    dev, cpu = phases["fit_device"].get("times", {}), phases["fit_cpu"].get("times", {})
+    both = [k for k in cpu if k in dev]
+    out: dict = {"status": "done"}
+    if both:
+        out["row_sets_compared"] = len(both)
+        out["cpu_over_device"] = round(sum(cpu[k] for k in both) / max(sum(dev[k] for k in both), 1e-9), 2)
+    att_d, att_c = phases["attention_device"], phases["attention_cpu"]
+    if att_d.get("status") == "done" and att_c.get("status") in ("done", "stopped"):
+        c = att_c.get("seconds", att_c.get("seconds_at_least"))
+        out["attention_cpu_over_device"] = round(c / max(att_d["seconds"], 1e-9), 2)
+        out["attention_ratio_is_lower_bound"] = att_c["status"] == "stopped"
+    if len(out) == 1:
+        return {"status": "skipped", "reason": "no fit finished on both the device and the CPU"}
+    return out
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def summary_note(p: dict) -> str:
+    if p.get("status") in ("skipped", "stopped") and "seconds_at_least" not in p:
+        return f"{p['status']}: {p.get('reason', '')}"
+    if "row_sets_total" in p:
+        note = (f"{p['row_sets_done']}/{p['row_sets_total']} row sets in {p['seconds']} s "
+                f"({p['per_row_set_s']} s each; all {p['all_row_sets_s']} s"
+                + (", extrapolated)" if p["all_row_sets_extrapolated"] else ")"))
+    elif "seconds_at_least" in p:
+        note = f"> {p['seconds_at_least']} s (stopped)"
+    elif "beta" in p:
+        note = "; ".join(f"{spec} " + ", ".join(f"{f} {b}" for f, b in beta.items())
+                         for spec, beta in p["beta"].items())
+        if p.get("pixels_attention") is not None:
+            note += f"; pixels attention {p['pixels_attention']}"
+    else:
+        note = f"{p['seconds']} s, β* {p.get('beta_star')}"
+    return note + (f"  [{p['reason']}]" if p.get("reason") else "")
+
+
+def sm_note(sm: dict) -> str:
+    if sm["status"] != "done":
+        return f"skipped: {sm['reason']}"
+    parts = [f"{k} {w['mean_sm_pct']} %" for k, w in sm.items() if isinstance(w, dict) and "mean_sm_pct" in w]
+    return f"{sm['mean_sm_pct']} % mean over {sm['samples']} s ({', '.join(parts)})"
+
+
+def print_table(report: dict) -> None:
+    p = report["phases"]
+    c = report["config"]
+    print(f"{MODEL} + {PIXELS} on {c['device_name']} ({c['cpu_threads']} CPU threads), small preset at "
+          f"{c['image_size']} px, {c['n_train']}/{c['n_eval']}/{c['n_eval']} scenes, budget {c['budget']:.0f} s, "
+          f"took {report['elapsed_s']} s")
+    rows = [("generate", f"{p['generate']['seconds']} s")]
+    for r in p["extract"]["runs"]:
+        rows.append((f"extract {r['model']} {r['dtype']}", f"{r['seconds']} s" if "seconds" in r else "skipped"))
+    rows += [(f"fit {c['families']} (device {c['device']})", summary_note(p["fit_device"])),
+             (f"attention on pixels (device {c['device']})", summary_note(p["attention_device"])),
+             ("SM utilisation while fitting", sm_note(p["sm_utilisation"])),
+             ("β* (power)", summary_note(p["power"])),
+             (f"fit {c['families']} (CPU path)", summary_note(p["fit_cpu"])),
+             ("attention on pixels (CPU path)", summary_note(p["attention_cpu"])),
+             ("cpu / device", summary_note(p["ratio"]) if p["ratio"]["status"] == "skipped" else
+              "; ".join(f"{k} {v}" for k, v in p["ratio"].items() if k != "status"))]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+    if report["skipped"]:
+        print("cut for the budget: " + "; ".join(report["skipped"]))
+
+
+def refuse(text: str) -> None:
+    """A bad input: one line, exit status 2."""
+    print(f"gpu.py: {text}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--budget", type=float, default=360.0, help="seconds the whole run may take")
+    ap.add_argument("--n-train", type=int, default=2000)
+    ap.add_argument("--n-eval", type=int, default=500)
+    ap.add_argument("--image-size", type=int, default=128)
+    ap.add_argument("--input-size", type=int, help=f"{MODEL}'s input side in px (default: its native 224)")
+    ap.add_argument("--layers", default="all", help=f"hidden states of {MODEL} (all, last, 0,6,12, ...)")
+    ap.add_argument("--families", default="linear,quadratic,dnn")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="also write the summary here")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        refuse("no CUDA device here; --device cpu runs the CPU path alone")
+    if args.budget <= 0 or min(args.n_train, args.n_eval, args.image_size, args.input_size or 1) < 1:
+        refuse("--budget, --n-train, --n-eval, --image-size and --input-size must be positive")
+    try:
+        report = run(args)
+    except BenchError as e:
+        refuse(str(e))
+    print_table(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
