@@ -62,7 +62,7 @@ def demo(
         raise BenchError(f"image_size: must be > 0, got {image_size}")
     if epochs is not None and epochs < 1:
         raise BenchError(f"epochs: must be ≥ 1, got {epochs}")
-    from evaluators.zoo.recipes import SCENES
+    from bench.api import SCENES
 
     side = SCENES["image_size"] if image_size is None else image_size
     gen, config = _demo_config(n_train, n_val, n_test, side)
@@ -74,7 +74,7 @@ def demo(
     check_writable(work, "out")  # now, not after minutes of training
     _write_manifest(work, settings)
     data, results = work / "colorshape-demo", work / "results"
-    from leaderboards.tables import render_leaderboards
+    from bench.api import render_leaderboards
 
     stderr.print(f"[bold]1/4[/bold] generating the zoo's kind of ColorShape scenes ({n_train}/{n_val}/{n_test}, "
                  f"{side} px) in {data}")
@@ -178,7 +178,7 @@ def _zoo_in_background() -> Iterator[Callable[[], dict[str, Path]]]:
     let the next run resume). Variants (`bench zoo train --seed/--steps`) are not what zoo:NAME names."""
     import multiprocessing
 
-    from evaluators.zoo import get_recipe, status, zoo_root
+    from bench.api import get_recipe, status, zoo_root
 
     todo = {spec: get_recipe(spec.split(":", 1)[1]) for spec in ZOO_MODELS
             if status(spec.split(":", 1)[1])["status"] != "trained"}
@@ -216,7 +216,7 @@ def _zoo_in_background() -> Iterator[Callable[[], dict[str, Path]]]:
 def _train_zoo(recipes: dict[str, Any], root: Path, send: Any) -> None:
     """In the child: train each recipe in turn, sending (spec, directory, None), or (None, None, the
     error's one line) and stop."""
-    from evaluators.zoo.training import train_recipe
+    from bench.api import train_recipe
 
     try:
         for spec, recipe in recipes.items():
@@ -227,8 +227,7 @@ def _train_zoo(recipes: dict[str, Any], root: Path, send: Any) -> None:
 
 def _demo_config(n_train: int, n_val: int, n_test: int, image_size: int) -> tuple[Any, Any]:
     """The generator and config of the demo's scenes."""
-    from evaluators.zoo.recipes import DATA_PRESET, SCENES
-    from generators.base import build_config, get_generator
+    from bench.api import DATA_PRESET, SCENES, build_config, get_generator
 
     gen = get_generator("colorshape")
     return gen, build_config(gen, DATA_PRESET, dict(SCENES, n_train=n_train, n_val=n_val, n_test=n_test,
@@ -238,8 +237,7 @@ def _demo_config(n_train: int, n_val: int, n_test: int, image_size: int) -> tupl
 def _demo_dataset(target: Path, gen: Any, config: Any) -> None:
     """Generate the demo's scenes into `target`, or reuse them when an earlier demo made the same there."""
     from bench.core.dataset import CARD_NAME, Dataset
-    from generators.base import config_to_dict
-    from generators.engine import generate
+    from bench.api import config_to_dict, render_dataset as generate
 
     if (target / CARD_NAME).exists():
         card = Dataset(target).card
@@ -259,7 +257,7 @@ def _evaluation_settings(results: Path) -> Iterator[None]:
     $BINDINGBENCH_CACHE is set), so a demo leaves only the zoo in the user's cache."""
     import torch
 
-    from evaluators.zoo import ZOO_ENV, zoo_root
+    from bench.api import ZOO_ENV, zoo_root
 
     threads = torch.get_num_threads()
     pinned = {ZOO_ENV: str(zoo_root()),  # the zoo stays where it is trained
@@ -274,8 +272,7 @@ def _evaluation_settings(results: Path) -> Iterator[None]:
 
 def _evaluate(models: Sequence[str], data: Path, results: Path, epochs: int | None, control: str | None = None) -> None:
     """The evaluator with its defaults, on `cls` at the last layer."""
-    from evaluators.plan import EvaluationPlan
-    from evaluators.run import run_evaluation
+    from bench.api import EvaluationPlan, run_evaluation
 
     run_evaluation(EvaluationPlan(list(models), data, task="binding", layers="last", tokens=("cls",),
                                   probes=DEMO_PROBES, results_dir=results, epochs=epochs, control=control))
@@ -284,8 +281,7 @@ def _evaluate(models: Sequence[str], data: Path, results: Path, epochs: int | No
 def _demo_boards(results: Path, fmt: Format) -> list[Any]:
     """β* of the backbones, ranked by paired differences (the control's row shown apart, unranked);
     for tables, β*_paper of the same runs to compare."""
-    from leaderboards.store import load_selected
-    from leaderboards.tables import build_leaderboard
+    from bench.api import build_leaderboard, load_selected
 
     selected = load_selected(results)
     if selected.note:

@@ -40,7 +40,7 @@ def ade20k(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scen
            val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """ADE20K with per-image instance masks (e.g. ADE20K_2021_17_01): for --task issameobject."""
-    from generators.importers import ade20k as mod
+    from bench.api import ade20k as mod
 
     _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
     _run(mod.load(src, top_n=top_n, max_scenes=max_scenes), out, src, split_seed, max_scenes, val_fraction,
@@ -54,7 +54,7 @@ def vg(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: 
        val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """Visual Genome v1.2 (image_data.json, objects.json, attributes.json, VG_100K*/): VG:Color or VG:TopAttr."""
-    from generators.importers import vg as mod
+    from bench.api import vg as mod
 
     _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
     _run(mod.load(src, coding=coding, top_n=top_n, max_scenes=max_scenes), out, src, split_seed, max_scenes,
@@ -66,7 +66,7 @@ def clevr(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scene
           val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """CLEVR v1.0 (scenes/CLEVR_<split>_scenes.json + images/<split>/): size x colour x material x shape."""
-    from generators.importers import clevr_v1 as mod
+    from bench.api import clevr_v1 as mod
 
     _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
     _run(mod.load(src, max_scenes=max_scenes), out, src, split_seed, max_scenes, val_fraction, test_fraction,
@@ -99,7 +99,7 @@ def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, im
 
 def _run(source: Any, out: Path, src: Path, split_seed: int, max_scenes: int | None, val_fraction: float,
          test_fraction: float, overwrite: bool, options: dict[str, Any]) -> None:
-    from generators.importers.common import write_import
+    from bench.api import write_import
 
     config = {"source": source.name, "src": str(src.resolve()), "split_seed": split_seed, "max_scenes": max_scenes,
               "val_fraction": val_fraction, "test_fraction": test_fraction, **options}

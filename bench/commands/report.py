@@ -37,8 +37,7 @@ def toys_analysis(
 ) -> None:
     """Score patch pairs of identical-object toy scenes by pair category, per layer."""
     from bench.core.results import check_writable
-    from evaluators.issameobject import check_probes
-    from evaluators.toy_analysis import TABLE_COLUMNS, run_toy_analysis, table_rows, write_analysis
+    from bench.api import TABLE_COLUMNS, check_probes, run_toy_analysis, table_rows, write_analysis
 
     check_probes([probe])  # every check that can fail runs before the extraction
     if heatmap_scenes < 0:
@@ -66,7 +65,7 @@ def report(
         False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`."),
 ) -> None:
     """Write a self-contained HTML report (opens from disk, no server, no network)."""
-    from leaderboards.report import METRIC_KEYS, build_report
+    from bench.api import METRIC_KEYS, build_report
 
     if metric not in METRIC_KEYS[:3]:
         raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(METRIC_KEYS[:3])}")
