@@ -1,5 +1,6 @@
-"""The rows of a binding run, as the local loop and the Ray tasks both make them: the columns a
-backbone's rows share, one (backbone, layer, view, seed)'s rows, and error rows."""
+"""Result rows as the local loop and the Ray tasks both make them: the columns a backbone's rows
+share (both tasks), the binding rows of one (backbone, layer, view, seed), and the error of a
+backbone that failed to run (both tasks)."""
 
 from __future__ import annotations
 
