@@ -16,16 +16,17 @@ functions with a command line around them. Bad input raises `BenchError` with on
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
-import pandas as pd
-
 from bench.core.errors import BenchError
 
 if TYPE_CHECKING:  # importing a backbone imports torch: only `evaluate` needs it, when called
+    import pandas as pd
+
     from evaluators.backbones.base import Backbone
     from evaluators.backbones.module_adapter import ModuleAdapter
 
@@ -214,6 +215,8 @@ def load_results(results: PathLike, *, show_old: bool = False, per_scene: bool =
     from leaderboards.store import PER_SCENE_COLUMNS, load_selected
 
     selected = load_selected(results, show_old=show_old)
+    import pandas as pd
+
     frame = pd.DataFrame(selected.rows)
     if not per_scene:
         frame = frame.drop(columns=[c for c in PER_SCENE_COLUMNS if c in frame.columns])
@@ -241,11 +244,15 @@ def leaderboard(frame: pd.DataFrame, *, dataset: str | None = None, task: str | 
                                   for r in frame.to_dict(orient="records")]
     board = build_leaderboard(rows, dataset=dataset, task=task, metric=metric, probes=probes, tokens=tokens,
                               layer=layer, reference=reference)
+    import pandas as pd
+
     return pd.DataFrame(tidy_records(board))
 
 
 def _missing(value: Any) -> bool:
     """A pandas gap (NaN, None, NaT) in a scalar cell; lists and arrays are values."""
+    import pandas as pd
+
     return not isinstance(value, (list, tuple)) and not hasattr(value, "shape") and bool(pd.isna(value))
 
 
@@ -362,3 +369,71 @@ def study_next_commands(study: Any, out: PathLike) -> list[str]:
 
     return next_commands(study, Path(out))
 
+
+#: What the CLI (`bench.commands`) reads of the layers below, by name: `bench.commands` imports
+#: only this module and `bench.core` (tests/test_layers.py), and each name is imported from its
+#: home only when a command first reads it, so `bench --help` loads neither torch nor pandas.
+#: name -> (module, attribute; None for the module itself).
+_FOR_THE_CLI: dict[str, tuple[str, str | None]] = {
+    "COMPARE_COLUMNS": ("leaderboards.board", "COMPARE_COLUMNS"),
+    "DATA_PRESET": ("evaluators.zoo.recipes", "DATA_PRESET"),
+    "EvaluationPlan": ("evaluators.plan", "EvaluationPlan"),
+    "METRIC_KEYS": ("leaderboards.report", "METRIC_KEYS"),
+    "SCENES": ("evaluators.zoo.recipes", "SCENES"),
+    "SOURCES": ("evaluators.backbones", "SOURCES"),
+    "TABLE_COLUMNS": ("evaluators.toy_analysis", "TABLE_COLUMNS"),
+    "ZOO_ENV": ("evaluators.zoo", "ZOO_ENV"),
+    "ade20k": ("generators.importers.ade20k", None),
+    "build_config": ("generators.base", "build_config"),
+    "build_leaderboard": ("leaderboards.board", "build_leaderboard"),
+    "build_report": ("leaderboards.report", "build_report"),
+    "cache_root": ("evaluators.cache", "cache_root"),
+    "check_probes": ("evaluators.issameobject", "check_probes"),
+    "clevr_v1": ("generators.importers.clevr_v1", None),
+    "compare_backbones": ("leaderboards.board", "compare_backbones"),
+    "config_to_dict": ("generators.base", "config_to_dict"),
+    "contact_sheet": ("generators.preview", "contact_sheet"),
+    "extract_activations": ("evaluators.extract", "extract_activations"),
+    "get_generator": ("generators.base", "get_generator"),
+    "get_recipe": ("evaluators.zoo", "get_recipe"),
+    "inventory": ("evaluators.zoo", "inventory"),
+    "list_entries": ("evaluators.cache_inventory", "list_entries"),
+    "list_generators": ("generators.base", "list_generators"),
+    "listed_by_source": ("evaluators.backbones", "listed_by_source"),
+    "load_selected": ("leaderboards.store", "load_selected"),
+    "metrics_help": ("leaderboards.metrics", "metrics_help"),
+    "model_path": ("evaluators.zoo", "model_path"),
+    "none_published": ("leaderboards.published", "none_published"),
+    "plots": ("leaderboards.plots", None),
+    "probes_help": ("evaluators.families", "probes_help"),
+    "remove_entries": ("evaluators.cache_inventory", "remove_entries"),
+    "render_dataset": ("generators.engine", "generate"),
+    "render_leaderboard": ("leaderboards.render", "render_leaderboard"),
+    "render_leaderboards": ("leaderboards.render", "render_leaderboards"),
+    "resolve_backbone": ("evaluators.backbones", "resolve_backbone"),
+    "run_evaluation": ("evaluators.run", "run_evaluation"),
+    "run_toy_analysis": ("evaluators.toy_analysis", "run_toy_analysis"),
+    "select_entries": ("evaluators.cache_inventory", "select_entries"),
+    "source_of": ("evaluators.backbones", "source_of"),
+    "spec_source": ("evaluators.backbones", "spec_source"),
+    "status": ("evaluators.zoo", "status"),
+    "table_rows": ("evaluators.toy_analysis", "table_rows"),
+    "tokens_filter_help": ("evaluators.families", "tokens_filter_help"),
+    "tokens_help": ("evaluators.families", "tokens_help"),
+    "train_recipe": ("evaluators.zoo.training", "train_recipe"),
+    "train_zoo": ("evaluators.zoo", "train"),
+    "vg": ("generators.importers.vg", None),
+    "write_analysis": ("evaluators.toy_analysis", "write_analysis"),
+    "write_import": ("generators.importers.common", "write_import"),
+    "zoo_root": ("evaluators.zoo", "zoo_root"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of `_FOR_THE_CLI`, imported from its home now (never kept here: a test that puts
+    another module in its place, in `sys.modules`, is read)."""
+    if name not in _FOR_THE_CLI:
+        raise AttributeError(f"module 'bench.api' has no attribute {name!r}")
+    module, attribute = _FOR_THE_CLI[name]
+    home = importlib.import_module(module)
+    return home if attribute is None else getattr(home, attribute)

@@ -32,7 +32,8 @@ from bench.core.dataset import Dataset  # noqa: E402
 from evaluators.backbones.ground_truth import mixed_share  # noqa: E402
 from evaluators.extract import extract_activations  # noqa: E402
 from evaluators.metrics import metric_checks  # noqa: E402
-from evaluators.run import SPLITS, binding_task, evaluate_binding  # noqa: E402
+from evaluators.binding.columns import evaluate_binding  # noqa: E402
+from evaluators.binding.task import SPLITS, binding_task  # noqa: E402
 from evaluators.training import RowReader, TrainConfig  # noqa: E402
 from generators.base import build_config, get_generator  # noqa: E402
 from generators.engine import generate  # noqa: E402

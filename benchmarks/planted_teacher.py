@@ -37,7 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluators.probes import build_probe  # noqa: E402
+from evaluators.families import BINDING_PROBES  # noqa: E402
+from evaluators.probes import build_probe, probe_optim  # noqa: E402
 from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402
 
 #: Which families can represent each teacher (the ones trained on it).
@@ -124,11 +125,12 @@ def run(teacher: Teacher, families: tuple[str, ...], sizes: dict[str, int], conf
 
     print(f"  {'prior (untrained)':22s} {prior_bits:8.2f} {0.0:7.1f}%  H(O|Z) = {h_test:.2f} bits")
     for fam in families:
-        arrays = spatial if fam == "attention" else {s: z for s, (z, _, _) in data.items()}
+        arrays = spatial if BINDING_PROBES.get(fam).spatial else {s: z for s, (z, _, _) in data.items()}
         inputs = {s: RowReader(a) for s, a in arrays.items()}
         model = build_probe(fam, arrays["train"].shape[-1], k, seed=seed)
         t0 = time.perf_counter()
-        r = fit_probes([ProbeJob(fam, model, targets, prior=prior)], inputs, config)[fam]
+        job = ProbeJob(fam, model, targets, prior=prior, optim=probe_optim(fam, arrays["train"].shape[-1]))
+        r = fit_probes([job], inputs, config)[fam]
         wall = time.perf_counter() - t0
         assert r.error is None, r.error
         chosen = ", ".join(f"{key} {v:g}" if isinstance(v, float) else f"{key} {v}" for key, v in r.setting.items())

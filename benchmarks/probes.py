@@ -125,7 +125,9 @@ def family_costs(root: Path, models: list[str], n_train: int, families: tuple[st
     """Seconds to fit each family (all of its probes) on each backbone's cls activations, and on
     pixels' patch tokens for the attention family, at one torch thread: CPU seconds (what a
     comparison of two checkouts reads, even on a busy machine) beside wall seconds."""
-    from evaluators.run import SPLITS, binding_task, evaluate_binding
+    from evaluators.binding.columns import evaluate_binding
+    from evaluators.binding.task import SPLITS, binding_task
+    from evaluators.families import BINDING_PROBES
 
     torch.set_num_threads(1)
     gen = get_generator("colorshape")
@@ -134,13 +136,14 @@ def family_costs(root: Path, models: list[str], n_train: int, families: tuple[st
     task = binding_task(ds)
     print(f"family costs: balanced small preset at 128 px, {n_train}/500/500 scenes, one torch thread")
     for spec in models:
-        for view, fams in (("cls", tuple(f for f in families if f != "attention")),
-                           ("all", tuple(f for f in families if f == "attention"))):
-            if not fams or (view == "all" and spec.startswith("oracle:") and spec != "oracle:patches"):
+        spatial = {f for f in families if BINDING_PROBES.get(f).spatial}
+        for view, chosen in (("cls", tuple(f for f in families if f not in spatial)),
+                           ("all", tuple(f for f in families if f in spatial))):
+            if not chosen or (view == "all" and spec.startswith("oracle:") and spec != "oracle:patches"):
                 continue
             acts = {s: extract_activations(spec, ds, s, layers="last", views=(view,), progress=False) for s in SPLITS}
             inputs = {s: RowReader(a.get(a.layers[0], view)) for s, a in acts.items()}
-            for fam in fams:
+            for fam in chosen:
                 t0, c0 = time.perf_counter(), time.process_time()
                 r = evaluate_binding(inputs, task, [fam], train=TrainConfig(), n_boot=200)[fam]
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -15,34 +15,89 @@ from typing import Any
 from bench.core.registry import Registry
 
 
+#: The hyper-parameters of `ProbeFamily.defaults` that set its optimiser (`ProbeOptim`), not its class.
+OPTIM_KEYS = ("lr", "weight_decay", "ema")
+
+
+@dataclass(frozen=True)
+class ProbeOptim:
+    """The AdamW settings a probe's gradient stage uses (`evaluators.fitting`), from its family's
+    entry (`evaluators.probes.probe_optim`); carried on the job, never set on the module.
+
+    `ema`: the decay of the moving average of the weights that validation scores and the fit
+    keeps (None: the raw weights). Adam's noise at a rate high enough to learn quickly kept an
+    attention probe's validation bits ~2x above what the averaged weights reach."""
+
+    lr: float = 1e-2
+    weight_decay: float = 1e-4
+    ema: float | None = None
+
+
 @dataclass(frozen=True)
 class ProbeFamily:
-    """A binding probe family: its class (`module:Class` or the class) and defaults.
+    """A binding probe family, all of it: its class (`module:Class` or the class), hyper-parameters
+    and hooks. A plugin's entry gets everything a built-in's gets.
 
+    `defaults`: hyper-parameters, recorded in every result row's config (see `BINDING_PROBES`):
+    the class's constructor arguments, and `OPTIM_KEYS` for its optimiser (`ProbeOptim`).
     `spatial`: reads every token (`--tokens all`) instead of one pooled vector.
     `raw_lr`: its learning rate is not scaled down with the input width (`probes.probe_lr`):
     its inputs pass through a learned encoder first, whose width, not the input's, sets the step.
-    `defaults`: hyper-parameters, recorded in every result row's config (see `BINDING_PROBES`)."""
+    `conjunction_args`: a hook (`module:function` or the function) from the feature groups' sizes
+    to the extra constructor arguments of its probes that predict O, whose bits are conjunctions
+    of feature values (quadratic-shared's shared factors, attention's feature members).
+    `warm_starts`: its other probes start from the token encoder its O|F-probe learned
+    (`evaluators.fitting.warm_start_from`), and are fitted after it."""
 
     cls: Any
     defaults: dict[str, Any] = field(default_factory=dict)
     spatial: bool = False
     raw_lr: bool = False
+    conjunction_args: Any = None
+    warm_starts: bool = False
 
     def probe_class(self) -> type:
         """The class, imported on first use when given as `module:Class`."""
-        if not isinstance(self.cls, str):
-            return self.cls
-        module, _, name = self.cls.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _load(self.cls)
+
+    def constructor_args(self, **overrides: Any) -> dict[str, Any]:
+        """The class's hyper-parameters: the defaults with `overrides`, less the optimiser's."""
+        return {k: v for k, v in {**self.defaults, **overrides}.items() if k not in OPTIM_KEYS}
+
+    def conjunction_kwargs(self, sizes: tuple[int, ...]) -> dict[str, Any]:
+        """What `conjunction_args` gives for feature groups of these sizes (nothing without the hook)."""
+        return {} if self.conjunction_args is None else dict(_load(self.conjunction_args)(sizes))
+
+
+def _load(ref: Any) -> Any:
+    """An object given as `module:name` (imported on first use, so this module stays free of torch) or as itself."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
 class PairProbe:
-    """An IsSameObject probe: `trained` on pairs, or a training-free baseline."""
+    """An IsSameObject probe: `trained` on pairs, or a training-free baseline, and how it is made.
+
+    A trained probe's `cls` (`module:Class` or the class) is built as cls(D, *its `config_args`
+    read from `PairTrainConfig`); a baseline's `similarity` (`module:function` or the function)
+    scores token pairs as f(x, y, qk), and a baseline without one predicts the majority class.
+    `reads_qk`: the similarity needs the query/key projections of the block that reads the layer."""
 
     trained: bool
     note: str = ""
+    cls: Any = None
+    config_args: tuple[str, ...] = ()
+    similarity: Any = None
+    reads_qk: bool = False
+
+    def probe_class(self) -> type:
+        return _load(self.cls)
+
+    def similarity_function(self) -> Any:
+        return _load(self.similarity)
 
 
 @dataclass(frozen=True)
@@ -70,21 +125,25 @@ TOKEN_VIEWS: Registry[TokenView] = Registry("tokens")
 BINDING_PROBES.register("linear", ProbeFamily("evaluators.probes:LinearProbe", {"lr": 3e-2}))
 BINDING_PROBES.register("quadratic", ProbeFamily("evaluators.probes:QuadraticProbe", {"rank": 8, "lr": 1e-2}))
 BINDING_PROBES.register("quadratic-shared", ProbeFamily("evaluators.probes:SharedQuadraticProbe",
-                                                        {"rank": 8, "lr": 2e-2, "weight_decay": 0.1}))
+                                                        {"rank": 8, "lr": 2e-2, "weight_decay": 0.1},
+                                                        conjunction_args="evaluators.probes:shared_factors"))
 BINDING_PROBES.register("dnn", ProbeFamily("evaluators.probes:MadeProbe", {"hidden": 256, "depth": 1, "lr": 1e-3}))
 BINDING_PROBES.register("attention", ProbeFamily(
     "evaluators.probes:AttentionProbe",
     {"heads": 2, "key_dim": 32, "rank": 8, "width": 256, "lr": 3e-3, "weight_decay": 0.05, "ema": 0.998},
-    spatial=True, raw_lr=True))
+    spatial=True, raw_lr=True, conjunction_args="evaluators.probes:feature_members", warm_starts=True))
 
-PAIR_PROBES.register("linear", PairProbe(trained=True))
-PAIR_PROBES.register("diag-quadratic", PairProbe(trained=True))
-PAIR_PROBES.register("quadratic", PairProbe(trained=True))
-PAIR_PROBES.register("pointwise-identity", PairProbe(trained=True))
-PAIR_PROBES.register("cosine", PairProbe(trained=False))
-PAIR_PROBES.register("dot", PairProbe(trained=False))
-PAIR_PROBES.register("attention-qk", PairProbe(trained=False, note="Hugging Face, timm or OpenCLIP ViTs"))
-PAIR_PROBES.register("distance", PairProbe(trained=False))
+_SCORERS = "evaluators.issameobject.scorers"
+PAIR_PROBES.register("linear", PairProbe(trained=True, cls=f"{_SCORERS}:LinearPair"))
+PAIR_PROBES.register("diag-quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:DiagQuadraticPair"))
+PAIR_PROBES.register("quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:QuadraticPair", config_args=("rank",)))
+PAIR_PROBES.register("pointwise-identity", PairProbe(trained=True, cls=f"{_SCORERS}:PointwiseIdentityPair",
+                                                     config_args=("slots",)))
+PAIR_PROBES.register("cosine", PairProbe(trained=False, similarity=f"{_SCORERS}:cosine_similarity"))
+PAIR_PROBES.register("dot", PairProbe(trained=False, similarity=f"{_SCORERS}:dot_similarity"))
+PAIR_PROBES.register("attention-qk", PairProbe(trained=False, note="Hugging Face, timm or OpenCLIP ViTs",
+                                               similarity=f"{_SCORERS}:attention_qk_similarity", reads_qk=True))
+PAIR_PROBES.register("distance", PairProbe(trained=False, similarity=f"{_SCORERS}:distance_similarity"))
 PAIR_PROBES.register("majority", PairProbe(trained=False))
 
 TOKEN_VIEWS.register("cls", TokenView())

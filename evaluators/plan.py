@@ -30,7 +30,7 @@ from evaluators.extract import parse_views
 from evaluators.families import DEFAULT_PROBES
 from evaluators.issameobject import check_probes
 from evaluators.probes import check_family
-from evaluators.training import TrainConfig
+from evaluators.training import TrainConfig, resolve_device
 
 TASKS = ("binding", "issameobject")
 #: Per task: the layers and probe families evaluated when none are named.
@@ -286,6 +286,9 @@ class EvaluationPlan:
         train = self.train or TrainConfig()
         if self.epochs is not None:
             train = replace(train, epochs=self.epochs)
+        # a GPU trains the gradient stage under bf16 autocast: its rows hold other numbers than a
+        # CPU's, so they never share a key (a CPU request keeps the fingerprint it always had)
+        precision = {"precision": "cuda-bf16"} if resolve_device(self.device) == "cuda" else {}
         return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device")},
-                "dtype": self.dtype, "unanchored": self.unanchored, **preprocessing}
+                "dtype": self.dtype, "unanchored": self.unanchored, **preprocessing, **precision}
 

@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from bench.core.errors import BenchError
-from evaluators.families import BINDING_PROBES, TOKEN_VIEWS
+from evaluators.families import BINDING_PROBES, TOKEN_VIEWS, ProbeOptim
 
 LR_WIDTH = 64
 
@@ -78,6 +78,18 @@ def conjunction_factors(sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]
     return conj // n_rest, conj % n_rest
 
 
+def shared_factors(sizes: tuple[int, ...]) -> dict[str, Any]:
+    """quadratic-shared's hook (`ProbeFamily.conjunction_args`): an O-probe shares its factors
+    across the conjunctions of one first-group value and of one rest (`conjunction_factors`)."""
+    return {"factors": conjunction_factors(sizes)}
+
+
+def feature_members(sizes: tuple[int, ...]) -> dict[str, Any]:
+    """attention's hook (`ProbeFamily.conjunction_args`): an O-probe's bit shares its query and
+    readout with the feature values it is made of (`conjunction_members`)."""
+    return {"members": conjunction_members(sizes)}
+
+
 def conjunction_members(sizes: tuple[int, ...]) -> np.ndarray:
     """M (n_conjunctions x n_features): M[k, v] = 1 iff conjunction k has feature value v (one
     per group, group-major like F), the feature values an O bit is made of."""
@@ -106,14 +118,6 @@ class Probe(nn.Module):
     """Shared parts: input standardisation, the linear autoregressive context, conditioning."""
 
     spatial = False
-    #: AdamW learning rate and weight decay `fit_probes` uses for this probe unless its config
-    #: overrides them; `build_probe` sets the family's from its registry defaults (evaluators.families).
-    lr = 1e-2
-    weight_decay = 1e-4
-    #: Decay of the exponential moving average of the weights that validation scores and the
-    #: fit keeps (None: the raw weights). Adam's noise at a rate high enough to learn quickly
-    #: kept an attention probe's validation bits ~2x above what the averaged weights reach.
-    ema: float | None = None
     #: The parameters of the probe's part that is linear in z (and in t_<k and the condition):
     #: `fit_probes` fits them first, by L-BFGS along an L2 path chosen on validation (a convex
     #: problem: no learning rate to tune, and every family starts from the same tuned linear
@@ -401,11 +405,21 @@ class AttentionProbe(Probe):
         return self.attend(x, target.to(x.dtype), cond)[1]
 
 
-def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
-                factors: tuple[np.ndarray, np.ndarray] | None = None, members: np.ndarray | None = None,
-                seed: int = 0, anchored: bool = False, **hparams: Any) -> Probe:
-    """A probe of `family` over inputs of width `in_dim` (per token for `attention`)
-    predicting `n_bits` bits, optionally also given a `cond_dim`-bit condition (F).
+def probe_optim(family: str, in_dim: int, **overrides: Any) -> ProbeOptim:
+    """The optimiser settings of a `family` probe over inputs of width `in_dim`: its entry's
+    defaults (with `overrides`), the learning rate scaled by `probe_lr` unless the entry says `raw_lr`."""
+    entry = BINDING_PROBES.get(family)
+    params = {**entry.defaults, **overrides}
+    lr = params["lr"] if entry.raw_lr else probe_lr(params["lr"], in_dim)
+    return ProbeOptim(lr, params.get("weight_decay", ProbeOptim.weight_decay), params.get("ema"))
+
+
+def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0, seed: int = 0, anchored: bool = False,
+                **hparams: Any) -> Probe:
+    """A probe of `family` over inputs of width `in_dim` (per token for spatial families)
+    predicting `n_bits` bits, optionally also given a `cond_dim`-bit condition (F). `hparams`
+    override the entry's constructor defaults or add what its hook gives (`ProbeFamily.conjunction_args`);
+    optimiser settings are not the module's (`probe_optim`).
 
     `anchored`: the probe will be added to an exact prior logit, so it has no linear
     context of earlier bits: the exact prior already says all that they say, and the term
@@ -418,18 +432,9 @@ def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0,
     so a result row is reproducible whichever other probes were built beside it.
     """
     entry = BINDING_PROBES.get(family)
-    params = {**entry.defaults, **hparams}
-    lr = params.pop("lr") if entry.raw_lr else probe_lr(params.pop("lr"), in_dim)
-    weight_decay = params.pop("weight_decay", Probe.weight_decay)
-    ema = params.pop("ema", None)
-    if family == "quadratic-shared":
-        params["factors"] = factors
-    if family == "attention":
-        params["members"] = members
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        probe = entry.probe_class()(in_dim, n_bits, cond_dim, **params)
-    probe.lr, probe.weight_decay, probe.ema = lr, weight_decay, ema
+        probe = entry.probe_class()(in_dim, n_bits, cond_dim, **entry.constructor_args(**hparams))
     if anchored:
         frozen = probe.context.detach()
         del probe.context

@@ -19,7 +19,7 @@ from test_backbones import TINY, tiny_checkpoint
 from bench.cli import main
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
-from evaluators import cache
+from evaluators import cache, cache_inventory
 from evaluators.backbones import PRESETS, resolve_backbone
 from evaluators.backbones.hf import HFBackbone
 from evaluators.backbones.presets import Preset
@@ -128,7 +128,7 @@ def test_killed_extraction_resumes_and_matches_an_uninterrupted_run(ds, tmp_path
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    [entry] = cache.list_entries(store)
+    [entry] = cache_inventory.list_entries(store)
     assert not entry.complete and cache.read_meta(entry.path) is None
     n_done = json.loads((entry.path / cache.STATE_NAME).read_text())["n_done"]
     assert 6 <= n_done < 40
@@ -137,7 +137,7 @@ def test_killed_extraction_resumes_and_matches_an_uninterrupted_run(ds, tmp_path
     monkeypatch.setattr(HFBackbone, "hidden_states", lambda self, x, l: rows_run.append(len(x)) or forward(self, x, l))
     resumed = extract(str(ckpt), ds, store, split="train", views=("cls", "all"), batch_size=2)
     assert sum(rows_run) == 40 - n_done  # only the missing rows ran
-    assert resumed.path == entry.path and cache.list_entries(store)[0].complete
+    assert resumed.path == entry.path and cache_inventory.list_entries(store)[0].complete
     fresh = extract(str(ckpt), ds, tmp_path / "fresh", split="train", views=("cls", "all"), batch_size=2)
     for layer in (0, 2):
         for view in ("cls", "all"):
@@ -172,17 +172,17 @@ def test_cache_ls_and_rm(ds, tmp_path, capsys, monkeypatch):
         ("oracle:features", "complete"), ("oracle:objects", "complete"), ("pixels", "partial")]
     assert next(r for r in listed if r["status"] == "partial")["rows"] == "0/20"
     assert main(["cache", "rm", "--partial"]) == 0
-    assert len(cache.list_entries()) == 2
+    assert len(cache_inventory.list_entries()) == 2
     objects = next(r["key"] for r in listed if r["backbone"] == "oracle:objects")
     assert main(["cache", "rm", objects[:8]]) == 0
-    assert [e.backbone for e in cache.list_entries()] == ["oracle:features"]
+    assert [e.backbone for e in cache_inventory.list_entries()] == ["oracle:features"]
     capsys.readouterr()
     assert main(["cache", "rm", "nosuchkey"]) == 2 and "nosuchkey" in capsys.readouterr().err
     assert main(["cache", "rm"]) == 2
     assert main(["cache"]) == 0 and "ls" in capsys.readouterr().out
-    assert main(["cache", "rm", "--all"]) == 0 and cache.list_entries() == []
+    assert main(["cache", "rm", "--all"]) == 0 and cache_inventory.list_entries() == []
     with pytest.raises(BenchError):
-        cache.select_entries([], ["x"])
+        cache_inventory.select_entries([], ["x"])
     assert os.listdir(tmp_path / "activations") == []
 
 
@@ -229,7 +229,7 @@ def test_row_shards_in_any_order_fill_the_entry_a_whole_run_fills(odd_files, tmp
     state = json.loads((first.path / cache.STATE_NAME).read_text())
     assert state["done"] == [[16, 32]] and state["n_done"] == 16
     assert extract(str(ckpt), odd_files, store, rows=shards[2], **kw).path == first.path
-    assert [e.rows for e in cache.list_entries(store)] == ["24/40"]
+    assert [e.rows for e in cache_inventory.list_entries(store)] == ["24/40"]
     last = extract(str(ckpt), odd_files, store, rows=shards[0], **kw)
     assert is_complete(last) and not (last.path / cache.STATE_NAME).exists()
     whole = extract(str(ckpt), odd_files, tmp_path / "whole", **kw)
@@ -258,9 +258,9 @@ def test_concurrent_shard_writers_share_one_entry(odd_files, tmp_path, monkeypat
         if not getattr(first, "done", False):  # each writer's first batch: wait until both write, then try rm
             first.done = True
             both_writing.wait()
-            entries = cache.list_entries(store)
+            entries = cache_inventory.list_entries(store)
             with pytest.raises(BenchError, match="being written"):
-                cache.remove_entries(entries)
+                cache_inventory.remove_entries(entries)
             refused.append(len(entries))
         time.sleep(0.05)
         return forward(self, x, layers)

@@ -29,7 +29,8 @@ from bench.core.dataset import Dataset
 from evaluators.backbones import ground_truth
 from evaluators.extract import extract_activations
 from evaluators.metrics import metric_checks
-from evaluators.run import SPLITS, BindingTask, binding_task, evaluate_binding
+from evaluators.binding.columns import evaluate_binding
+from evaluators.binding.task import SPLITS, BindingTask, binding_task
 from evaluators.training import RowReader, TrainConfig
 from tests.conftest import make_dataset
 

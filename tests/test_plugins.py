@@ -99,3 +99,55 @@ def test_registry_names_get_and_unknown_names():
     with pytest.raises(BenchError, match="'red' is registered twice"):
         reg.register("red", 3)
     assert reg.register("red", 1) == 1  # the same entry again is harmless (a module imported twice)
+
+
+def _groups_hook(sizes):
+    """The plugin's hook: its O-probes are told the feature groups' sizes."""
+    return {"groups": tuple(sizes)}
+
+
+def test_a_plugin_family_gets_its_hook_its_hyperparameters_and_the_warm_start(monkeypatch):
+    """A plugin family's entry carries what a built-in's carries: a hook for the constructor
+    arguments its O-probes need, its optimiser settings (on the job, not the module) and the
+    warm start of its other probes from its O|F-probe."""
+    import numpy as np
+    import torch
+
+    from bench.core.codes import FeatureSpace
+    from evaluators.binding.jobs import binding_jobs
+    from evaluators.binding.task import BindingTask
+    from evaluators.families import BINDING_PROBES, ProbeFamily
+    from evaluators.fitting import RowReader, TrainConfig, fit_probes
+    from evaluators.metrics import Priors
+    from evaluators.probes import LinearProbe
+
+    class GroupedProbe(LinearProbe):
+        """A linear probe with a per-bit offset that gradient training fits, and what its hook gives."""
+
+        def __init__(self, in_dim, n_bits, cond_dim=0, groups=None):
+            super().__init__(in_dim, n_bits, cond_dim)
+            self.groups, self.offset = groups, torch.nn.Parameter(torch.zeros(n_bits))
+
+        def readout(self, x, t, cond):
+            return super().readout(x, t, cond) + self.offset
+
+    entry = ProbeFamily(GroupedProbe, {"lr": 5e-3, "weight_decay": 0.2, "ema": 0.9},
+                        conjunction_args=_groups_hook, warm_starts=True)
+    monkeypatch.setitem(BINDING_PROBES._entries, "plug-grouped", entry)
+    space = FeatureSpace((("colour", ("red", "blue")), ("shape", ("square", "circle", "star"))))
+    rng = np.random.default_rng(0)
+    codes = {s: ((rng.random((n, 5)) < 0.5).astype(np.uint8), (rng.random((n, 6)) < 0.3).astype(np.uint8))
+             for s, n in (("train", 48), ("val", 16), ("test", 16))}
+    task = BindingTask(space, codes, Priors(1.0, 1.0, 1.0), None, None, np.ones(16), None)
+    jobs = {j.name: j for j in binding_jobs("plug-grouped", 4, task)}
+    assert set(jobs) == {"plug-grouped/F", "plug-grouped/O|F", "plug-grouped/O_paper"}
+    assert jobs["plug-grouped/O|F"].model.groups == (2, 3) == jobs["plug-grouped/O_paper"].model.groups
+    assert jobs["plug-grouped/F"].model.groups is None  # F-bits are not conjunctions: no hook
+    assert {j.warm_start for j in jobs.values()} == {None, "plug-grouped/O|F"}
+    assert jobs["plug-grouped/F"].warm_start == "plug-grouped/O|F"
+    assert all((j.optim.lr, j.optim.weight_decay, j.optim.ema) == (5e-3, 0.2, 0.9) for j in jobs.values())
+    assert not hasattr(jobs["plug-grouped/F"].model, "lr")
+    inputs = {s: RowReader(rng.normal(size=(len(codes[s][0]), 4)).astype(np.float32)) for s in codes}
+    fits = fit_probes(list(jobs.values()), inputs, TrainConfig(epochs=1, l2_path=(1e-2,), l1_path=()))
+    assert all(f.error is None for f in fits.values())
+    assert {(f.setting["lr"], f.setting["weight_decay"], f.setting["ema"]) for f in fits.values()} == {(5e-3, 0.2, 0.9)}

@@ -10,7 +10,7 @@ import torch
 
 from bench.core.errors import BenchError
 from evaluators.families import BINDING_PROBES
-from evaluators.probes import MadeProbe, build_probe, check_family, conjunction_factors, scene_bits
+from evaluators.probes import MadeProbe, build_probe, check_family, conjunction_factors, probe_optim, scene_bits
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, feature_stats, fit_probes
 
 K, D, T, C = 6, 5, 7, 3
@@ -124,7 +124,7 @@ def test_fit_probes_learns_a_copy_task_and_scores_test_at_the_best_epoch():
     splits = {s: _copy_task(n, 8, i) for i, (s, n) in enumerate([("train", 512), ("val", 128), ("test", 128)])}
     inputs = {s: RowReader(x) for s, (x, _) in splits.items()}
     targets = {s: o for s, (_, o) in splits.items()}
-    job = ProbeJob("linear", build_probe("linear", 8, 8), targets)
+    job = ProbeJob("linear", build_probe("linear", 8, 8), targets, optim=probe_optim("linear", 8))
     res = fit_probes([job], inputs, TrainConfig(epochs=20, batch_size=64, lr=0.2))["linear"]
     assert res.error is None and res.scene_bits.shape == (128,)
     assert res.scene_bits.mean() < 0.2  # vs H(O) = 8 H(0.3) = 7.1 bits without the input
@@ -149,7 +149,7 @@ def test_a_failing_probe_does_not_stop_the_others():
     splits = {s: _copy_task(64, 4, i) for i, s in enumerate(("train", "val", "test"))}
     inputs = {s: RowReader(x) for s, (x, _) in splits.items()}
     targets = {s: o for s, (_, o) in splits.items()}
-    jobs = [ProbeJob("ok", build_probe("linear", 4, 4), targets), ProbeJob("bad", Broken(), targets)]
+    jobs = [ProbeJob("ok", build_probe("linear", 4, 4), targets, optim=probe_optim("linear", 4)), ProbeJob("bad", Broken(), targets)]
     res = fit_probes(jobs, inputs, TrainConfig(epochs=2, batch_size=32))
     assert res["bad"].error == "RuntimeError: boom" and res["bad"].scene_bits is None
     assert res["ok"].error is None and res["ok"].scene_bits.shape == (64,)

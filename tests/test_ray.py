@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bench.cli import main
-from evaluators import cache
+from evaluators import cache_inventory
 from evaluators.plan import EvaluationPlan
 from evaluators.run import run_evaluation
 from tests.conftest import make_dataset
@@ -113,13 +113,13 @@ def test_a_killed_worker_is_retried_and_the_rows_are_the_same(stage, data, local
     (path,) = results.glob("*.parquet")
     want = [r for r in local_rows if r["backbone"] in models]
     assert_same_rows(pq.read_table(path).to_pylist(), want)
-    assert all(e.complete for e in cache.list_entries())
+    assert all(e.complete for e in cache_inventory.list_entries())
     assert len(out.out.strip().splitlines()) == 1 + len(want)  # the table only: no Ray noise on stdout
     assert "per-task logs in" in out.err and "Traceback" not in out.err
 
 
 def test_storage_a_worker_cannot_see_is_named_in_one_line(data, tmp_path):
-    from evaluators.ray_executor import _storage_problem
+    from evaluators.ray_tasks import _storage_problem
 
     card = data / "dataset.json"
     digest = hashlib.sha256(card.read_bytes()).hexdigest()
@@ -191,19 +191,19 @@ def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
 def test_gpu_tasks_ask_for_their_share_and_share_a_gpu():
     """No GPU here: a Ray started with two logical GPUs schedules the executor's task options,
     four 0.5-GPU tasks at once on two devices (the packing `--gpus-per-task 0.5` asks for)."""
-    from evaluators.ray_executor import _slots, task_options
+    from evaluators.ray_tasks import slots, task_options
 
     assert task_options(0.5)["num_gpus"] == 0.5 and task_options(0.0)["num_gpus"] == 0.0
     assert task_options(0.5)["num_cpus"] == 1
     code = f"""
 import logging, time, ray
-from evaluators.ray_executor import _slots, task_options
+from evaluators.ray_tasks import slots, task_options
 ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
 def held():
     t0 = time.time(); time.sleep(1.0)
     return ray.get_gpu_ids(), t0, time.time()
 out = ray.get([ray.remote(held).options(**task_options(0.5)).remote() for _ in range(4)])
-print(_slots(0.5), _slots(1.0), _slots(0.0), sorted(str(ids) for ids, _, _ in out),
+print(slots(0.5), slots(1.0), slots(0.0), sorted(str(ids) for ids, _, _ in out),
       max(t0 for _, t0, _ in out) < min(t1 for _, _, t1 in out))
 """
     run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True,
@@ -214,7 +214,7 @@ print(_slots(0.5), _slots(1.0), _slots(0.0), sorted(str(ids) for ids, _, _ in ou
 
 def test_gpu_requests_follow_the_device():
     from bench.core.errors import BenchError
-    from evaluators.ray_executor import task_gpus
+    from evaluators.ray_tasks import task_gpus
 
     assert task_gpus("cuda", None) == 1.0 and task_gpus("cuda", 0.5) == 0.5 and task_gpus("cpu", None) == 0.0
     for device, gpus in (("cpu", 1.0), ("cuda", 0.0)):

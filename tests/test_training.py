@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from evaluators.families import BINDING_PROBES, family_defaults
-from evaluators.probes import LR_WIDTH, build_probe, probe_lr
+from evaluators.probes import LR_WIDTH, build_probe, probe_lr, probe_optim
 from evaluators.training import ProbeJob, RowReader, TrainConfig, class_directions, fit_probes, saving_and_se
 
 N = {"train": 2000, "val": 500, "test": 500}
@@ -49,7 +49,7 @@ def _prior_bits(targets: np.ndarray) -> np.ndarray:
 def test_an_uninformative_input_stops_after_patience_and_keeps_the_prior():
     inputs, targets, prior = _splits(informative=False)
     config = TrainConfig()
-    res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior)], inputs, config)["dnn"]
+    res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior, optim=probe_optim("dnn", D))], inputs, config)["dnn"]
     assert res.error is None and res.converged and res.guard == "prior"
     assert len(res.history) - 1 == config.patience  # the gradient stage stopped on its plateau, not the budget
     np.testing.assert_allclose(res.scene_bits, _prior_bits(targets["test"]), rtol=1e-6)
@@ -60,9 +60,9 @@ def test_without_the_guard_a_noise_fit_moves_the_zero():
     """The guard is what keeps an uninformative input at exactly the prior: with it off, the
     validation-selected fit of pure noise codes test differently from the prior."""
     inputs, targets, prior = _splits(informative=False, seed=3)
-    off = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs,
+    off = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))], inputs,
                      TrainConfig(guard_se=-math.inf))["l"]
-    on = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs, TrainConfig())["l"]
+    on = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))], inputs, TrainConfig())["l"]
     prior_test = _prior_bits(targets["test"])
     assert off.guard == "fit" and abs(off.scene_bits.mean() - prior_test.mean()) > 1e-3
     assert on.guard == "prior" and np.array_equal(on.scene_bits.astype(np.float64).round(4), prior_test.round(4))
@@ -70,7 +70,7 @@ def test_without_the_guard_a_noise_fit_moves_the_zero():
 
 def test_the_linear_stage_solves_a_copy_task_on_its_l2_path():
     inputs, targets, prior = _splits(informative=True)
-    res = fit_probes([ProbeJob("linear", build_probe("linear", D, K), targets, prior=prior)], inputs)["linear"]
+    res = fit_probes([ProbeJob("linear", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))], inputs)["linear"]
     assert res.error is None and res.converged and res.guard == "fit"
     assert res.best_epoch == 0 and len(res.history) == 1  # no gradient stage: the L-BFGS solution is the fit
     assert len(res.l2_path) == len(TrainConfig().l2_path) and len(res.l1_path) == len(TrainConfig().l1_path)
@@ -80,7 +80,7 @@ def test_the_linear_stage_solves_a_copy_task_on_its_l2_path():
 
 def test_the_penalty_path_keeps_the_strength_best_on_validation():
     inputs, targets, prior = _splits(informative=True)
-    res = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior)], inputs)["l"]
+    res = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))], inputs)["l"]
     path = {("l2", s): v for s, v in res.l2_path} | {("l1", s): v for s, v in res.l1_path}
     chosen = path[(res.setting["penalty"], res.setting["strength"])]
     assert chosen == min(path.values()) == pytest.approx(res.val_bits)
@@ -108,7 +108,7 @@ def test_the_l1_path_keeps_a_few_strong_inputs_without_the_noise_of_the_rest():
     told = {s: RowReader(np.ascontiguousarray(r.array[:, :4])) for s, r in inputs.items()}
 
     def test_bits(data: dict, config: TrainConfig) -> float:
-        job = ProbeJob("l", build_probe("linear", data["train"].row_shape[-1], 4), targets, prior=prior)
+        job = ProbeJob("l", build_probe("linear", data["train"].row_shape[-1], 4), targets, prior=prior, optim=probe_optim("linear", data["train"].row_shape[-1]))
         return float(fit_probes([job], data, config)["l"].scene_bits.mean())
 
     best = test_bits(told, TrainConfig(l1_path=()))
@@ -119,7 +119,7 @@ def test_the_l1_path_keeps_a_few_strong_inputs_without_the_noise_of_the_rest():
 
 def test_jobs_with_one_linear_key_share_the_linear_solution():
     inputs, targets, prior = _splits(informative=True)
-    jobs = [ProbeJob(f, build_probe(f, D, K, seed=i), targets, prior=prior, linear_key="O")
+    jobs = [ProbeJob(f, build_probe(f, D, K, seed=i), targets, prior=prior, linear_key="O", optim=probe_optim(f, D))
             for i, f in enumerate(("linear", "quadratic", "dnn"))]
     fit_probes(jobs, inputs, TrainConfig(epochs=1))
     ref = jobs[0].model.w.weight
@@ -129,7 +129,7 @@ def test_jobs_with_one_linear_key_share_the_linear_solution():
 
 def test_the_gradient_stage_learns_what_the_linear_stage_cannot():
     inputs, targets, prior = _xor_splits()
-    res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior)], inputs)["dnn"]
+    res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior, optim=probe_optim("dnn", D))], inputs)["dnn"]
     start = res.history[0][1]  # the linear stage's solution: no better than the prior on a sign product
     assert start > 0.95 * K and res.best_epoch > 0 and res.val_bits < 0.7 * start
 
@@ -143,13 +143,13 @@ def test_the_gradient_stage_refits_the_bias_a_quadratic_term_shifts():
         z = rng.normal(size=(n, D)).astype(np.float32)
         targets[s] = (np.abs(z[:, :K]) > 0.674).astype(np.uint8)
         inputs[s], prior[s] = RowReader(z), np.zeros((n, K), dtype=np.float32)
-    job = ProbeJob("q", build_probe("quadratic", D, K), targets, prior=prior)
+    job = ProbeJob("q", build_probe("quadratic", D, K), targets, prior=prior, optim=probe_optim("quadratic", D))
     res = fit_probes([job], inputs)["q"]
     assert res.history[0][1] > 0.95 * K  # the linear stage's start: the prior's K bits
     assert res.scene_bits.mean() < 0.5 * K and job.model.bias.detach().max() < -1.0
 
     inputs, targets, prior = _xor_splits()
-    res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior)], inputs,
+    res = fit_probes([ProbeJob("dnn", build_probe("dnn", D, K), targets, prior=prior, optim=probe_optim("dnn", D))], inputs,
                      TrainConfig(epochs=3))["dnn"]
     assert res.error is None and res.best_epoch == 3 and not res.converged
     assert len(res.history) == 4  # epoch 0 (the linear solution) and the three trained epochs
@@ -157,18 +157,19 @@ def test_the_gradient_stage_refits_the_bias_a_quadratic_term_shifts():
 
 def test_per_family_learning_rates_scale_with_input_width():
     for family, hp in ((n, f.defaults) for n, f in BINDING_PROBES.items()):
-        assert build_probe(family, LR_WIDTH // 2, 4).lr == hp["lr"]  # narrow inputs: the family's rate
+        assert probe_optim(family, LR_WIDTH // 2).lr == hp["lr"]  # narrow inputs: the family's rate
         wide = hp["lr"] if family == "attention" else hp["lr"] / 2  # attention reads a learned encoder's width
-        assert build_probe(family, 4 * LR_WIDTH, 4).lr == pytest.approx(wide)
-    assert build_probe("dnn", 16, 4, lr=0.5).lr == 0.5
+        assert probe_optim(family, 4 * LR_WIDTH).lr == pytest.approx(wide)
+    assert probe_optim("dnn", 16, lr=0.5).lr == 0.5
+    assert not hasattr(build_probe("dnn", 16, 4), "lr")  # the optimiser's settings ride on the job, not the module
     assert probe_lr(1e-2, 1024) == pytest.approx(2.5e-3)
 
 
 def test_an_explicit_learning_rate_overrides_the_familys():
     inputs, targets, prior = _xor_splits()
-    slow = fit_probes([ProbeJob("d", build_probe("dnn", D, K), targets, prior=prior)], inputs,
+    slow = fit_probes([ProbeJob("d", build_probe("dnn", D, K), targets, prior=prior, optim=probe_optim("dnn", D))], inputs,
                       TrainConfig(epochs=6, lr=1e-7))["d"]
-    fast = fit_probes([ProbeJob("d", build_probe("dnn", D, K), targets, prior=prior)], inputs,
+    fast = fit_probes([ProbeJob("d", build_probe("dnn", D, K), targets, prior=prior, optim=probe_optim("dnn", D))], inputs,
                       TrainConfig(epochs=6))["d"]
     best = {r.setting["lr"]: min(v for _, v in r.history) for r in (slow, fast)}
     assert best[1e-7] > best[family_defaults("dnn")["lr"] * math.sqrt(LR_WIDTH / D) if D > LR_WIDTH else
@@ -210,7 +211,7 @@ def test_a_warm_started_job_trains_after_its_source_and_starts_from_its_encoder(
     x = {s: RowReader(rng.normal(size=(k, 5, 6)).astype(np.float32)) for s, k in n.items()}
     targets = {s: (rng.random((k, 3)) < 0.5).astype(np.uint8) for s, k in n.items()}
     prior = {s: np.zeros((k, 3), dtype=np.float32) for s, k in n.items()}
-    source = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, prior=prior)
+    source = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, prior=prior, optim=probe_optim("attention", 6))
     wide = build_probe("attention", 9, 3, seed=2)  # three more input dims (a planted probe's)
     before = wide.encoder.weight.detach().clone()
     fit_probes([source], x, TrainConfig(epochs=1))
@@ -220,8 +221,8 @@ def test_a_warm_started_job_trains_after_its_source_and_starts_from_its_encoder(
     torch.testing.assert_close(wide.keys.weight, source.model.keys.weight)
     assert not torch.equal(wide.query, source.model.query) and (wide.s == 0).all()  # its own queries, zero readout
     order = []
-    job = ProbeJob("a/F", build_probe("attention", 6, 3, seed=3), targets, prior=prior, warm_start="a/O|F")
-    fresh = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, prior=prior)
+    job = ProbeJob("a/F", build_probe("attention", 6, 3, seed=3), targets, prior=prior, warm_start="a/O|F", optim=probe_optim("attention", 6))
+    fresh = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, prior=prior, optim=probe_optim("attention", 6))
     fit_probes([job, fresh], x, TrainConfig(epochs=1), progress=lambda _: order.append(len(order)))
     assert len(order) == 2  # one epoch of the source, then one of the warm-started job
 
@@ -234,8 +235,8 @@ def test_a_warm_started_job_keeps_the_encoder_it_copied_whole():
     x = {s: RowReader(rng.normal(size=(k, 5, 6)).astype(np.float32)) for s, k in n.items()}
     targets = {s: (rng.random((k, 3)) < 0.5).astype(np.uint8) for s, k in n.items()}
     # no prior, so no guard: the fitted weights are what the test compares
-    source = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets)
-    job = ProbeJob("a/F", build_probe("attention", 6, 3, seed=3), targets, warm_start="a/O|F")
+    source = ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, optim=probe_optim("attention", 6))
+    job = ProbeJob("a/F", build_probe("attention", 6, 3, seed=3), targets, warm_start="a/O|F", optim=probe_optim("attention", 6))
     keys = []
     fit_probes([job, source], x, TrainConfig(epochs=3, patience=5),
                progress=lambda _: keys.append(job.model.keys.weight.detach().clone()))
@@ -278,8 +279,8 @@ def test_targets_that_keep_one_frozen_encoder_compute_its_product_once_per_batch
 
     def fit() -> tuple[int, list[np.ndarray]]:
         products.clear()
-        jobs = [ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets)]
-        jobs += [ProbeJob(f"a/{t}", build_probe("attention", 6, 3, seed=i), targets, warm_start="a/O|F")
+        jobs = [ProbeJob("a/O|F", build_probe("attention", 6, 3, seed=1), targets, optim=probe_optim("attention", 6))]
+        jobs += [ProbeJob(f"a/{t}", build_probe("attention", 6, 3, seed=i), targets, warm_start="a/O|F", optim=probe_optim("attention", 6))
                  for i, t in ((2, "F"), (3, "O"))]
         res = fit_probes(jobs, x, TrainConfig(epochs=3, patience=5))
         encoded = sum(1 for _ in products)  # every Linear call; the encoder's differ between the runs

@@ -13,7 +13,7 @@ from bench.commands.common import Format, echo, render_table, stderr
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.paths import check_output_file
-from generators.base import get_generator, list_generators
+from bench.api import get_generator, list_generators
 
 
 def register(app: typer.Typer) -> None:
@@ -103,7 +103,7 @@ def preview(
     n: int = typer.Option(16, help="Number of scenes."),
 ) -> None:
     """Write a contact sheet: scenes beside their instance masks, captioned with objects."""
-    from generators.preview import contact_sheet
+    from bench.api import contact_sheet
 
     if n < 1:
         raise BenchError(f"n: must be ≥ 1, got {n}")

@@ -52,7 +52,7 @@ def short_summary(rows: list[dict[str, Any]], task: str) -> tuple[list[dict[str,
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
-    from evaluators.families import probes_help, tokens_help
+    from bench.api import probes_help, tokens_help
 
     app.command("evaluate", cls=registry_help({"probes": probes_help, "tokens": tokens_help}))(evaluate)
 
@@ -93,8 +93,7 @@ def evaluate(
 ) -> None:
     """Measure binding (B, β, β*) or IsSameObject accuracy of backbones; write results/<run_id>.parquet."""
     from bench.core.errors import BenchError
-    from evaluators.plan import EvaluationPlan
-    from evaluators.run import run_evaluation
+    from bench.api import EvaluationPlan, run_evaluation
 
     try:
         seed_values = [int(s) for s in _split(seeds)]

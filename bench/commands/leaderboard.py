@@ -14,7 +14,7 @@ from bench.core.errors import BenchError
 
 
 def register(app: typer.Typer) -> None:
-    from evaluators.families import tokens_filter_help
+    from bench.api import tokens_filter_help
 
     app.command("leaderboard", cls=registry_help({"metric": _metrics_help, "tokens": tokens_filter_help}))(leaderboard)
     app.command("compare", cls=registry_help({"tokens": tokens_filter_help}))(compare)
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _metrics_help() -> str:
-    from leaderboards.metrics import metrics_help  # only when help is shown: tables load numpy and the metrics
+    from bench.api import metrics_help  # only when help is shown: tables load numpy and the metrics
 
     return metrics_help()
 
@@ -51,8 +51,7 @@ def _board(results_dir: Path, *, fingerprint: str | None = None, include_limited
            show_old: bool = False, **selection: Any) -> tuple[list[dict[str, Any]], Any]:
     """The selected, deduplicated rows (`leaderboards.store.load_selected`) and their leaderboard
     (BenchError when there are none); what the selection set aside goes to stderr in one line."""
-    from leaderboards.store import load_selected
-    from leaderboards.board import build_leaderboard
+    from bench.api import build_leaderboard, load_selected
 
     selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old)
     if not selected.rows:
@@ -82,14 +81,14 @@ def leaderboard(
         help="Add the papers' published rows for this task and metric (marked published, never ranked)."),
 ) -> None:
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
-    from leaderboards.render import render_leaderboard
+    from bench.api import render_leaderboard
 
     _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old,
                       dataset=dataset,
                       task=task, metric=metric, probes=probe, tokens=tokens, layer=layer, reference=reference)
     text = render_leaderboard(board, fmt, None if wide else TABLE_WIDTH)
     if reference:
-        from leaderboards.published import none_published
+        from bench.api import none_published
 
         why = none_published(board.metric)
         if why:
@@ -119,8 +118,7 @@ def compare(
     wide: bool = _WIDE,
 ) -> None:
     """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
-    from leaderboards.store import load_selected
-    from leaderboards.board import COMPARE_COLUMNS, compare_backbones
+    from bench.api import COMPARE_COLUMNS, compare_backbones, load_selected
 
     selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
     if selected.note:
@@ -153,7 +151,7 @@ def plot(
     include_limited: bool = _INCLUDE_LIMITED,
 ) -> None:
     """Draw results as PNG + SVG: layer-wise curves, probe-family bars, or a sweep curve."""
-    from leaderboards import plots
+    from bench.api import plots
 
     out = out or Path("plots") / kind.value
     selection = dict(dataset=dataset, task=task, metric=metric, probes=probe, tokens=tokens)

@@ -31,7 +31,7 @@ def models(
 ) -> None:
     """List the registered backbones: every backbone source's (presets, random-init controls, pixels, oracles, zoo,
     plugins'), or one spec resolved, with where its weights come from."""
-    from evaluators.backbones import SOURCES, listed_by_source, resolve_backbone, source_of, spec_source
+    from bench.api import SOURCES, listed_by_source, resolve_backbone, source_of, spec_source
 
     if spec is not None and not spec.strip():
         raise BenchError("model: empty spec; name a backbone, or give none to list them all")
@@ -67,8 +67,7 @@ def extract(
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
     from bench.core.dataset import Dataset
     from bench.core.paths import check_output_dir
-    from evaluators.cache import cache_root
-    from evaluators.extract import extract_activations
+    from bench.api import cache_root, extract_activations
 
     ds = Dataset(dataset)
     for s in split:  # the cheap check at open, of every split asked for, before any is extracted
@@ -94,7 +93,7 @@ def cache_ls(
     cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
 ) -> None:
     """List cached activation entries (partial ones are resumable)."""
-    from evaluators.cache import list_entries
+    from bench.api import list_entries
 
     rows = [e.row() for e in list_entries(cache_dir)]
     columns = CACHE_COLUMNS if fmt != Format.json else [*CACHE_COLUMNS, "revision", "path"]
@@ -109,7 +108,7 @@ def cache_rm(
     cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
 ) -> None:
     """Remove cached activation entries."""
-    from evaluators.cache import list_entries, remove_entries, select_entries
+    from bench.api import list_entries, remove_entries, select_entries
 
     entries = list_entries(cache_dir)
     if all_:

@@ -38,8 +38,7 @@ def toys_analysis(
 ) -> None:
     """Score patch pairs of identical-object toy scenes by pair category, per layer."""
     from bench.core.results import check_writable
-    from evaluators.issameobject import check_probes
-    from evaluators.toy_analysis import TABLE_COLUMNS, run_toy_analysis, table_rows, write_analysis
+    from bench.api import TABLE_COLUMNS, check_probes, run_toy_analysis, table_rows, write_analysis
 
     check_probes([probe])  # every check that can fail runs before the extraction
     if heatmap_scenes < 0:
@@ -68,6 +67,9 @@ def report(
 ) -> None:
     """Write a self-contained HTML report (opens from disk, no server, no network)."""
     from bench import api
+
+    if metric not in api.METRIC_KEYS[:3]:
+        raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(api.METRIC_KEYS[:3])}")
 
     if results_dir is None and Path("results").is_dir():
         results_dir = Path("results")

@@ -22,7 +22,7 @@ def list_zoo(fmt: Format = typer.Option(Format.table, "--format")) -> None:
     """The recipes (trained, interrupted or not trained: a trained one is `zoo:NAME`), then the other
     models in the zoo's directory: variants (another --seed or --steps) and stale ones (an earlier
     recipe, kept), with final losses and training time."""
-    from evaluators.zoo import inventory
+    from bench.api import inventory
 
     columns = ["name", "objective", "steps", "status", "seed", "final_train_loss", "final_val_loss", "wall_time_s", "path"]
     echo(render_table(inventory(), columns, fmt))
@@ -36,7 +36,7 @@ def train(
 ) -> None:
     """Train recipes (resuming an interrupted run, reusing a finished one) into the cache; prints each
     model's directory (with --seed or --steps, a variant's own: `zoo:NAME` stays the recipe as written)."""
-    from evaluators.zoo import get_recipe
+    from bench.api import get_recipe
 
     for name in names:  # every name checked before the first minute of training is spent
         get_recipe(name)
@@ -46,7 +46,7 @@ def train(
 
 def train_one(name: str, *, seed: int | None = None, steps: int | None = None) -> Path:
     """One recipe with a progress bar on stderr; returns its checkpoint directory."""
-    from evaluators.zoo import train as train_zoo
+    from bench.api import train_zoo
 
     with progress_bar(f"train zoo:{name}") as bar:
         path = train_zoo(name, seed=seed, steps=steps, progress=bar.advance, on_start=bar.set_total)
@@ -57,6 +57,6 @@ def train_one(name: str, *, seed: int | None = None, steps: int | None = None) -
 @zoo_app.command("path")
 def path(name: str = typer.Argument(..., help="Recipe name.")) -> None:
     """The checkpoint directory of a trained zoo model, the recipe as written (usable as `--model DIR`)."""
-    from evaluators.zoo import model_path
+    from bench.api import model_path
 
     echo(str(model_path(name)))

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from bench.core.errors import BenchError
 from evaluators.backbones.base import AttentionQK
+from evaluators.early_stopping import Plateau
 from evaluators.families import PAIR_PROBES, pair_probe_names
 
 SAMPLINGS = ("balanced", "natural")
@@ -109,35 +110,41 @@ class PointwiseIdentityPair(PairProbe):
 
 
 def build_probe(name: str, d: int, config: PairTrainConfig) -> PairProbe:
-    if name == "linear":
-        return LinearPair(d)
-    if name == "diag-quadratic":
-        return DiagQuadraticPair(d)
-    if name == "quadratic":
-        return QuadraticPair(d, config.rank)
-    if name == "pointwise-identity":
-        return PointwiseIdentityPair(d, config.slots)
-    raise PAIR_PROBES.unknown(name)
+    """A trained pair probe over D-wide tokens, as its registry entry (`PAIR_PROBES`) makes it."""
+    entry = PAIR_PROBES.get(name)
+    if entry.cls is None:
+        raise BenchError(f"probe: {name!r} is not a trained pair probe; trained: {', '.join(pair_probe_names(True))}")
+    return entry.probe_class()(d, *(getattr(config, a) for a in entry.config_args))
 
 
 def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
-    """A baseline's raw similarity per pair (larger = more likely the same object).
+    """A baseline's raw similarity per pair (larger = more likely the same object), by its registry
+    entry's `similarity`; `qk` is the projections of the block that reads these tokens (`reads_qk`)."""
+    entry = PAIR_PROBES.get(name)
+    if entry.similarity is None:
+        raise BenchError(f"probe: {name!r} is not a similarity baseline; "
+                         f"baselines: {', '.join(n for n, p in PAIR_PROBES.items() if p.similarity is not None)}")
+    return entry.similarity_function()(x, y, qk)
 
-    `attention-qk` needs `qk`, the projections of the block that reads these tokens.
-    """
-    if name == "attention-qk":
-        if qk is None:
-            raise BenchError("probe: attention-qk needs the query/key projections of the block that reads these "
-                             "tokens, and none were given")
-        return attention_qk_scores(qk, x, y)
-    if name == "dot":
-        return np.einsum("pd,pd->p", x, y, dtype=np.float64)
-    if name == "cosine":
-        nx, ny = np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1)
-        return np.einsum("pd,pd->p", x, y, dtype=np.float64) / np.maximum(nx * ny, 1e-12)
-    if name == "distance":
-        return -np.linalg.norm(x.astype(np.float64) - y, axis=1)
-    raise BenchError(f"probe: unknown baseline {name!r}; allowed: {', '.join(pair_probe_names(False))}")
+
+def dot_similarity(x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
+    return np.einsum("pd,pd->p", x, y, dtype=np.float64)
+
+
+def cosine_similarity(x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
+    nx, ny = np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1)
+    return np.einsum("pd,pd->p", x, y, dtype=np.float64) / np.maximum(nx * ny, 1e-12)
+
+
+def distance_similarity(x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
+    return -np.linalg.norm(x.astype(np.float64) - y, axis=1)
+
+
+def attention_qk_similarity(x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
+    if qk is None:
+        raise BenchError("probe: attention-qk needs the query/key projections of the block that reads these "
+                         "tokens, and none were given")
+    return attention_qk_scores(qk, x, y)
 
 
 @torch.no_grad()
@@ -192,16 +199,17 @@ def fit_scorer(
     u, ix, iy, same = train
     if len(same) == 0:
         raise BenchError("issameobject: no training pairs (no image has two valid patches)")
-    if name == "majority":
+    entry = PAIR_PROBES.get(name)
+    if entry.trained:
+        return _fit_probe(name, train, val, config)
+    if entry.similarity is None:  # the majority class
         p = float(same.mean() >= 0.5)
         return FittedScorer(name, lambda x, y: np.full(len(x), p))
-    if name in pair_probe_names(False):
-        qk = qk.copy_to(config.device) if name == "attention-qk" and qk is not None else None
-        s = similarity(name, u[ix], u[iy], qk)
-        center, scale = float(s.mean()), float(s.std()) or 1.0
-        b = fit_bias((s - center) / scale, same)
-        return FittedScorer(name, lambda x, y: _sigmoid((similarity(name, x, y, qk) - center) / scale + b))
-    return _fit_probe(name, train, val, config)
+    qk = qk.copy_to(config.device) if entry.reads_qk and qk is not None else None
+    s = similarity(name, u[ix], u[iy], qk)
+    center, scale = float(s.mean()), float(s.std()) or 1.0
+    b = fit_bias((s - center) / scale, same)
+    return FittedScorer(name, lambda x, y: _sigmoid((similarity(name, x, y, qk) - center) / scale + b))
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -225,7 +233,7 @@ def _fit_probe(name, train, val, config: PairTrainConfig) -> FittedScorer:
     model = build_probe(name, u.shape[1], config).to(dev)
     lr = config.lr if config.lr is not None else 1e-2 * min(1.0, math.sqrt(16 / u.shape[1]))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
-    best, best_epoch, best_state, stale, history = math.inf, -1, None, 0, []
+    plateau, best_epoch, best_state, history = Plateau(math.inf, config.patience, config.min_delta), -1, None, []
     batch = max(1, min(config.batch_size, math.ceil(len(same) / config.min_steps)))
     tix, tiy = torch.from_numpy(ix).to(dev), torch.from_numpy(iy).to(dev)
     for epoch in range(config.epochs):
@@ -243,12 +251,10 @@ def _fit_probe(name, train, val, config: PairTrainConfig) -> FittedScorer:
         history.append((total / len(same), v))
         if not math.isfinite(v):
             raise FloatingPointError(f"validation loss is {v} at epoch {epoch}")
-        if v < best - config.min_delta:
-            best, best_epoch, best_state, stale = v, epoch, copy.deepcopy(model.state_dict()), 0
-        else:
-            stale += 1
-            if stale >= config.patience:
-                break
+        if plateau.improved(v):
+            best_epoch, best_state = epoch, copy.deepcopy(model.state_dict())
+        elif plateau.stopped:
+            break
     model.load_state_dict(best_state)
     model.eval()
 

@@ -1,0 +1,97 @@
+"""Result rows as the local loop and the Ray tasks both make them: the columns a backbone's rows
+share (both tasks), the binding rows of one (backbone, layer, view, seed), and the error of a
+backbone that failed to run (both tasks)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
+from bench.core.resources import disk_full
+from evaluators.backbones.base import BackboneInfo
+from evaluators.binding.columns import evaluate_binding, result_columns
+from evaluators.binding.task import SPLITS, BindingTask
+from evaluators.fitting import RowReader, TrainConfig
+from evaluators.planning import BackbonePlan, Work
+
+
+def binding_common(prov: dict[str, Any], plan: BackbonePlan, ds: Dataset, test_fp: str, limit: int | None,
+                   task_data: BindingTask) -> dict[str, Any]:
+    """The columns every binding row of one backbone shares."""
+    return {**common_columns(prov, plan, ds.name, test_fp, "binding", limit),
+            "control": task_data.control,
+            "n_train": len(task_data.codes["train"][1]), "n_test": len(task_data.codes["test"][1])}
+
+
+def refuse_full_disk(error: BaseException, backbone: str) -> None:
+    """A full disk is the machine's state, not the backbone's: end the run in one line rather than
+    write error rows that would stand as the backbone's result. The rows written so far stay, and
+    the rows extracted into the cache are resumed by the next run."""
+    if disk_full(error):
+        where = getattr(error, "filename", None) or "the activations cache"
+        raise BenchError(f"disk full while extracting {backbone} ({where}): free space and run the same command "
+                         "again; the rows written so far are kept") from None
+
+
+def extraction_failure(error: BaseException, backbone: str) -> str:
+    """The one-line error of every row of a backbone that failed to run, binding or IsSameObject
+    (a full disk ends the run instead: `refuse_full_disk`)."""
+    refuse_full_disk(error, backbone)
+    return f"extraction failed: {type(error).__name__}: {error}".splitlines()[0]
+
+
+def extraction_error_rows(common: dict[str, Any], plan: BackbonePlan, todo: Sequence[Work],
+                          error: BaseException) -> list[dict[str, Any]]:
+    """Error rows for every row of `todo` when the backbone failed to run (`extraction_failure`)."""
+    message = extraction_failure(error, common["backbone"])
+    return [_row(common, w.layer, v, family, w.seed, {"status": "error", "error": message})
+            for w in todo for v in plan.shown(w.view) for family in w.families]
+
+
+def binding_rows(common: dict[str, Any], acts: dict[str, Any], task_data: BindingTask, layer: int,
+                 shown: Sequence[str], seed: int, families: Sequence[str], cfg: TrainConfig, dtype: str,
+                 limit: int | None, progress: bool) -> list[dict[str, Any]]:
+    """The rows of one (backbone, layer, view, seed): every family trained on one pass over the
+    cached rows of view `shown[0]`, rows written under each of `shown`. A plain function so that
+    a Ray task runs exactly what the local loop runs."""
+    inputs = {s: RowReader(acts[s].get(layer, shown[0]), limit) for s in SPLITS}
+    t0 = time.perf_counter()
+    label = f"train {','.join(families)} · {common['backbone']} layer {layer} {shown[0]} seed {seed}"
+    with _epoch_bar(progress, label, cfg.epochs) as advance:
+        results = evaluate_binding(inputs, task_data, families, train=cfg, progress=advance)
+    wall = (time.perf_counter() - t0) / len(families)
+    rows = []
+    for family in families:
+        columns = result_columns(results[family], cfg, wall, dtype, limit, task_data)
+        rows += [_row(common, layer, v, family, seed, columns) for v in shown]
+    return rows
+
+
+def common_columns(prov: dict[str, Any], plan: BackbonePlan, dataset: str, test_fp: str, task: str,
+                   limit: int | None) -> dict[str, Any]:
+    """The columns every row of one backbone shares: provenance, backbone, dataset, task, limit."""
+    info: BackboneInfo = plan.backbone.info
+    return {**prov, "backbone": plan.name, "spec": plan.spec, "backbone_family": info.family,
+            "backbone_revision": info.revision,
+            "weights_fingerprint": info.revision,
+            "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit, "split": "test",
+            "n_layers": info.n_layers, "task": task}
+
+
+def _row(common: dict[str, Any], layer: int, view: str, family: str, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
+    return {**common, "layer": layer, "tokens": view, "probe": family, "seed": seed, **extra}
+
+
+@contextmanager
+def _epoch_bar(enabled: bool, label: str, total: int) -> Iterator[Callable[[int], None] | None]:
+    """A per-stage progress bar over epochs (nothing when progress is off)."""
+    if not enabled:
+        yield None
+        return
+    from bench.core.console import progress_bar
+
+    with progress_bar(label, total) as bar:
+        yield bar.advance

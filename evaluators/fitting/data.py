@@ -1,0 +1,196 @@
+"""What probe fitting reads and returns: the training settings, activation rows read without
+mapping them into memory, the jobs to fit and their results (`evaluators.fitting`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from evaluators.families import ProbeOptim
+from evaluators.probes import Probe
+
+def resolve_device(device: str) -> str:
+    """`auto` means CUDA when available."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimiser and stopping settings shared by every probe of one `fit_probes` call.
+
+    `lr` / `weight_decay` / `ema` None mean each job's own (`ProbeJob.optim`, from its family's
+    registry entry, `evaluators.families`); a number overrides it for every probe.
+    """
+
+    epochs: int = 200
+    #: None: `auto_batch_size(n_train)`, about 64 optimiser steps per epoch, 16 to 128 rows.
+    batch_size: int | None = None
+    lr: float | None = None
+    weight_decay: float | None = None
+    patience: int = 10
+    lr_patience: int = 3
+    lr_factor: float = 0.3
+    min_delta: float = 1e-3
+    seed: int = 0
+    device: str = "cpu"
+    #: L2 strengths (per scene, on the mean code length in nats) the linear stage tries,
+    #: strongest first; the one with the lowest validation bits is kept.
+    l2_path: tuple[float, ...] = tuple(float(10.0 ** -(e / 4)) for e in range(25))
+    #: L1 strengths the linear stage tries after the L2 path, strongest first, each warm-started
+    #: from the last (the first from the best L2 solution); validation chooses among all of them.
+    #: A binding that only some inputs carry (oracle:mix-0.5) is read by a few strong weights,
+    #: which L2 shrinks as hard as it shrinks the noise of all the others.
+    l1_path: tuple[float, ...] = (1e-2, 3e-3, 1e-3, 3e-4)
+    #: The L1 penalty is smoothed, sqrt(w² + eps²) − eps, so that L-BFGS sees a smooth problem.
+    l1_eps: float = 1e-2
+    #: Iterations of the batched L-BFGS per L2 and per L1 strength (`evaluators.linear_solver`),
+    #: warm-started along the path: a fixed budget, so that no iteration waits on the host.
+    linear_iterations: int = 12
+    l1_iterations: int = 40
+    #: A fit replaces the exact prior only when its validation saving exceeds this many
+    #: standard errors (`fit_probes`, the guard; Student's t at the same level for few groups).
+    guard_se: float = 2.0
+    #: The weights' moving-average decay for every probe (None: each job's own, `ProbeOptim.ema`).
+    ema: float | None = None
+
+
+def auto_batch_size(n_train: int) -> int:
+    """Rows per optimiser step: about 64 steps an epoch, between 16 and 128 rows.
+
+    Plateau stopping counts epochs, so an epoch must hold enough steps for a probe to move:
+    at 2,000 training scenes batches of 128 give 16 steps, and a quadratic-shared probe on
+    oracle:objects stalled at β* 0.91 where batches of 32 reached 0.98.
+    """
+    return max(16, min(128, n_train // 64))
+
+
+class RowReader:
+    """Rows of an N x ... array by index, as float32, without mapping the file into RSS.
+
+    A C-contiguous np.memmap is read with os.pread (runs of consecutive rows coalesced);
+    anything else (an in-memory array) is indexed directly. `n` limits the rows used.
+    """
+
+    def __init__(self, array: np.ndarray, n: int | None = None) -> None:
+        self.array = array
+        self.n = len(array) if n is None else min(n, len(array))
+        self.row_shape = tuple(array.shape[1:])
+        self.dtype = array.dtype
+        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * array.dtype.itemsize
+        filename = getattr(array, "filename", None)
+        self._fd = None
+        if isinstance(array, np.memmap) and filename and array.flags.c_contiguous:
+            self._fd = os.open(filename, os.O_RDONLY)
+            self._offset = int(array.offset)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """Rows `idx` (sorted ascending for speed) as a float32 array."""
+        idx = np.asarray(idx, dtype=np.int64)
+        if self._fd is None:
+            return np.asarray(self.array[idx], dtype=np.float32)
+        buf = bytearray(len(idx) * self.row_bytes)
+        view = memoryview(buf)
+        breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+        pos = 0
+        for run in np.split(idx, breaks):
+            size = len(run) * self.row_bytes
+            got = os.preadv(self._fd, [view[pos : pos + size]], self._offset + int(run[0]) * self.row_bytes)
+            if got != size:
+                raise OSError(f"short read from {self.array.filename}: {got} of {size} bytes")
+            pos += size
+        return np.frombuffer(buf, dtype=self.dtype).reshape(len(idx), *self.row_shape).astype(np.float32)
+
+    def chunks(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(indices, rows) in order, `size` rows at a time."""
+        for start in range(0, self.n, size):
+            idx = np.arange(start, min(start + size, self.n))
+            yield idx, self.take(idx)
+
+
+def feature_stats(reader: RowReader, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Per-dimension mean and std over all rows (and tokens), streamed in float64."""
+    d = reader.row_shape[-1]
+    total, sq, count = np.zeros(d), np.zeros(d), 0
+    for _, rows in reader.chunks(chunk):
+        flat = rows.reshape(-1, d).astype(np.float64)
+        total += flat.sum(0)
+        sq += np.square(flat).sum(0)
+        count += len(flat)
+    mean = total / max(count, 1)
+    return mean, np.sqrt(np.maximum(sq / max(count, 1) - mean**2, 0.0))
+
+
+@dataclass
+class ProbeJob:
+    """One probe to train: its model, per-split targets (N x K uint8), optional condition,
+    and optional exact prior logits (N x K float32, ±inf where the prior fixes the bit)
+    that the probe's residual is added to.
+
+    Jobs with the same `linear_key` solve the same linear problem (the same targets, prior
+    and condition, and probes whose linear parts have the same shape, e.g. one target's
+    probes across families): its L2 path is fitted once and copied into each of them.
+    `warm_start` names another job whose fitted parameters this one starts from where names
+    and shapes agree (`warm_start_from`): it is trained after that job."""
+
+    name: str
+    model: Probe
+    targets: dict[str, np.ndarray]
+    cond: dict[str, np.ndarray] | None = None
+    prior: dict[str, np.ndarray] | None = None
+    linear_key: str | None = None
+    warm_start: str | None = None
+    #: The gradient stage's AdamW settings (`evaluators.probes.probe_optim` gives a family's).
+    optim: ProbeOptim = ProbeOptim()
+
+
+@dataclass
+class FitResult:
+    """A trained probe's test scores with the settings chosen on validation.
+
+    `best_epoch` is the gradient stage's best epoch (0: its start, the linear stage's
+    solution or, for probes without one, the untrained probe). `setting` records what was
+    chosen on validation: the linear stage's penalty ("l2" or "l1") and its `strength`, and
+    whether the gradient stage improved on it. `guard` is "fit" when the probe's validation saving over its
+    exact prior exceeded `TrainConfig.guard_se` standard errors (taken over validation
+    groups, the F codes), "prior" when it did not and the probe was reset to its prior
+    (it then codes test exactly at the prior), None for unanchored probes. `val_bits` is
+    the chosen probe's mean validation code length, `val_prior_bits` the prior's and
+    `val_saving_se` the saving's standard error.
+
+    `converged` is False when the fit may have stopped short of its optimum: validation was
+    still improving when the epoch budget ran out (no `patience` epochs without improvement),
+    or the best epoch lies in the last 10 % of the budget, or the linear solver hit its
+    iteration limit.
+    """
+
+    name: str
+    best_epoch: int = -1
+    val_bits: float = math.inf
+    scene_bits: np.ndarray | None = None  # test bits per scene
+    bits_correct: np.ndarray | None = None  # teacher-forced correct bits per test scene
+    n_bits: int = 0
+    history: list[tuple[float, float]] = field(default_factory=list)  # (train, val) mean bits per epoch
+    l2_path: list[tuple[float, float]] = field(default_factory=list)  # (L2 strength, val mean bits)
+    l1_path: list[tuple[float, float]] = field(default_factory=list)  # (L1 strength, val mean bits)
+    converged: bool = False
+    error: str | None = None
+    val_scene_bits: np.ndarray | None = None  # validation bits per scene of the chosen probe
+    val_prior_bits: float | None = None
+    val_saving_se: float | None = None
+    guard: str | None = None
+    setting: dict[str, Any] = field(default_factory=dict)
+

@@ -1,0 +1,174 @@
+"""The gradient stage: AdamW on what a probe has beyond its linear part, early-stopped on
+validation (`evaluators.fitting.fit_probes`, step 2), and the warm start of one probe from another."""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import ExitStack
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from evaluators.early_stopping import Plateau, WeightAverage
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig
+from evaluators.fitting.linear import _bias_ids
+from evaluators.fitting.scoring import _batch_bits, _fail, _score
+
+
+@torch.no_grad()
+def warm_start_from(model: torch.nn.Module, source: torch.nn.Module) -> None:
+    """Copy `source`'s parameters into `model` wherever the names agree and the shapes agree, or
+    differ only in a wider last (input) dimension of `model` (its leading inputs get the
+    source's weights, the extra ones keep their own). Residual terms that start at zero in
+    `model` are not copied, so it still starts at its prior: only what reads the input (an
+    attention probe's token encoder, keys and values) carries over; an encoder copied whole
+    is frozen (`FROZEN_PARTS`)."""
+    theirs = dict(source.named_parameters())
+    whole, part = set(), set()
+    for name, p in model.named_parameters():
+        q = theirs.get(name)
+        if q is None or not name.startswith(WARM_START_PARTS):
+            continue
+        if q.shape == p.shape:
+            p.copy_(q)
+            whole.add(name)
+        elif q.dim() == p.dim() and q.shape[:-1] == p.shape[:-1] and q.shape[-1] < p.shape[-1]:
+            p[..., : q.shape[-1]] = q
+            part.add(name)
+    # a module is frozen only if every parameter of it came whole (a widened encoder's bias fits too)
+    widened = {name.rpartition(".")[0] for name in part}
+    model.frozen_names = frozenset(n for n in whole
+                                   if n.startswith(FROZEN_PARTS) and n.rpartition(".")[0] not in widened)
+
+
+#: The parameters `warm_start_from` carries over: those that turn tokens into keys and values.
+WARM_START_PARTS = ("encoder.", "keys.", "values.", "probe.encoder.", "probe.keys.", "probe.values.")
+#: Of those, the ones a probe that reads the same tokens keeps as they came (its gradient stage
+#: does not train them): the per-token encoder is most of an attention probe's step, and an
+#: F-probe started from the O|F-probe's encoder reads the features as well frozen as trained.
+#: A probe whose tokens are wider (the planted probe's) trains its encoder on.
+FROZEN_PARTS = ("encoder.", "probe.encoder.")
+
+
+def _has_linear(job: ProbeJob) -> bool:
+    linear = getattr(job.model, "linear_parameters", None)
+    return linear is not None and bool(linear())
+
+
+def _has_nonlinear(job: ProbeJob) -> bool:
+    nonlinear = getattr(job.model, "nonlinear_parameters", None)
+    return bool(nonlinear()) if nonlinear is not None else any(True for _ in job.model.parameters())
+
+
+def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig, device: str,
+                    results: dict[str, FitResult], active: dict[str, ProbeJob],
+                    progress: Callable[[int], None] | None) -> None:
+    """AdamW on each job's parameters beyond its linear part, early-stopped on validation."""
+    if not jobs:
+        return
+    n_train = len(inputs["train"])
+    rng = np.random.default_rng(config.seed)
+    states, optims, schedules, averages, plateaus = {}, {}, {}, {}, {}
+    running = {j.name: j for j in jobs}
+    for j in jobs:
+        # the linear part stays at its solution, all but the bias: a quadratic term shifts
+        # the logits' mean, and a bias frozen at the linear fit's value no longer centres them
+        kept = {id(p) for p in (j.model.linear_parameters() if _has_linear(j) else [])} - _bias_ids(j.model)
+        frozen = getattr(j.model, "frozen_names", frozenset())
+        kept |= {id(p) for name, p in j.model.named_parameters() if name in frozen}
+        trained = [p for p in j.model.parameters() if id(p) not in kept]
+        for p in j.model.parameters():
+            p.requires_grad_(id(p) not in kept)
+        lr = config.lr if config.lr is not None else j.optim.lr
+        decay = config.weight_decay if config.weight_decay is not None else j.optim.weight_decay
+        optims[j.name] = adamw(trained, lr, decay)
+        ema = config.ema if config.ema is not None else j.optim.ema
+        if ema:
+            averages[j.name] = WeightAverage(trained, ema)
+        schedules[j.name] = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optims[j.name], mode="min", factor=config.lr_factor, patience=config.lr_patience,
+            threshold=config.min_delta, threshold_mode="abs")
+        r = results[j.name]
+        r.setting.update(lr=lr, weight_decay=decay, ema=ema)
+    # Epoch 0 is the stage's start (the linear stage's solution, or the untrained probe).
+    for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():
+        r = results[name]
+        if isinstance(scored, Exception):
+            _fail(r, scored, active, name)
+            running.pop(name, None)
+            continue
+        r.val_bits, r.val_scene_bits, r.best_epoch = float(scored[0].mean()), scored[0], 0
+        r.history = [(math.nan, r.val_bits)]
+        schedules[name].step(r.val_bits)
+        plateaus[name] = Plateau(r.val_bits, config.patience, config.min_delta)
+        states[name] = copy.deepcopy(running[name].model.state_dict())
+    for epoch in range(1, config.epochs + 1):
+        if not running:
+            break
+        train_sum = {name: torch.zeros((), device=device) for name in running}  # read once an epoch
+        for j in running.values():
+            j.model.train()
+        perm = rng.permutation(n_train)
+        for start in range(0, n_train, config.batch_size):
+            idx = np.sort(perm[start : start + config.batch_size])
+            x = torch.from_numpy(inputs["train"].take(idx)).to(device)
+            for name, j in list(running.items()):
+                try:
+                    loss = _batch_bits(j, "train", idx, x, device)[0].mean()
+                    optims[name].zero_grad(set_to_none=True)
+                    loss.backward()
+                    optims[name].step()
+                    if name in averages:
+                        averages[name].update()
+                    train_sum[name] += loss.detach() * len(idx)
+                except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
+                    _fail(results[name], e, active, name)
+                    running.pop(name, None)
+        averaged = [name for name in running if name in averages]
+        with ExitStack() as swapped:  # validate (and keep) the averaged weights; train on from the raw ones
+            for name in averaged:
+                swapped.enter_context(averages[name].swapped_in())
+            val = _score(list(running.values()), inputs["val"], "val", device, config.batch_size)
+            keep = {name: copy.deepcopy(running[name].model.state_dict()) for name in averaged}
+        for name in list(running):
+            r = results[name]
+            if isinstance(val[name], Exception):
+                _fail(r, val[name], active, name)
+                running.pop(name)
+                continue
+            v = float(val[name][0].mean())
+            r.history.append((float(train_sum[name]) / n_train, v))
+            if not math.isfinite(v):
+                _fail(r, FloatingPointError(f"validation loss is {v} at epoch {epoch}"), active, name)
+                running.pop(name)
+                continue
+            schedules[name].step(v)
+            if plateaus[name].improved(v):
+                r.val_bits, r.val_scene_bits, r.best_epoch = v, val[name][0], epoch
+                states[name] = keep.get(name) or copy.deepcopy(running[name].model.state_dict())
+            elif plateaus[name].stopped:
+                del running[name]
+        if progress:
+            progress(1)
+    for j in jobs:
+        r = results[j.name]
+        if r.error is not None:
+            continue
+        stage_ok = plateaus[j.name].stopped and r.best_epoch <= 0.9 * config.epochs
+        r.converged = stage_ok and r.setting.get("lbfgs_converged", True)
+        r.setting["gradient_epoch"] = r.best_epoch
+        j.model.load_state_dict(states[j.name])
+        for p in j.model.parameters():
+            p.requires_grad_(True)
+
+
+def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with its fused kernel, one pass over all of a probe's tensors per step (torch < 2.4
+    has none on a CPU: its multi-tensor form there). Stepped one tensor at a time, as torch does on
+    a CPU by default, the optimiser took half of a quadratic or dnn probe's gradient stage."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True)

@@ -1,0 +1,174 @@
+"""Planning a run before any work: every backbone resolved and checked against the task, views
+and families, the rows it still owes, the probe fingerprints that key them, and the cache's growth
+checked against free disk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from bench.core.dataset import Dataset
+from bench.core.errors import BenchError
+from bench.core.hashing import config_hash
+from evaluators.backbones.ground_truth import GroundTruthBackbone
+from evaluators.binding.task import SPLITS
+from evaluators.extract import check_cache_space, check_views, gib, parse_layers, pending_bytes
+from evaluators.families import family_defaults, pair_probe_names
+from evaluators.issameobject import ATTENTION_BASELINES, check_attention_qk, layer_probes
+from evaluators.plan import Model
+
+#: Part of every probe fingerprint: raise it when a change to the probes, their training or the
+#: metrics changes the numbers a request gives, so rows measured before are measured again.
+PROBE_CODE_VERSION = 5
+
+
+def effective_limit(ds: Dataset, limit: int | None) -> int | None:
+    """`limit`, or None when it cuts no split (a run on whole splits, whatever was asked)."""
+    if limit is None or all(limit >= ds.num_rows(s) for s in SPLITS):
+        return None
+    return limit
+
+
+def build_backbone(model: Model, preprocessing: Mapping[str, object] | None = None) -> Any:
+    """The one place a run makes a model's backbone, with the plan's `preprocessing` in place of
+    the model's own: the driver when it plans (`backbone_plans`) and every Ray worker that runs
+    a plan's units (`evaluators.ray_executor`) make it the same way."""
+    return model.resolve(**(preprocessing or {}))
+
+
+@dataclass(frozen=True)
+class Work:
+    """Rows one backbone still owes at one (layer, view, seed): one per family in `families`."""
+
+    layer: int
+    view: str
+    seed: int
+    families: list[str]
+
+
+@dataclass
+class BackbonePlan:
+    """One backbone of an `EvaluationPlan`: resolved and checked before any backbone extracts
+    anything, with the rows it still owes (`todo`). `aliases` maps a view to views that are the same vector
+    on this backbone (on built-in backbones the class token is the mean patch token): their
+    rows are copies of the view's, trained once."""
+
+    spec: str
+    backbone: Any
+    layers: list[int]
+    views: list[str]
+    todo: list[Work]
+    skipped: int
+    aliases: dict[str, list[str]]
+    probe_fps: dict[str, str]
+    name: str  # the `backbone` column: the display name of `-m NAME=SPEC`, else the spec
+    model: Model  # what `backbone` was made from (`build_backbone`), for Ray workers to make it again
+    preprocessing: Mapping[str, object] | None = None
+
+    def shown(self, view: str) -> list[str]:
+        return [view, *self.aliases.get(view, [])]
+
+    def stamp(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`rows` with the probe fingerprint of their probe (part of the key, as `backbone_plans` keyed them)."""
+        return [{**r, "probe_fingerprint": self.probe_fps[r["probe"]]} for r in rows]
+
+
+def probe_fingerprints(task: str, families: Sequence[str], request: dict[str, Any]) -> dict[str, str]:
+    """Per probe family, a hash of its settings as requested (`request`: training, dtype, the
+    task's options) with the family's defaults and `PROBE_CODE_VERSION`. The settings a
+    validation sweep then picks are an outcome, not a request, so they stay out: a re-run
+    of the same request is skipped, a changed request or probe code is measured again."""
+    return {family: config_hash({"task": task, "probe": family, "hparams": family_defaults(family) if task == "binding" else None,
+                              "code": PROBE_CODE_VERSION, **request}) for family in families}
+
+
+def backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: str | Sequence[int],
+                    views: Sequence[str], families: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str,
+                    limit: int | None, progress: bool, probe_fps: dict[str, str],
+                    control: str | None = None, preprocessing: Mapping[str, object] | None = None
+                    ) -> list[BackbonePlan]:
+    """Resolve every backbone and check it against the task, views and probes, so that a bad
+    combination fails in seconds instead of after another backbone's extraction and training.
+    Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
+    plans, notes = [], []
+    for model in models:
+        name, spec = model.name, model.spec
+        backbone = build_backbone(model, preprocessing).bind(ds)
+        if task == "issameobject":
+            check_attention_qk(backbone, families)
+        check_views(backbone, ds, "test", views)
+        try:
+            layer_ids = parse_layers(layers, backbone.info.n_layers)
+        except BenchError as e:  # name the backbone: a run may mix deep ones and layer-less references
+            hint = "; it has no layers: evaluate it in a run without --layers" if not backbone.info.n_layers else ""
+            raise BenchError(f"{e} (backbone {spec}{hint})") from None
+        aliases: dict[str, list[str]] = {}
+        if isinstance(backbone, GroundTruthBackbone) and {"cls", "mean"} <= set(views):
+            aliases["cls"] = ["mean"]
+            notes.append(f"{spec}: its class token is the mean patch token, so cls and mean are the same vector; "
+                         "probes are trained once and the rows written under both")
+        trained = [v for v in views if not any(v in a for a in aliases.values())]
+
+        def key(layer: int, view: str, family: str, seed: int) -> tuple:
+            return (name, ds.name, test_fp, limit, control, "test", layer, view, task, family, seed,
+                    backbone.info.revision, probe_fps[family])
+
+        if task == "issameobject":
+            notes += _unread_layer_note(spec, backbone, layer_ids, families)
+        todo, skipped = [], 0
+        for layer in layer_ids:
+            here = layer_probes(families, layer, backbone.info.n_layers) if task == "issameobject" else families
+            for view in trained:
+                for seed in seeds:
+                    owed = [f for f in here
+                            if any(key(layer, v, f, seed) not in done for v in [view, *aliases.get(view, [])])]
+                    skipped += len(here) - len(owed)
+                    if owed:
+                        todo.append(Work(layer, view, seed, owed))
+        plans.append(BackbonePlan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps, name, model,
+                                  preprocessing))
+    for note in notes:
+        say(progress, note)
+    return plans
+
+
+def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], families: Sequence[str]) -> list[str]:
+    """One line when a requested layer is the last hidden state, which no block reads: it gets no
+    attention-qk row, and its trained probes no attention correlation."""
+    n = backbone.info.n_layers
+    if not n or n not in layers:
+        return []
+    baselines = [p for p in families if p in ATTENTION_BASELINES]
+    correlated = any(p in pair_probe_names(True) for p in families) and backbone.attention_qk(0) is not None
+    if baselines or correlated:
+        what = " and ".join([*(f"no {p} row" for p in baselines), *(["no attention_r/attention_p"] if correlated else [])])
+        return [f"note: {spec}: hidden state {n} (the last) feeds no block, so it gets {what}"]
+    return []
+
+
+def check_cache(plans: Sequence[BackbonePlan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
+                 on_skipped: Callable[[int], None] | None) -> None:
+    """Before any work: report rows already done, estimate how much the activation cache will
+    grow and refuse a run the disk cannot hold (warning when all tokens of all layers are kept)."""
+    skipped = sum(p.skipped for p in plans)
+    if skipped and on_skipped is not None:
+        on_skipped(skipped)
+    needed = 0
+    for p in plans:
+        if not p.todo:
+            continue
+        size = sum(pending_bytes(p.backbone, ds, s, layers=p.layers, views=p.views, dtype=dtype, limit=limit)
+                   for s in SPLITS)
+        if "all" in p.views and len(p.layers) > 1 and size:
+            say(progress, f"warning: --tokens all over {len(p.layers)} layers of {p.spec} stores every patch token "
+                           f"of every layer: ~{gib(size)} of activations cache")
+        needed += size
+    check_cache_space(needed, say=lambda text: say(progress, text))
+
+
+def say(enabled: bool, text: str) -> None:
+    """One line on stderr beside the progress bars (nothing when progress is off)."""
+    if enabled:
+        from bench.core.console import stderr
+
+        stderr.print(text, soft_wrap=True, markup=False, highlight=False)
