@@ -247,7 +247,8 @@ class _LBFGS:
                 + 0.5 * strength * (v * v * batch.is_bias).sum(-1)
             gw = gw + strength * torch.bmm(orig / root, self.evecs)
             gv = gv + strength * (v / lasso_v * weights_v + v * batch.is_bias)
-            hw = hw + strength * (eps * eps / root.pow(3)).mean(-1, keepdim=True)
+            # the smoothed L1's curvature is diagonal on the input's own axes: its diagonal on the principal ones
+            hw = hw + strength * torch.bmm(eps * eps / root.pow(3), self.evecs.square())
             hv = hv + strength * (eps * eps / lasso_v.pow(3) * weights_v + batch.is_bias)
         # a coordinate no feature reaches has zero curvature: keep the step finite there
         return loss, (gw, gv), (hw.clamp_min(1e-12), hv + (1 - batch.v_mask))

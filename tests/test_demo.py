@@ -85,8 +85,9 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     assert {(r["value"], r["rank"]) for r in records if r["control"] == CONTROL} == {(0.9, None)}
     assert {r["value"] for r in records if r["backbone"] == CONTROL_MODEL and r["control"] is None} == {0.0}
     kept = sorted(p.name for p in (cwd / "bench-demo").iterdir())
-    assert kept == ["bench-study.json", "cache", "colorshape-demo", "results"] or kept == [
-        "bench-study.json", "colorshape-demo", "results"], kept
+    assert kept == ["bench-study.json", "cache", "colorshape-demo", "results", "site"] or kept == [
+        "bench-study.json", "colorshape-demo", "results", "site"], kept
+    assert (cwd / "bench-demo" / "site" / "index.html").exists() and "site: bench-demo/site/index.html" in out.err
     # the zoo trained by the run above: the eight backbones in one evaluation, then the control
     assert len(list((cwd / "bench-demo" / "results").glob("*.parquet"))) == 2
     assert "in bench-demo/ (kept" in out.err and "bench leaderboard bench-demo/results" in out.err

@@ -46,7 +46,7 @@ def run(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_limit_and_full_runs_of_both_tasks_share_one_results_folder(tiny, tmp_path, cache_dir, capsys):
-    from evaluators.cache import list_entries
+    from evaluators.cache_inventory import list_entries
 
     results = tmp_path / "results"
     binding = ["evaluate", "--dataset", tiny, "--results", results, "--probes", "linear", "--epochs", "1"]
@@ -95,7 +95,7 @@ def test_limit_and_full_runs_of_both_tasks_share_one_results_folder(tiny, tmp_pa
 
 
 def test_cls_and_mean_of_a_builtin_backbone_are_trained_once(tiny, tmp_path, cache_dir, capsys):
-    from evaluators.cache import list_entries
+    from evaluators.cache_inventory import list_entries
 
     code, out, err = run(capsys, "evaluate", "--dataset", tiny, "--results", tmp_path, "--model", "oracle:features",
                          "--probes", "linear", "--tokens", "cls,mean", "--epochs", "1", "--format", "json")
@@ -140,7 +140,7 @@ def test_every_check_fails_before_any_extraction(tiny, tiny_vit, tmp_path, cache
 def test_cache_estimate_matches_what_extraction_writes(tiny, tiny_vit, tmp_path, cache_dir, capsys, monkeypatch):
     """The estimate is the fp16 bytes extraction writes: refused up front on a full disk, then
     matched by the entry on disk."""
-    from evaluators.cache import list_entries
+    from evaluators.cache_inventory import list_entries
 
     # 80 scenes x 3 hidden states x 16 patch tokens x width 32 x 2 bytes (fp16) = 245,760 bytes
     with monkeypatch.context() as m:

@@ -12,6 +12,7 @@ import typer
 from bench import api
 from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr, wrap
 from bench.core.errors import BenchError
+from bench.core.results import check_writable
 
 
 def register(app: typer.Typer) -> None:
@@ -42,6 +43,8 @@ def run_and_report(study: str, variables: Mapping[str, str], out: Path | None, *
     t0 = time.perf_counter()
     loaded = api.load_study(study, variables, allow_unset=dry_run)
     plan = api.plan_study(loaded, out)
+    if not dry_run:  # a folder that cannot be written is refused in one line, before the plan is shown
+        check_writable(plan.out if out is None else Path(out), "out")
     for line in plan.lines():
         if dry_run:
             echo(line)

@@ -10,7 +10,7 @@ import torch
 
 from bench.core.hashing import derive_seed
 from evaluators.binding.task import TARGETS, BindingTask
-from evaluators.fitting import ProbeJob
+from evaluators.fitting import ProbeJob, RowReader, feature_stats
 from evaluators.families import BINDING_PROBES
 from evaluators.probes import build_probe, probe_optim
 
@@ -82,8 +82,9 @@ class BlindProbe(torch.nn.Module):
     def __init__(self, probe: torch.nn.Module, f_train: np.ndarray) -> None:
         super().__init__()
         self.probe = probe
-        f = np.asarray(f_train, dtype=np.float64)
-        probe.set_standardization(f.mean(0), f.std(0))
+        f = np.asarray(f_train)
+        # as the image's statistics are taken (`feature_stats`): where Z is F, the two inputs are the same bits
+        probe.set_standardization(*feature_stats(RowReader(f.astype(np.float32))))
 
     def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
         """The image's statistics do not apply: the input is F, standardised at construction."""

@@ -45,9 +45,13 @@ def _linear_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config
             for job in members:
                 _fail(results[job.name], e, active, job.name)
             continue
-        for gx, _, problems in groups:  # targets that read the same input share one rotation and one solve
-            if gx.shape == x_train.shape and torch.equal(gx, x_train):
-                problems.append((members, train, val))
+        for gx, gv, problems in groups:  # targets that read the same input share one rotation and one solve
+            if _same(gx, x_train) and _same(gv, x_val):
+                twin = next((p for p in problems if _same_problem(p[1], train) and _same_problem(p[2], val)), None)
+                if twin is not None:  # the same problem under another key (a blind reference of a Z that is F)
+                    twin[0].extend(members)
+                else:
+                    problems.append((members, train, val))
                 break
         else:
             groups.append((x_train, x_val, [(members, train, val)]))
@@ -80,6 +84,16 @@ def _linear_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config
                 r.val_bits, r.val_scene_bits = float(path[choice]), scene
                 r.setting.update(setting)
                 r.best_epoch, r.converged, r.history = 0, setting["lbfgs_converged"], [(math.nan, r.val_bits)]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _same_problem(a: LinearProblem, b: LinearProblem) -> bool:
+    """Whether two targets pose the same problem on the same input: solved once, they get the same
+    solution, where two solves could differ in their last bits."""
+    return all(_same(getattr(a, f), getattr(b, f)) for f in ("targets", "offsets", "free", "extra", "extra_mask"))
 
 
 def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str) -> tuple[torch.Tensor, LinearProblem]:
