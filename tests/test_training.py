@@ -262,7 +262,7 @@ def test_a_planted_probe_trains_the_encoder_it_widened():
 def test_targets_that_keep_one_frozen_encoder_compute_its_product_once_per_batch(monkeypatch):
     """Two targets warm-started from one O|F-probe hold equal frozen encoders and meet each batch
     in turn: the second reuses the first's product (`TokenEncoder`), and nothing they code changes."""
-    from evaluators.probes import TokenEncoder
+    from evaluators.token_encoder import TokenEncoder
 
     rng = np.random.default_rng(0)
     n = {"train": 64, "val": 32, "test": 32}
