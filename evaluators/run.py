@@ -73,6 +73,12 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
                             progress=progress, control=plan.control, preprocessing=plan.preprocessing,
                             probe_fps=probe_fingerprints("binding", plan.families, request))
     check_cache(plans, ds, plan.dtype, limit, progress, on_skipped)
+    work = [w for p in plans for w in p.todo]
+    if work:
+        fits = sum(len(w.families) for w in work)
+        say(progress, f"to fit: {len(work)} row set(s), {fits} family fit(s) "
+                      f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}); each row set's bar counts "
+                      "its gradient epochs")
     if plan.executor == "ray":
         from evaluators.ray_executor import run_binding
 
