@@ -70,7 +70,29 @@ def binding_jobs(family: str, in_dim: int, task: BindingTask, seed: int = 0,
     return jobs
 
 
-class BlindProbe(torch.nn.Module):
+class WrappedProbe(torch.nn.Module):
+    """A probe around another (`probe`) that changes what it reads: its linear part, and what the
+    fit asks of it, are the wrapped probe's."""
+
+    def __init__(self, probe: torch.nn.Module) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def linear_parameters(self) -> list[torch.nn.Parameter]:
+        return self.probe.linear_parameters()
+
+    def nonlinear_parameters(self) -> list[torch.nn.Parameter]:
+        return self.probe.nonlinear_parameters()
+
+    @property
+    def trains_context(self) -> bool:
+        return self.probe.trains_context
+
+    def set_linear(self, *solution: torch.Tensor | None) -> None:
+        self.probe.set_linear(*solution)
+
+
+class BlindProbe(WrappedProbe):
     """A probe that never sees the image: the F code stands in for Z, so it learns only what F
     and the earlier bits say about O. It is the empirical reference of real images, where no
     exact prior exists: B* = L^ref_O|F − L_O|F. F goes where Z would go (standardised, as Z
@@ -80,8 +102,7 @@ class BlindProbe(torch.nn.Module):
     a backbone that carries F and nothing else."""
 
     def __init__(self, probe: torch.nn.Module, f_train: np.ndarray) -> None:
-        super().__init__()
-        self.probe = probe
+        super().__init__(probe)
         f = np.asarray(f_train)
         # as the image's statistics are taken (`feature_stats`): where Z is F, the two inputs are the same bits
         probe.set_standardization(*feature_stats(RowReader(f.astype(np.float32))))
@@ -89,56 +110,29 @@ class BlindProbe(torch.nn.Module):
     def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
         """The image's statistics do not apply: the input is F, standardised at construction."""
 
-    def linear_parameters(self) -> list[torch.nn.Parameter]:
-        return self.probe.linear_parameters()
-
-    def nonlinear_parameters(self) -> list[torch.nn.Parameter]:
-        return self.probe.nonlinear_parameters()
-
-    @property
-    def trains_context(self) -> bool:
-        return self.probe.trains_context
-
     def linear_design(self, x: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.probe.linear_design(cond.to(x.dtype), cond)
-
-    def set_linear(self, *solution: torch.Tensor | None) -> None:
-        self.probe.set_linear(*solution)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
         z = cond.to(x.dtype)
         return self.probe(z.unsqueeze(1) if x.dim() == 3 else z, target, cond)  # one token for token probes
 
 
-class PlantedProbe(torch.nn.Module):
+class PlantedProbe(WrappedProbe):
     """A probe of `Plant`'s task: it reads z with the planted features [m·O′, m] appended (to
     every token of a spatial input), which reach it through the job's condition. The planted
     features are standardised with their own training statistics, z with z's."""
 
     def __init__(self, probe: torch.nn.Module, planted_train: np.ndarray) -> None:
-        super().__init__()
-        self.probe = probe
+        super().__init__(probe)
         self.planted_mean, self.planted_std = planted_train.mean(0), planted_train.std(0)
 
     def set_standardization(self, mean: np.ndarray, std: np.ndarray) -> None:
         self.probe.set_standardization(np.concatenate([mean, self.planted_mean]),
                                        np.concatenate([std, self.planted_std]))
 
-    def linear_parameters(self) -> list[torch.nn.Parameter]:
-        return self.probe.linear_parameters()
-
-    def nonlinear_parameters(self) -> list[torch.nn.Parameter]:
-        return self.probe.nonlinear_parameters()
-
-    @property
-    def trains_context(self) -> bool:
-        return self.probe.trains_context
-
     def linear_design(self, x: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.probe.linear_design(torch.cat([x, cond.to(x.dtype)], dim=-1), None)
-
-    def set_linear(self, *solution: torch.Tensor | None) -> None:
-        self.probe.set_linear(*solution)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
         extra = cond.to(x.dtype)
