@@ -129,21 +129,30 @@ class _Batch:
         """R x B x Qmax: the extra features' gradient of the mean loss, given resid = free·(p − t)/n."""
         g = resid.new_zeros(resid.shape[0], len(self.owner), self.q_max)
         for p, s in zip(self.problems, self.starts):
-            g[:, s : s + p.n_bits, : p.extra.shape[1]] = torch.einsum("rnk,nq->rkq", resid[:, :, s : s + p.n_bits],
-                                                                       p.extra)
+            g[:, s : s + p.n_bits, : p.extra.shape[1]] = _per_row_set(resid[:, :, s : s + p.n_bits], p.extra)
         return g * self.v_mask
 
     def extra_curvature(self, weight: torch.Tensor) -> torch.Tensor:
         """R x B x Qmax: the diagonal of the extra features' Hessian, given weight = free·p(1 − p)/n."""
         h = weight.new_zeros(weight.shape[0], len(self.owner), self.q_max)
         for p, s in zip(self.problems, self.starts):
-            h[:, s : s + p.n_bits, : p.extra.shape[1]] = torch.einsum("rnk,nq->rkq", weight[:, :, s : s + p.n_bits],
+            h[:, s : s + p.n_bits, : p.extra.shape[1]] = _per_row_set(weight[:, :, s : s + p.n_bits],
                                                                        p.extra.square())
         return h * self.v_mask
 
     def per_target(self, per_bit: torch.Tensor) -> torch.Tensor:
         """Sum the last (bit) dimension within each target: ... x B -> ... x P."""
         return torch.stack([per_bit[..., s : s + k].sum(-1) for s, k in zip(self.starts, self.sizes)], -1)
+
+
+def _per_row_set(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """R x K x Q = aᵀb for every row set, a R x n x K and b n x Q, summed over the scenes in the
+    same order whatever R: `einsum` folds the row sets into one product, and a batched product
+    with one column takes another kernel for one row set than for several, either of which made
+    a row set's numbers depend on its batch-mates (Q is 1 for a probe that reads only its bias)."""
+    if b.shape[1] == 1:
+        return (a * b[None, :, :]).sum(1)[..., None]
+    return torch.bmm(a.transpose(1, 2), b.expand(a.shape[0], -1, -1))
 
 
 def _dot(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from bench.core.hashing import config_hash
 from evaluators.binding.jobs import binding_jobs
 from evaluators.binding.task import BindingTask
 from evaluators.families import family_defaults
-from evaluators.fitting import FitResult, RowReader, TrainConfig, fit_probes
+from evaluators.fitting import FitResult, RowReader, TrainConfig, fit_row_sets
 from evaluators.metrics import TARGET_STATS, binding_metrics, group_labels, mean_se, row_checks
 
 
@@ -40,10 +40,31 @@ def evaluate_binding(
 
     `targets` (default: all of the task's) lets a caller train a subset, e.g. only the
     anchored headline probes."""
+    return evaluate_binding_sets([inputs], task, families, train=train, targets=targets, n_boot=n_boot,
+                                 progress=progress)[0]
+
+
+def evaluate_binding_sets(
+    row_sets: Sequence[dict[str, RowReader]], task: BindingTask, families: Sequence[str], *,
+    train: TrainConfig = TrainConfig(), targets: Sequence[str] | None = None, n_boot: int = 1000,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict[str, BindingResult]]:
+    """`evaluate_binding` of several row sets (inputs of one width, a backbone's layers and
+    views) fitted as one batched problem (`fit_row_sets`): each row set's results are those it
+    gets alone."""
     targets = tuple(task.targets if targets is None else targets)
-    in_dim = inputs["train"].row_shape[-1]
-    jobs = [j for family in families for j in binding_jobs(family, in_dim, task, train.seed, targets)]
-    fits = fit_probes(jobs, inputs, train, progress, groups=task.codes["val"][0])
+    stacked = []
+    for inputs in row_sets:
+        in_dim = inputs["train"].row_shape[-1]
+        stacked.append(([j for family in families for j in binding_jobs(family, in_dim, task, train.seed, targets)],
+                        inputs))
+    fitted = fit_row_sets(stacked, train, progress, groups=task.codes["val"][0])
+    return [_binding_results(fits, task, families, targets, train, n_boot) for fits in fitted]
+
+
+def _binding_results(fits: dict[str, FitResult], task: BindingTask, families: Sequence[str], targets: tuple[str, ...],
+                     train: TrainConfig, n_boot: int) -> dict[str, BindingResult]:
+    """One row set's fitted probes as each family's metrics."""
     out = {}
     for family in families:
         mine = {t: fits[f"{family}/{t}"] for t in targets}

@@ -34,7 +34,7 @@ from evaluators.fitting.moments import _moment_stage, class_directions
 from evaluators.fitting.scoring import _fail, _guard, _score, saving_and_se
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
-           "fit_probes", "resolve_device", "saving_and_se", "warm_start_from"]
+           "fit_probes", "fit_row_sets", "resolve_device", "saving_and_se", "warm_start_from"]
 
 
 def fit_probes(
@@ -44,7 +44,24 @@ def fit_probes(
     progress: Callable[[int], None] | None = None,
     groups: np.ndarray | None = None,
 ) -> dict[str, FitResult]:
-    """Fit every job in stages, guard it against its prior, and score test once.
+    """Fit the jobs of one row set: `fit_row_sets` with a stack of one."""
+    return fit_row_sets([(jobs, inputs)], config, progress, groups)[0]
+
+
+def fit_row_sets(
+    row_sets: Sequence[tuple[Sequence[ProbeJob], dict[str, RowReader]]],
+    config: TrainConfig = TrainConfig(),
+    progress: Callable[[int], None] | None = None,
+    groups: np.ndarray | None = None,
+) -> list[dict[str, FitResult]]:
+    """Fit every job of every row set in stages, guard it against its prior, and score test once.
+
+    A row set is the jobs that read one input (a backbone's layer and token view) and its
+    train/val/test row readers. The row sets of one call share their targets (one dataset, one
+    task); their linear stages are solved as one batched problem (the row set a batch dimension,
+    `evaluators.linear_solver`), and a row set's numbers never depend on its batch-mates: every
+    (row set, bit) problem has its own step, memory and stopping, and the later stages run row set
+    by row set from the same seed.
 
     1. Linear stage (probes with a linear part, `Probe.linear_names`): the linear part is
        fitted by full-batch L-BFGS for every L2 strength of `config.l2_path`, strongest
@@ -72,44 +89,61 @@ def fit_probes(
        0 rather than a noise-fitted ±: on oracle:features a validation-selected fit read
        β* −0.014 without it.
 
-    `inputs` maps "train", "val", "test" to row readers aligned with the jobs' targets.
-    A job that raises is dropped and reported through `FitResult.error`; the others go on.
-    `progress(1)` is called once per gradient epoch.
+    A job that raises is dropped and reported through `FitResult.error`; the others go on, in
+    its row set and in the others. `progress(1)` is called once per gradient epoch of each row set.
     """
     device = resolve_device(config.device)
-    n_train = len(inputs["train"])
+    n_train = len(row_sets[0][1]["train"])
     config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train))
-    torch.manual_seed(config.seed)
-    mean, std = feature_stats(inputs["train"])
-    results = {j.name: FitResult(j.name, n_bits=j.targets["train"].shape[1]) for j in jobs}
-    active = {j.name: j for j in jobs}
-    for j in jobs:
-        j.model.set_standardization(mean, std)
-        j.model.to(device)
-    prior_states = {j.name: copy.deepcopy(j.model.state_dict()) for j in jobs if j.prior is not None}
-    start = _score(jobs, inputs["val"], "val", device, config.batch_size)
-    prior_val: dict[str, np.ndarray] = {}
-    for name, scored in start.items():
-        if isinstance(scored, Exception):
-            _fail(results[name], scored, active, name)
-        elif name in prior_states:
-            prior_val[name] = scored[0]
-    _linear_stage([j for j in active.values() if _has_linear(j)], inputs, config, device, results, active)
-    _moment_stage([j for j in active.values() if hasattr(j.model, "init_from_moments")], inputs["train"], device,
-                  results, active)
-    first = [j for j in active.values() if _has_nonlinear(j) and j.warm_start not in active]
-    _gradient_stage(first, inputs, config, device, results, active, progress)
-    later = [j for j in active.values() if _has_nonlinear(j) and all(j is not f for f in first)]
-    for j in later:
-        warm_start_from(j.model, active[j.warm_start].model)
-    _gradient_stage(later, inputs, config, device, results, active, progress)
-    finished = [j for j in jobs if results[j.name].error is None]
-    for j in finished:
-        if j.name in prior_states:
-            _guard(j, results[j.name], prior_val[j.name], prior_states[j.name], groups, config.guard_se)
-    for name, scored in _score(finished, inputs["test"], "test", device, config.batch_size).items():
-        if isinstance(scored, Exception):
-            _fail(results[name], scored, {}, name)
-        else:
-            results[name].scene_bits, results[name].bits_correct = scored
-    return results
+    states = [_RowSet(jobs, inputs, config, device) for jobs, inputs in row_sets]
+    _linear_stage([[j for j in one.active.values() if _has_linear(j)] for one in states],
+                  [one.inputs for one in states], config, device, [one.results for one in states],
+                  [one.active for one in states])
+    for one in states:
+        one.finish(config, device, progress, groups)
+    return [one.results for one in states]
+
+
+class _RowSet:
+    """One row set's jobs through the stages: what `fit_row_sets` does before and after the
+    linear stage they share."""
+
+    def __init__(self, jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig,
+                 device: str) -> None:
+        self.jobs, self.inputs = jobs, inputs
+        mean, std = feature_stats(inputs["train"])
+        self.results = {j.name: FitResult(j.name, n_bits=j.targets["train"].shape[1]) for j in jobs}
+        self.active = {j.name: j for j in jobs}
+        for j in jobs:
+            j.model.set_standardization(mean, std)
+            j.model.to(device)
+        self.prior_states = {j.name: copy.deepcopy(j.model.state_dict()) for j in jobs if j.prior is not None}
+        self.prior_val: dict[str, np.ndarray] = {}
+        for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():
+            if isinstance(scored, Exception):
+                _fail(self.results[name], scored, self.active, name)
+            elif name in self.prior_states:
+                self.prior_val[name] = scored[0]
+
+    def finish(self, config: TrainConfig, device: str, progress: Callable[[int], None] | None,
+               groups: np.ndarray | None) -> None:
+        """The stages after the linear one, from the same seed whatever the row set's batch-mates."""
+        torch.manual_seed(config.seed)
+        active, results, inputs = self.active, self.results, self.inputs
+        _moment_stage([j for j in active.values() if hasattr(j.model, "init_from_moments")], inputs["train"], device,
+                      results, active)
+        first = [j for j in active.values() if _has_nonlinear(j) and j.warm_start not in active]
+        _gradient_stage(first, inputs, config, device, results, active, progress)
+        later = [j for j in active.values() if _has_nonlinear(j) and all(j is not f for f in first)]
+        for j in later:
+            warm_start_from(j.model, active[j.warm_start].model)
+        _gradient_stage(later, inputs, config, device, results, active, progress)
+        finished = [j for j in self.jobs if results[j.name].error is None]
+        for j in finished:
+            if j.name in self.prior_states:
+                _guard(j, results[j.name], self.prior_val[j.name], self.prior_states[j.name], groups, config.guard_se)
+        for name, scored in _score(finished, inputs["test"], "test", device, config.batch_size).items():
+            if isinstance(scored, Exception):
+                _fail(results[name], scored, {}, name)
+            else:
+                results[name].scene_bits, results[name].bits_correct = scored

@@ -12,35 +12,85 @@ import torch
 
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig
 from evaluators.fitting.scoring import _fail
-from evaluators.linear_solver import LinearProblem, PathSettings, solve_path
+from evaluators.linear_solver import LinearProblem, PathSettings, PathSolution, solve_path
 from evaluators.probes import strictly_lower
 
 
-def _linear_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig, device: str,
-                  results: dict[str, FitResult], active: dict[str, ProbeJob]) -> None:
-    """Fit every linear problem (one per `linear_key`) along the penalty path in one batched solve
-    per design (`evaluators.linear_solver`), and give every job its target's chosen solution.
+def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str, RowReader]], config: TrainConfig,
+                  device: str, results: Sequence[dict[str, FitResult]], active: Sequence[dict[str, ProbeJob]]) -> None:
+    """Fit every linear problem of every row set (lists indexed by row set) along the penalty path
+    (`evaluators.linear_solver`), and give every job its target's chosen solution.
+
+    A row set's problems are grouped by the input they read (targets with the same design share
+    one rotation and one solve, `_row_set_problems`); the same group of every row set — the same
+    targets on an input of the same shape — is stacked into one batched solve, the row set its
+    batch dimension. Should a stacked solve fail, each of its row sets is solved alone, so that
+    one row set's failure costs only its own rows.
 
     One strength for all bits of a target: choosing per bit (each bit's logit reads only its own
     rows of the linear parameters, so it could) overfits validation wherever a bit is free in few
     scenes — on a 1-bit task whose bit moves over 64 positions, oracle:features read β* −0.87.
     The L1 path starts from the best L2 solution; its bias keeps an L2 penalty of the same
     strength (a bias is not sparse, and L1 would pull a rarely free bit's bias to its noise)."""
-    if not jobs:
+    if not any(jobs):
         return
     if not config.l2_path and not config.l1_path:
         raise ValueError("the linear stage needs at least one L2 or L1 strength")
+    settings = PathSettings(config.l2_path, config.l1_path, config.l1_eps, config.linear_iterations,
+                            config.l1_iterations)
+    found = [(r, group) for r, (mine, rows) in enumerate(zip(jobs, inputs))
+             for group in _row_set_problems(mine, rows, device, results[r], active[r])]
+    # one read for every group's check, however many row sets: inputs holding NaN or inf fail their targets
+    finite = torch.stack([torch.isfinite(g[0]).all() & torch.isfinite(g[1]).all() for _, g in found]).tolist() \
+        if found else []
+    stacks: list[list[tuple[int, _Group]]] = []  # the same group of several row sets: [(row set, group)]
+    for (r, group), ok in zip(found, finite):
+        if not ok:
+            for members, _, _ in group[2]:
+                for job in members:
+                    _fail(results[r][job.name], FloatingPointError("the activations hold NaN or inf"), active[r],
+                          job.name)
+            continue
+        home = next((st for st in stacks if _stackable(st[0][1], group)), None)
+        if home is None:
+            stacks.append([(r, group)])
+        else:
+            home.append((r, group))
+    for stack in stacks:
+        if len(stack) == 1:
+            _linear_stage_alone(stack[0], settings, results, active)
+            continue
+        try:
+            solved = _solve(stack, settings)
+        except Exception:  # noqa: BLE001 — alone, a failing row set fails only its own targets
+            for one in stack:
+                _linear_stage_alone(one, settings, results, active)
+            continue
+        host = _on_host(solved)
+        for i, (r, group) in enumerate(stack):
+            _assign(group, solved, i, settings, results[r], active[r], host)
+
+
+#: One row set's targets that read the same input: (design on train, on val, [(jobs, train problem,
+#: val problem)]), jobs of one entry sharing one problem.
+_Group = tuple[torch.Tensor, torch.Tensor, list[tuple[list[ProbeJob], LinearProblem, LinearProblem]]]
+
+
+def _row_set_problems(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], device: str,
+                      results: dict[str, FitResult], active: dict[str, ProbeJob]) -> list[_Group]:
+    """One row set's linear problems (one per `linear_key`), grouped by the input they read; a
+    target whose problem cannot be built becomes error rows of its jobs here."""
+    if not jobs:
+        return []
     keyed: dict[str, list[ProbeJob]] = {}
     for job in jobs:
         keyed.setdefault(job.linear_key if job.linear_key is not None else "\0" + job.name, []).append(job)
     raw = {s: torch.from_numpy(inputs[s].take(np.arange(len(inputs[s])))).to(device) for s in ("train", "val")}
-    groups: list[tuple[torch.Tensor, torch.Tensor, list[tuple[list[ProbeJob], LinearProblem, LinearProblem]]]] = []
+    groups: list[_Group] = []
     for members in keyed.values():
         try:
             x_train, train = _linear_problem(members[0], raw["train"], "train", device)
             x_val, val = _linear_problem(members[0], raw["val"], "val", device)
-            if not bool(torch.isfinite(x_train).all()) or not bool(torch.isfinite(x_val).all()):
-                raise FloatingPointError("the activations hold NaN or inf")
         except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
             for job in members:
                 _fail(results[job.name], e, active, job.name)
@@ -55,35 +105,68 @@ def _linear_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config
                 break
         else:
             groups.append((x_train, x_val, [(members, train, val)]))
-    settings = PathSettings(config.l2_path, config.l1_path, config.l1_eps, config.linear_iterations,
-                            config.l1_iterations)
-    strengths = settings.strengths
-    for x_train, x_val, problems in groups:
-        try:
-            solutions = solve_path(x_train[None], x_val[None], [p[1] for p in problems], [p[2] for p in problems],
-                                   settings)
-        except Exception as e:  # noqa: BLE001 — a failing solve becomes error rows of its targets
-            for members, _, _ in problems:
-                for job in members:
-                    _fail(results[job.name], e, active, job.name)
-            continue
-        for (members, _, _), sol in zip(problems, solutions):
-            choice, path = int(sol.choice[0]), sol.val_path[:, 0].cpu().numpy().astype(float)
-            kind, strength = strengths[choice]
-            setting = {"penalty": kind, "strength": strength, "lbfgs_converged": bool(sol.converged[0])}
-            scene = sol.val_scene_bits[0].cpu().numpy()
+    return groups
+
+
+def _stackable(a: _Group, b: _Group) -> bool:
+    """Whether two row sets' groups can be solved as one batch: inputs of one shape, and the
+    same problems (targets, priors, extra features) in the same order."""
+    return (a[0].shape == b[0].shape and a[1].shape == b[1].shape and len(a[2]) == len(b[2])
+            and all(_same_problem(p[1], q[1]) and _same_problem(p[2], q[2]) for p, q in zip(a[2], b[2])))
+
+
+def _solve(stack: list[tuple[int, _Group]], settings: PathSettings) -> list[PathSolution]:
+    """One batched solve of a stack of row sets' groups (the first group's problems stand for all)."""
+    problems = stack[0][1][2]
+    x_train = torch.stack([g[0] for _, g in stack])
+    x_val = torch.stack([g[1] for _, g in stack])
+    return solve_path(x_train, x_val, [p[1] for p in problems], [p[2] for p in problems], settings)
+
+
+def _linear_stage_alone(one: tuple[int, _Group], settings: PathSettings, results: Sequence[dict[str, FitResult]],
+                        active: Sequence[dict[str, ProbeJob]]) -> None:
+    """Solve one row set's group by itself; a failure becomes error rows of its targets."""
+    r, group = one
+    try:
+        solved = _solve([one], settings)
+    except Exception as e:  # noqa: BLE001 — a failing solve becomes error rows of its targets
+        for members, _, _ in group[2]:
             for job in members:
-                r = results[job.name]
-                if not math.isfinite(path[choice]):
-                    _fail(r, FloatingPointError(f"validation loss is {path[choice]} at {kind.upper()} {strength:g}"),
-                          active, job.name)
-                    continue
-                _load_linear(job.model, sol.w[0], sol.v[0])
-                r.l2_path = [(s, float(v)) for (k, s), v in zip(strengths, path) if k == "l2"]
-                r.l1_path = [(s, float(v)) for (k, s), v in zip(strengths, path) if k == "l1"]
-                r.val_bits, r.val_scene_bits = float(path[choice]), scene
-                r.setting.update(setting)
-                r.best_epoch, r.converged, r.history = 0, setting["lbfgs_converged"], [(math.nan, r.val_bits)]
+                _fail(results[r][job.name], e, active[r], job.name)
+        return
+    _assign(group, solved, 0, settings, results[r], active[r])
+
+
+def _assign(group: _Group, solutions: list[PathSolution], i: int, settings: PathSettings,
+            results: dict[str, FitResult], active: dict[str, ProbeJob],
+            host: list[tuple[np.ndarray, ...]] | None = None) -> None:
+    """Give the jobs of row set `i` of a stack their targets' chosen solutions and paths; `host`
+    holds the solutions' choices, paths, flags and validation bits on the host (`_on_host`)."""
+    strengths = settings.strengths
+    for (members, _, _), sol, (choices, paths, flags, scenes) in zip(group[2], solutions, host or _on_host(solutions)):
+        choice, path = int(choices[i]), paths[:, i].astype(float)
+        kind, strength = strengths[choice]
+        setting = {"penalty": kind, "strength": strength, "lbfgs_converged": bool(flags[i])}
+        scene = scenes[i]
+        for job in members:
+            r = results[job.name]
+            if not math.isfinite(path[choice]):
+                _fail(r, FloatingPointError(f"validation loss is {path[choice]} at {kind.upper()} {strength:g}"),
+                      active, job.name)
+                continue
+            _load_linear(job.model, sol.w[i], sol.v[i])
+            r.l2_path = [(s, float(v)) for (k, s), v in zip(strengths, path) if k == "l2"]
+            r.l1_path = [(s, float(v)) for (k, s), v in zip(strengths, path) if k == "l1"]
+            r.val_bits, r.val_scene_bits = float(path[choice]), scene
+            r.setting.update(setting)
+            r.best_epoch, r.converged, r.history = 0, setting["lbfgs_converged"], [(math.nan, r.val_bits)]
+
+
+def _on_host(solutions: list[PathSolution]) -> list[tuple[np.ndarray, ...]]:
+    """(choice, validation path, convergence flag, validation bits) of every target for every row set
+    of a stack, read from the device once for the whole stack."""
+    return [tuple(t.cpu().numpy() for t in (sol.choice, sol.val_path, sol.converged, sol.val_scene_bits))
+            for sol in solutions]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
