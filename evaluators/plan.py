@@ -275,8 +275,8 @@ class EvaluationPlan:
 
     def probe_request(self) -> dict[str, object]:
         """The request behind every row's probe fingerprint (`evaluators.run.probe_fingerprints`):
-        the training settings asked for (device and seed aside: they do not change what is
-        asked), dtype and the task's options, with the preprocessing given in place of the
+        the training settings asked for (device, seed and stack size aside: they do not change what
+        is asked), dtype and the task's options, with the preprocessing given in place of the
         models' own. A study plans which rows already exist from it without loading a model."""
         preprocessing = ({"preprocessing": {k: list(v) if isinstance(v, tuple) else v
                                             for k, v in self.preprocessing.items()}} if self.preprocessing else {})
@@ -289,6 +289,7 @@ class EvaluationPlan:
         # a GPU trains the gradient stage under bf16 autocast: its rows hold other numbers than a
         # CPU's, so they never share a key (a CPU request keeps the fingerprint it always had)
         precision = {"precision": "cuda-bf16"} if resolve_device(self.device) == "cuda" else {}
-        return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device")},
+        # nor does the memory a stack of row sets may take (`TrainConfig.stack_bytes`): its rows are the same
+        return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device", "stack_bytes")},
                 "dtype": self.dtype, "unanchored": self.unanchored, **preprocessing, **precision}
 

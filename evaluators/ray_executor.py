@@ -6,8 +6,8 @@ shards' writers fill at once through the cache's own locked, resumable protocol:
 is written last, by whichever shard completes the entry, so an attempt killed mid-shard
 leaves rows that the retry resumes from and that nothing reads as done; shards start on
 batch boundaries, so every image goes through the model in the local path's batch). Binding
-training: one task per (backbone, layer, view) calling `binding.rows.binding_rows` for each of its
-seeds (all families of a seed share one pass over the cached rows). IsSameObject: one task
+training: one task per backbone, its batched fit: `binding.rows.binding_rows` on each stack of
+its row sets, as the local loop fits them (`binding.rows.stacks`). IsSameObject: one task
 per (backbone, layer) calling `issameobject.evaluate_activations` on that layer. Training
 tasks take the extraction results as arguments, so Ray starts them as soon as their
 backbone's shards are cached.
@@ -29,12 +29,12 @@ from bench.core.dataset import Dataset
 from bench.core.ray_cluster import ray
 from bench.core.results import write_run
 from evaluators import cache
-from evaluators.binding.rows import binding_common, binding_rows, extraction_error_rows
+from evaluators.binding.rows import binding_common, binding_rows, extraction_error_rows, stack_size, stacks
 from evaluators.binding.task import SPLITS, binding_task
 from evaluators.extract import BATCH_SIZE, extract_activations, is_complete, row_shards
 from evaluators.fitting import TrainConfig
 from evaluators.plan import Model
-from evaluators.planning import build_backbone
+from evaluators.planning import Work, build_backbone
 from evaluators.ray_tasks import Cluster, arm_fault, cluster, die, gather, in_task, slots
 
 #: The largest row shard: a retried shard redoes at most this many rows.
@@ -80,28 +80,32 @@ def _backbone(model: Model, preprocessing: Mapping[str, object] | None, run_id: 
     return _BUILT[model.spec, run_id]
 
 
-def _train(common: dict[str, Any], task_data: Any, layer: int,
-           shown: list[str], units: list[tuple[int, list[str]]],
+def _train(common: dict[str, Any], task_data: Any, todo: list[tuple[int, list[str], int, list[str]]],
            base_train: TrainConfig, dtype: str, limit: int | None, gpus: float, n_shards: list[int],
            *shard_acts: Any) -> tuple[list[dict[str, Any]], str]:
-    """One training unit: every (seed, families) of one (backbone, layer, view). `shard_acts`
-    are the splits' shard results in SPLITS order (`n_shards` each): Ray starts this task only
-    when all of them are done, so each split's entry is complete."""
+    """One training unit: a backbone's batched fit, every (layer, views, seed, families) of `todo`
+    in stacks as the local loop fits them (`binding.rows.stacks`). `shard_acts` are the splits'
+    shard results in SPLITS order (`n_shards` each): Ray starts this task only when all of them
+    are done, so each split's entry is complete."""
     acts = _entries(n_shards, shard_acts)
+    work = [Work(layer, shown[0], seed, families) for layer, shown, seed, families in todo]
+    shown_of = {(layer, shown[0]): shown for layer, shown, _, _ in todo}
 
     def body() -> list[dict[str, Any]]:
         doomed = arm_fault("train")
         rows: list[dict[str, Any]] = []
-        for seed, families in units:
-            rows += binding_rows(common, acts, task_data, layer, shown, seed, families, replace(base_train, seed=seed),
-                                 dtype, limit, progress=False)
-            print(f"seed {seed}: {', '.join(families)} trained")
+        for stack in stacks(work, stack_size(acts["train"], work, task_data, base_train, limit)):
+            first = stack[0]
+            rows += binding_rows(common, acts, task_data, [(w.layer, shown_of[w.layer, w.view]) for w in stack],
+                                 first.seed, first.families, replace(base_train, seed=first.seed), dtype, limit,
+                                 progress=False)
+            print(f"seed {first.seed}: {', '.join(first.families)} trained on {len(stack)} row set(s)")
             if doomed:
-                print("fault injection: killing this worker after its first seed")
+                print("fault injection: killing this worker after its first stack")
                 die()
         return rows
 
-    return in_task(f"train {common['backbone']} layer {layer} {shown[0]}", gpus, body)
+    return in_task(f"train {common['backbone']}", gpus, body)
 
 
 def _entries(n_shards: list[int], shard_acts: Sequence[Any]) -> dict[str, Any]:
@@ -181,16 +185,11 @@ def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: di
         extracted = _submit_extraction(c, plans, run_id, shards, dtype, limit)
         for plan in plans:
             common = binding_common(prov, plan, ds, test_fp, limit, task_data)
-            groups: dict[tuple[int, str], list[Any]] = {}
-            for w in plan.todo:  # layer-major, as the local loop
-                groups.setdefault((w.layer, w.view), []).append(w)
-            for (layer, view), todo in groups.items():
-                seeds = [(w.seed, w.families) for w in todo]
-                ref = train.remote(common, data_ref, layer, plan.shown(view), seeds, base_train, dtype,
-                                   limit, c.gpus,
-                                   [len(shards[s]) for s in SPLITS], *extracted[plan.spec])
-                c.tasks[ref] = (f"train-{plan.spec}-L{layer}-{view}", plan.spec)
-                units[ref] = (plan, common, todo)
+            todo = [(w.layer, plan.shown(w.view), w.seed, w.families) for w in plan.todo]
+            ref = train.remote(common, data_ref, todo, base_train, dtype, limit, c.gpus,
+                               [len(shards[s]) for s in SPLITS], *extracted[plan.spec])
+            c.tasks[ref] = (f"train-{plan.spec}", plan.spec)
+            units[ref] = (plan, common, plan.todo)
         rows_of: dict[Any, list[dict[str, Any]]] = {}
 
         def arrived(ref: Any, rows: list[dict[str, Any]] | None, error: BaseException | None) -> int:

@@ -23,7 +23,7 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import check_writable, existing_keys, new_run_id, provenance, write_run
 from evaluators.binding.rows import (binding_common, binding_rows, common_columns, extraction_error_rows,
-                                     extraction_failure)
+                                     extraction_failure, stack_size, stacks)
 from evaluators.binding.task import SPLITS, BindingTask, binding_task, check_control, check_priors, open_dataset
 from evaluators.extract import extract_activations, split_fingerprint
 from evaluators.fitting import TrainConfig, resolve_device
@@ -104,10 +104,12 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
                 rows += one.stamp(extraction_error_rows(common, one, one.todo, e))
                 path = write_run(rows, plan.results_dir, run_id)
                 continue
-            for w in one.todo:
-                rows += one.stamp(binding_rows(common, acts, task_data, w.layer, one.shown(w.view), w.seed, w.families,
-                                               replace(base_train, seed=w.seed), plan.dtype, limit, progress))
-            path = write_run(rows, plan.results_dir, run_id)
+            for stack in stacks(one.todo, stack_size(acts["train"], one.todo, task_data, base_train, limit)):
+                first = stack[0]
+                rows += one.stamp(binding_rows(common, acts, task_data, [(w.layer, one.shown(w.view)) for w in stack],
+                                               first.seed, first.families, replace(base_train, seed=first.seed),
+                                               plan.dtype, limit, progress))
+                path = write_run(rows, plan.results_dir, run_id)  # after every stack: a crash keeps what finished
     return path
 
 

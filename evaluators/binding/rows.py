@@ -8,13 +8,15 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
+
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.resources import disk_full
 from evaluators.backbones.base import BackboneInfo
-from evaluators.binding.columns import evaluate_binding, result_columns
+from evaluators.binding.columns import evaluate_binding_sets, result_columns
 from evaluators.binding.task import SPLITS, BindingTask
-from evaluators.fitting import RowReader, TrainConfig
+from evaluators.fitting import RowReader, TrainConfig, row_sets_per_stack
 from evaluators.planning import BackbonePlan, Work
 
 
@@ -51,23 +53,50 @@ def extraction_error_rows(common: dict[str, Any], plan: BackbonePlan, todo: Sequ
             for w in todo for v in plan.shown(w.view) for family in w.families]
 
 
-def binding_rows(common: dict[str, Any], acts: dict[str, Any], task_data: BindingTask, layer: int,
-                 shown: Sequence[str], seed: int, families: Sequence[str], cfg: TrainConfig, dtype: str,
-                 limit: int | None, progress: bool) -> list[dict[str, Any]]:
-    """The rows of one (backbone, layer, view, seed): every family trained on one pass over the
-    cached rows of view `shown[0]`, rows written under each of `shown`. A plain function so that
-    a Ray task runs exactly what the local loop runs."""
-    inputs = {s: RowReader(acts[s].get(layer, shown[0]), limit) for s in SPLITS}
+def binding_rows(common: dict[str, Any], acts: dict[str, Any], task_data: BindingTask,
+                 row_sets: Sequence[tuple[int, Sequence[str]]], seed: int, families: Sequence[str], cfg: TrainConfig,
+                 dtype: str, limit: int | None, progress: bool) -> list[dict[str, Any]]:
+    """The rows of a stack of (layer, views) row sets of one backbone at one seed, fitted as one
+    batched problem (`evaluate_binding_sets`): every family trained on the cached rows of view
+    `views[0]`, rows written under each of `views`. A plain function so that a Ray task runs
+    exactly what the local loop runs.
+
+    `wall_time_s` of a row is the stack's wall time shared equally among its row sets and
+    families: a batched fit has no time of its own per row."""
+    inputs = [{s: RowReader(acts[s].get(layer, shown[0]), limit) for s in SPLITS} for layer, shown in row_sets]
     t0 = time.perf_counter()
-    label = f"train {','.join(families)} · {common['backbone']} layer {layer} {shown[0]} seed {seed}"
-    with _epoch_bar(progress, label, cfg.epochs) as advance:
-        results = evaluate_binding(inputs, task_data, families, train=cfg, progress=advance)
-    wall = (time.perf_counter() - t0) / len(families)
+    where = ", ".join(f"{layer} {shown[0]}" for layer, shown in row_sets)
+    label = f"train {','.join(families)} · {common['backbone']} layer {where} seed {seed}"
+    with _epoch_bar(progress, label, cfg.epochs * len(row_sets)) as advance:
+        results = evaluate_binding_sets(inputs, task_data, families, train=cfg, progress=advance)
+    wall = (time.perf_counter() - t0) / (len(families) * len(row_sets))
     rows = []
-    for family in families:
-        columns = result_columns(results[family], cfg, wall, dtype, limit, task_data)
-        rows += [_row(common, layer, v, family, seed, columns) for v in shown]
+    for (layer, shown), result in zip(row_sets, results):
+        for family in families:
+            columns = result_columns(result[family], cfg, wall, dtype, limit, task_data)
+            rows += [_row(common, layer, v, family, seed, columns) for v in shown]
     return rows
+
+
+def stack_size(train_acts: Any, todo: Sequence[Work], task_data: BindingTask, cfg: TrainConfig,
+               limit: int | None) -> int:
+    """Row sets per stack for a backbone's activations (`fitting.row_sets_per_stack`): its
+    training and validation rows, the largest row among the views of `todo`, and the bits of
+    every target."""
+    shapes = [tuple(train_acts.get(w.layer, w.view).shape) for w in todo]
+    n_rows = min(shapes[0][0], limit or shapes[0][0]) + len(task_data.codes["val"][1])
+    space = task_data.space
+    return row_sets_per_stack(n_rows, max((s[1:] for s in shapes), key=lambda s: int(np.prod(s))),
+                              2 * space.n_features + 3 * space.n_conjunctions, cfg.device, cfg.stack_bytes)
+
+
+def stacks(todo: Sequence[Work], per_stack: int) -> list[list[Work]]:
+    """The rows a backbone owes as stacks fitted together: work of the same seed and families,
+    in order, at most `per_stack` row sets each (`fitting.row_sets_per_stack`)."""
+    grouped: dict[tuple[int, tuple[str, ...]], list[Work]] = {}
+    for w in todo:
+        grouped.setdefault((w.seed, tuple(w.families)), []).append(w)
+    return [group[i : i + per_stack] for group in grouped.values() for i in range(0, len(group), max(per_stack, 1))]
 
 
 def common_columns(prov: dict[str, Any], plan: BackbonePlan, dataset: str, test_fp: str, task: str,

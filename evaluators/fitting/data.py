@@ -59,6 +59,26 @@ class TrainConfig:
     guard_se: float = 2.0
     #: The weights' moving-average decay for every probe (None: each job's own, `ProbeOptim.ema`).
     ema: float | None = None
+    #: Bytes the row sets fitted together may take (`row_sets_per_stack`); None: `STACK_BYTES` on a
+    #: CPU, a quarter of the GPU's free memory on CUDA.
+    stack_bytes: int | None = None
+
+
+#: The CPU's default budget for a stack of row sets (`row_sets_per_stack`).
+STACK_BYTES = 1 << 30
+
+
+def row_sets_per_stack(n_rows: int, row_shape: tuple[int, ...], n_bits: int, device: str,
+                       budget: int | None = None) -> int:
+    """How many row sets of `n_rows` training and validation rows fit one batched linear solve
+    within `budget` bytes (at least one): each holds its inputs three times (as read, standardised,
+    rotated) and about six float32 values per scene and bit (logits, probabilities, residuals,
+    curvature) in float32. A row set's numbers do not depend on how many share its stack, so the
+    budget is the machine's to choose."""
+    if budget is None:
+        budget = torch.cuda.mem_get_info()[0] // 4 if device.startswith("cuda") else STACK_BYTES
+    per_row_set = 4 * n_rows * (3 * int(np.prod(row_shape)) + 6 * n_bits)
+    return max(1, int(budget // max(per_row_set, 1)))
 
 
 def auto_batch_size(n_train: int) -> int:
