@@ -94,7 +94,7 @@ def fit_row_sets(
     """
     device = resolve_device(config.device)
     n_train = len(row_sets[0][1]["train"])
-    config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train))
+    config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, device))
     states = [_RowSet(jobs, inputs, config, device) for jobs, inputs in row_sets]
     _linear_stage([[j for j in one.active.values() if _has_linear(j)] for one in states],
                   [one.inputs for one in states], config, device, [one.results for one in states],

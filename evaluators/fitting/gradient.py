@@ -14,7 +14,7 @@ import torch
 from evaluators.early_stopping import Plateau, WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig
 from evaluators.fitting.linear import _bias_ids
-from evaluators.fitting.scoring import _batch_bits, _fail, _score
+from evaluators.fitting.scoring import HeldCodes, _batch_bits, _fail, _score
 
 
 @torch.no_grad()
@@ -104,6 +104,7 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
         schedules[name].step(r.val_bits)
         plateaus[name] = Plateau(r.val_bits, config.patience, config.min_delta)
         states[name] = copy.deepcopy(running[name].model.state_dict())
+    rows, held = _held_on_device(jobs, inputs["train"], device, config)
     for epoch in range(1, config.epochs + 1):
         if not running:
             break
@@ -113,10 +114,14 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
         perm = rng.permutation(n_train)
         for start in range(0, n_train, config.batch_size):
             idx = np.sort(perm[start : start + config.batch_size])
-            x = torch.from_numpy(inputs["train"].take(idx)).to(device)
+            if rows is not None:
+                index = torch.from_numpy(idx).to(device, non_blocking=True)
+                x = rows[index]
+            else:
+                index, x = idx, torch.from_numpy(inputs["train"].take(idx)).to(device)
             for name, j in list(running.items()):
                 try:
-                    loss = _batch_bits(j, "train", idx, x, device)[0].mean()
+                    loss = _batch_bits(j, "train", index, x, device, held=held)[0].mean()
                     optims[name].zero_grad(set_to_none=True)
                     loss.backward()
                     optims[name].step()
@@ -162,6 +167,20 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
         j.model.load_state_dict(states[j.name])
         for p in j.model.parameters():
             p.requires_grad_(True)
+
+
+def _held_on_device(jobs: Sequence[ProbeJob], train: RowReader, device: str, config: TrainConfig
+                    ) -> tuple[torch.Tensor | None, HeldCodes | None]:
+    """On CUDA, the training split's rows (where they fit the stack's memory budget) and every job's
+    codes, moved to the device once for the stage: a step then indexes them there instead of
+    waiting for copies from the host. On a CPU (None, None): the rows are read batch by batch, so
+    that resident memory stays at a few batches whatever the split's size."""
+    if not device.startswith("cuda"):
+        return None, None
+    budget = config.stack_bytes if config.stack_bytes is not None else torch.cuda.mem_get_info()[0] // 4
+    fits = len(train) * train.row_bytes * 4 // max(train.dtype.itemsize, 1) <= budget
+    rows = torch.from_numpy(train.take(np.arange(len(train)))).to(device) if fits else None
+    return rows, HeldCodes(jobs, "train", device)
 
 
 def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:

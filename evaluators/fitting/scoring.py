@@ -48,16 +48,38 @@ def _fail(result: FitResult, error: Exception, active: dict, name: str) -> None:
 
 
 def _batch_bits(job: ProbeJob, split: str, idx: np.ndarray, x: torch.Tensor, device: str,
-                amp: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                amp: bool = True, held: "HeldCodes | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(bits per scene, logits) of one job on a batch, teacher-forced (bf16 autocast on CUDA
-    unless `amp` is off: L-BFGS needs exact gradients)."""
-    target = torch.from_numpy(job.targets[split][idx]).to(device)
-    cond = torch.from_numpy(job.cond[split][idx]).to(device).float() if job.cond is not None else None
+    unless `amp` is off: L-BFGS needs exact gradients). `held`: the job's codes of the split
+    already on the device (`HeldCodes`), indexed there instead of copied from the host."""
+    if held is not None:
+        target, cond, prior = held.rows(job.name, idx)
+    else:
+        target = torch.from_numpy(job.targets[split][idx]).to(device)
+        cond = torch.from_numpy(job.cond[split][idx]).to(device).float() if job.cond is not None else None
+        prior = torch.from_numpy(job.prior[split][idx]).to(device) if job.prior is not None else None
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp and device.startswith("cuda")):
         residual = job.model(x, target, cond)
-    prior = torch.from_numpy(job.prior[split][idx]).to(device) if job.prior is not None else None
     logits = anchor(residual.float(), prior)
     return scene_bits(logits, target), logits
+
+
+class HeldCodes:
+    """Every job's targets, condition and prior of one split, moved to the device once: on a GPU a
+    copy from (pageable) host memory waits for the device, and the gradient stage made three per
+    job and step."""
+
+    def __init__(self, jobs: Sequence[ProbeJob], split: str, device: str) -> None:
+        def put(a: np.ndarray | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device, dtype)
+
+        self.device = device
+        self.codes = {j.name: (put(j.targets[split]), put(None if j.cond is None else j.cond[split], torch.float32),
+                               put(None if j.prior is None else j.prior[split])) for j in jobs}
+
+    def rows(self, name: str, idx: np.ndarray | torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        index = torch.as_tensor(idx, device=self.device)
+        return tuple(None if t is None else t[index] for t in self.codes[name])
 
 
 #: Input bytes per chunk when a split is scored: no gradient is kept, so a pooled view's split is
