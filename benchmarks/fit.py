@@ -3,7 +3,8 @@
 Generates the balanced small preset (2,000/500/500 scenes by default), extracts a backbone's
 activations once (cached), and times `evaluate_binding` — every requested family fitted
 together, as `bench evaluate` fits them — first on one row set (the last layer, cls), then on
-every (layer, view) row set of `--layers`/`--tokens`. It uses only functions that every
+every (layer, view) row set of `--layers`/`--tokens` as one stack (`evaluate_binding_sets`;
+row set after row set on a checkout from before it). It uses only functions that every
 checkout since 48c4706 has, so two checkouts compare side by side on one machine:
 
     PYTHONPATH=OTHER_CHECKOUT .venv/bin/python benchmarks/fit.py --one-only
@@ -40,6 +41,10 @@ try:  # the evaluator's layout moved (evaluators/binding); the entry points kept
     from evaluators.binding import binding_task, evaluate_binding  # noqa: E402
 except ImportError:
     from evaluators.run import binding_task, evaluate_binding  # noqa: E402
+try:  # row sets fitted as one batched problem, as `bench evaluate` fits a backbone (issue 37)
+    from evaluators.binding import evaluate_binding_sets  # noqa: E402
+except ImportError:
+    evaluate_binding_sets = None
 
 SPLITS = ("train", "val", "test")
 
@@ -90,7 +95,18 @@ def main() -> None:
     cpu, wall, beta = fit(acts, task, layers[-1], views[0], families)
     print(f"one row set (layer {layers[-1]}, {views[0]}): {cpu:.1f} s CPU, {wall:.1f} s wall; β* "
           + ", ".join(f"{f} {b:.4f}" for f, b in beta.items()), flush=True)
-    if not args.one_only:
+    if not args.one_only and evaluate_binding_sets is not None:
+        row_sets = [(layer, view) for layer in layers for view in views]
+        inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()} for layer, view in row_sets]
+        t0, c0 = time.perf_counter(), time.process_time()
+        results = evaluate_binding_sets(inputs, task, families, train=TrainConfig(), n_boot=200)
+        total_cpu, total_wall = time.process_time() - c0, time.perf_counter() - t0
+        for (layer, view), res in zip(row_sets, results):
+            print(f"  layer {layer:2d} {view:4s}  β* " + ", ".join(f"{f} {r.metrics.get('beta_star', float('nan')):.4f}"
+                                                              for f, r in res.items()), flush=True)
+        print(f"all {len(row_sets)} row sets as one stack: {total_cpu:.1f} s CPU, {total_wall:.1f} s wall "
+              f"({total_cpu / cpu:.1f}x one row set)")
+    elif not args.one_only:  # a checkout from before stacking: one row set after another
         total_cpu, total_wall = 0.0, 0.0
         for layer in layers:
             for view in views:

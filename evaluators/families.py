@@ -31,6 +31,8 @@ class ProbeOptim:
     lr: float = 1e-2
     weight_decay: float = 1e-4
     ema: float | None = None
+    #: the family's `ProbeFamily.device_batches`
+    device_batches: bool = True
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,10 @@ class ProbeFamily:
     to the extra constructor arguments of its probes that predict O, whose bits are conjunctions
     of feature values (quadratic-shared's shared factors, attention's feature members).
     `warm_starts`: its other probes start from the token encoder its O|F-probe learned
-    (`evaluators.fitting.warm_start_from`), and are fitted after it."""
+    (`evaluators.fitting.warm_start_from`), and are fitted after it.
+    `device_batches`: on CUDA its gradient stage takes batches sized for the device
+    (`evaluators.fitting.auto_batch_size`); False keeps the CPU's: on an H200 the attention probe
+    read β* 0.53 on pixels in batches of 500 rows, where batches of 32 read 0.915."""
 
     cls: Any
     defaults: dict[str, Any] = field(default_factory=dict)
@@ -55,6 +60,7 @@ class ProbeFamily:
     raw_lr: bool = False
     conjunction_args: Any = None
     warm_starts: bool = False
+    device_batches: bool = True
 
     def probe_class(self) -> type:
         """The class, imported on first use when given as `module:Class`."""
@@ -131,7 +137,8 @@ BINDING_PROBES.register("dnn", ProbeFamily("evaluators.probes:MadeProbe", {"hidd
 BINDING_PROBES.register("attention", ProbeFamily(
     "evaluators.probes:AttentionProbe",
     {"heads": 2, "key_dim": 32, "rank": 8, "width": 256, "lr": 3e-3, "weight_decay": 0.05, "ema": 0.998},
-    spatial=True, raw_lr=True, conjunction_args="evaluators.probes:feature_members", warm_starts=True))
+    spatial=True, raw_lr=True, conjunction_args="evaluators.probes:feature_members", warm_starts=True,
+    device_batches=False))
 
 _SCORERS = "evaluators.issameobject.scorers"
 PAIR_PROBES.register("linear", PairProbe(trained=True, cls=f"{_SCORERS}:LinearPair"))

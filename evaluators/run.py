@@ -14,6 +14,7 @@ same way.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -104,12 +105,18 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
                 rows += one.stamp(extraction_error_rows(common, one, one.todo, e))
                 path = write_run(rows, plan.results_dir, run_id)
                 continue
+            started, fitted = time.perf_counter(), 0
             for stack in stacks(one.todo, stack_size(acts["train"], one.todo, task_data, base_train, limit)):
                 first = stack[0]
                 rows += one.stamp(binding_rows(common, acts, task_data, [(w.layer, one.shown(w.view)) for w in stack],
                                                first.seed, first.families, replace(base_train, seed=first.seed),
                                                plan.dtype, limit, progress))
                 path = write_run(rows, plan.results_dir, run_id)  # after every stack: a crash keeps what finished
+                fitted += len(stack)
+                if fitted < len(one.todo):  # the ETA from the stacks fitted so far
+                    spent = time.perf_counter() - started
+                    say(progress, f"{one.name}: {fitted}/{len(one.todo)} row sets fitted in {spent:.0f} s; about "
+                                  f"{spent / fitted * (len(one.todo) - fitted):.0f} s to go")
     return path
 
 

@@ -7,20 +7,28 @@ so a row set's rows must not depend on its batch-mates."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from bench.core.dataset import Dataset
 from evaluators.binding import binding_task, evaluate_binding, evaluate_binding_sets
 from evaluators.binding.jobs import binding_jobs
+from evaluators.binding.rows import stacks
 from evaluators.binding.task import SPLITS
-from evaluators.fitting import FitResult, feature_stats
+from evaluators.fitting import FitResult, feature_stats, row_sets_per_stack
 from evaluators.fitting.linear import _linear_stage
+from evaluators.plan import EvaluationPlan
+from evaluators.planning import Work
+from evaluators.run import run_evaluation
 from evaluators.training import RowReader, TrainConfig
 from tests.test_host_syncs import counted_reads
 
 FAMILIES = ["linear", "quadratic", "dnn"]
+#: Columns that differ between any two runs of the same request.
+RUN = {"run_id", "created_at", "wall_time_s", "host", "package_versions", "command"}
 CONFIG = TrainConfig(epochs=4, l2_path=(1e-1, 1e-2, 1e-3), l1_path=(1e-2,))
 
 
@@ -95,3 +103,31 @@ def test_the_linear_stage_reads_the_host_as_often_for_4_row_sets_as_for_1(task):
         assert all(r.error is None and r.l2_path for rs in results for r in rs.values())
         counts.append(count[0])
     assert counts[0] == counts[1], counts
+
+
+def test_stacks_keep_the_order_of_the_work_and_split_at_the_budget():
+    work = [Work(layer, view, seed, ["linear"]) for seed in (0, 1) for layer in (0, 6, 12) for view in ("cls", "mean")]
+    chunks = stacks(work, 4)
+    assert [len(c) for c in chunks] == [4, 2, 4, 2]
+    assert all(len({w.seed for w in c}) == 1 for c in chunks) and [w for c in chunks for w in c] == work
+    # a row set of 2,500 rows x 384 and 300 bits takes about 30 MB: a GiB holds 36, a byte still holds one
+    assert row_sets_per_stack(2500, (384,), 300, "cpu", 1 << 30) == 36
+    assert row_sets_per_stack(2500, (384,), 300, "cpu", 1) == 1
+
+
+def test_a_run_fitted_row_set_by_row_set_writes_the_rows_of_one_stack(balanced_small, tmp_path, one_torch_thread):
+    """`stack_bytes` decides only how many row sets share a solve: a run whose stacks hold one row set
+    each writes the rows of a run that fits them all at once."""
+    train = TrainConfig(epochs=2, l2_path=(1e-1, 1e-2), l1_path=(1e-2,))
+    rows = {}
+    for name, budget in (("one", 1), ("all", None)):
+        plan = EvaluationPlan(["pixels", "random:dinov2-small"], balanced_small, layers="0,last", probes=["linear", "dnn"],
+                              train=replace(train, stack_bytes=budget), results_dir=tmp_path / name, threads=1)
+        table = pq.read_table(run_evaluation(plan, progress=False)).to_pylist()
+        rows[name] = {(r["backbone"], r["layer"], r["tokens"], r["probe"]): {k: v for k, v in r.items() if k not in RUN}
+                      for r in table}
+    assert rows["one"].keys() == rows["all"].keys()
+    assert {(b, layer) for b, layer, _, _ in rows["all"]} == {("pixels", 0), ("random:dinov2-small", 0),
+                                                             ("random:dinov2-small", 12)}
+    for key, row in rows["all"].items():
+        assert row == rows["one"][key], key

@@ -139,7 +139,9 @@ _OUTCOME_KEYS = ("best_epochs", "chosen")
 def result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str, limit: int | None,
                     task: BindingTask) -> dict[str, Any]:
     fits = r.fits or {}
-    config = {"probe": r.family, "hparams": family_defaults(r.family), "train": asdict(cfg), "dtype": dtype,
+    # the memory a stack may take is the machine's, not the result's (`TrainConfig.stack_bytes`)
+    train = {k: v for k, v in asdict(cfg).items() if k != "stack_bytes"}
+    config = {"probe": r.family, "hparams": family_defaults(r.family), "train": train, "dtype": dtype,
               "resolution": "native", "limit": limit, "control": task.control,
               "best_epochs": {t: f.best_epoch for t, f in fits.items()},
               "chosen": {t: {**f.setting, "guard": f.guard, "val_saving_se": f.val_saving_se}

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size, feature_stats,
-                                     resolve_device, row_sets_per_stack)
+                                     resolve_device, row_sets_per_stack, stack_budget)
 from evaluators.fitting.gradient import _gradient_stage, _has_linear, _has_nonlinear, warm_start_from
 from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
@@ -94,11 +94,16 @@ def fit_row_sets(
     """
     device = resolve_device(config.device)
     n_train = len(row_sets[0][1]["train"])
-    config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, device))
+    # one batch size for the shared batches: the device's only where every family takes it
+    sized_for = device if all(j.optim.device_batches for jobs, _ in row_sets for j in jobs) else "cpu"
+    config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for))
     states = [_RowSet(jobs, inputs, config, device) for jobs, inputs in row_sets]
     _linear_stage([[j for j in one.active.values() if _has_linear(j)] for one in states],
                   [one.inputs for one in states], config, device, [one.results for one in states],
                   [one.active for one in states])
+    _moment_stage([[j for j in one.active.values() if hasattr(j.model, "init_from_moments")] for one in states],
+                  [one.inputs["train"] for one in states], device, [one.results for one in states],
+                  [one.active for one in states], stack_budget(config, device))
     for one in states:
         one.finish(config, device, progress, groups)
     return [one.results for one in states]
@@ -127,11 +132,9 @@ class _RowSet:
 
     def finish(self, config: TrainConfig, device: str, progress: Callable[[int], None] | None,
                groups: np.ndarray | None) -> None:
-        """The stages after the linear one, from the same seed whatever the row set's batch-mates."""
+        """The stages after the linear and moment ones, from the same seed whatever the row set's batch-mates."""
         torch.manual_seed(config.seed)
         active, results, inputs = self.active, self.results, self.inputs
-        _moment_stage([j for j in active.values() if hasattr(j.model, "init_from_moments")], inputs["train"], device,
-                      results, active)
         first = [j for j in active.values() if _has_nonlinear(j) and j.warm_start not in active]
         _gradient_stage(first, inputs, config, device, results, active, progress)
         later = [j for j in active.values() if _has_nonlinear(j) and all(j is not f for f in first)]

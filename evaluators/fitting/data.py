@@ -69,6 +69,14 @@ class TrainConfig:
 STACK_BYTES = 1 << 30
 
 
+def stack_budget(config: TrainConfig, device: str) -> int:
+    """The bytes a stack of row sets may take: `config.stack_bytes`, else `STACK_BYTES` on a CPU and
+    a quarter of the GPU's free memory on CUDA."""
+    if config.stack_bytes is not None:
+        return config.stack_bytes
+    return torch.cuda.mem_get_info()[0] // 4 if device.startswith("cuda") else STACK_BYTES
+
+
 def row_sets_per_stack(n_rows: int, row_shape: tuple[int, ...], n_bits: int, device: str,
                        budget: int | None = None) -> int:
     """How many row sets of `n_rows` training and validation rows fit one batched linear solve
@@ -76,15 +84,15 @@ def row_sets_per_stack(n_rows: int, row_shape: tuple[int, ...], n_bits: int, dev
     rotated) and about six float32 values per scene and bit (logits, probabilities, residuals,
     curvature) in float32. A row set's numbers do not depend on how many share its stack, so the
     budget is the machine's to choose."""
-    if budget is None:
-        budget = torch.cuda.mem_get_info()[0] // 4 if device.startswith("cuda") else STACK_BYTES
+    budget = budget if budget is not None else stack_budget(TrainConfig(), device)
     per_row_set = 4 * n_rows * (3 * int(np.prod(row_shape)) + 6 * n_bits)
     return max(1, int(budget // max(per_row_set, 1)))
 
 
 def auto_batch_size(n_train: int, device: str = "cpu") -> int:
     """Rows per optimiser step: about 64 steps an epoch, between 16 and 128 rows, on a CPU; a
-    quarter of the training split (128 to 4,096 rows) on CUDA.
+    quarter of the training split (128 to 4,096 rows) on CUDA, for the families that take it
+    (`ProbeFamily.device_batches`).
 
     Plateau stopping counts epochs, so an epoch must hold enough steps for a probe to move:
     at 2,000 training scenes batches of 128 give 16 steps, and a quadratic-shared probe on

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from evaluators.early_stopping import Plateau, WeightAverage
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
 from evaluators.fitting.linear import _bias_ids
 from evaluators.fitting.scoring import HeldCodes, _batch_bits, _fail, _score
 
@@ -177,7 +177,7 @@ def _held_on_device(jobs: Sequence[ProbeJob], train: RowReader, device: str, con
     that resident memory stays at a few batches whatever the split's size."""
     if not device.startswith("cuda"):
         return None, None
-    budget = config.stack_bytes if config.stack_bytes is not None else torch.cuda.mem_get_info()[0] // 4
+    budget = stack_budget(config, device)
     fits = len(train) * train.row_bytes * 4 // max(train.dtype.itemsize, 1) <= budget
     rows = torch.from_numpy(train.take(np.arange(len(train)))).to(device) if fits else None
     return rows, HeldCodes(jobs, "train", device)

@@ -20,23 +20,55 @@ _MOMENT_CHUNK = 1024
 MOMENT_DIMS = 384
 
 
-def _moment_stage(jobs: Sequence[ProbeJob], reader: RowReader, device: str, results: dict[str, FitResult],
-                  active: dict[str, ProbeJob]) -> None:
-    """Give quadratic probes their moment-based starting directions (per `linear_key` once)."""
-    done: dict[str | None, torch.Tensor] = {}
-    for job in jobs:
-        try:
-            key = job.linear_key
-            if key is None or key not in done:
-                directions = class_directions(reader, job, MOMENT_DIMS, getattr(job.model, "rank", 8), device)
-                if key is not None:
-                    done[key] = directions
-            job.model.init_from_moments(done[key].to(device) if key is not None else directions.to(device))
-        except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
-            _fail(results[job.name], e, active, job.name)
+def _moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReader], device: str,
+                  results: Sequence[dict[str, FitResult]], active: Sequence[dict[str, ProbeJob]],
+                  budget: int | None = None) -> None:
+    """Give quadratic probes their moment-based starting directions (per `linear_key` once), the
+    row sets of a stack (lists indexed by row set) together: their eigen-solves run as one batch,
+    so that a GPU meets one train of small kernels per stack instead of one per row set. As many
+    row sets share one batch as `budget` bytes hold (None: every row set), and a row set's
+    directions are those it gets alone."""
+    for members in _by_key(jobs).values():
+        for chunk in _chunks(members, [readers[r] for r, _ in members], budget):
+            try:
+                directions = stacked_directions([readers[r] for r, _ in chunk], [j for _, j in chunk], MOMENT_DIMS,
+                                                device)
+            except Exception:  # noqa: BLE001 — alone, a failing row set fails only its own probes
+                directions = None
+            for i, (r, job) in enumerate(chunk):
+                sharing = [job] if job.linear_key is None else [j for j in jobs[r] if j.linear_key == job.linear_key]
+                try:
+                    mine = directions[i] if directions is not None else \
+                        stacked_directions([readers[r]], [job], MOMENT_DIMS, device)[0]
+                    for other in sharing:
+                        other.model.init_from_moments(mine.to(device))
+                except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
+                    for other in sharing:
+                        _fail(results[r][other.name], e, active[r], other.name)
 
 
-@torch.no_grad()
+def _by_key(jobs: Sequence[Sequence[ProbeJob]]) -> dict[object, list[tuple[int, ProbeJob]]]:
+    """Per `linear_key` (a job without one is its own), the first job of each row set that has it."""
+    out: dict[object, list[tuple[int, ProbeJob]]] = {}
+    for r, mine in enumerate(jobs):
+        for job in mine:
+            key = job.linear_key if job.linear_key is not None else ("\0", job.name)
+            if not out.get(key) or out[key][-1][0] != r:
+                out.setdefault(key, []).append((r, job))
+    return out
+
+
+def _chunks(members: list[tuple[int, ProbeJob]], readers: list[RowReader], budget: int | None
+            ) -> list[list[tuple[int, ProbeJob]]]:
+    """`members` in runs whose class-difference matrices (2 halves x K x m x m float32 each) fit `budget`."""
+    if budget is None or not members:
+        return [members]
+    k = members[0][1].targets["train"].shape[1]
+    m = min(MOMENT_DIMS, readers[0].row_shape[-1])
+    size = max(1, int(budget // max(2 * 2 * k * m * m * 4, 1)))
+    return [members[i : i + size] for i in range(0, len(members), size)]
+
+
 def class_directions(reader: RowReader, job: ProbeJob, dims: int, rank: int, device: str = "cpu") -> torch.Tensor:
     """Per target bit, up to `rank` unit directions (K x rank x D; unused ones are zero) along
     which the standardised input's covariance differs most between scenes where the bit is 1
@@ -53,6 +85,35 @@ def class_directions(reader: RowReader, job: ProbeJob, dims: int, rank: int, dev
 
     The class difference is accumulated as one product per half, Yᵀ diag(w₁/n₁ − w₀/n₀) Y, in
     float32 on the fitting device; only the input covariance (D x D) is summed in float64."""
+    return stacked_directions([reader], [job], dims, device, rank)[0]
+
+
+@torch.no_grad()
+def stacked_directions(readers: Sequence[RowReader], jobs: Sequence[ProbeJob], dims: int, device: str = "cpu",
+                       rank: int | None = None) -> list[torch.Tensor]:
+    """`class_directions` of several row sets (one job each, all with the same targets and rank),
+    their eigen-solves batched."""
+    rank = rank if rank is not None else getattr(jobs[0].model, "rank", 8)
+    parts = [_class_difference(reader, job, dims, device) for reader, job in zip(readers, jobs)]
+    k = parts[0][1].shape[1]
+    delta = torch.stack([p[1] for p in parts])  # R x half x K x m x m
+    r, _, _, m, _ = delta.shape
+    candidates = _top_eigenvectors(delta[:, 0].reshape(r * k, m, m), rank).reshape(r, k, m, -1)  # the first half
+    top = _top_eigenvectors(delta.mean(1).reshape(r * k, m, m), rank).reshape(r, k, m, -1)  # both halves
+    out = []
+    for i, (reader, (basis, _, weights, mu, sigma)) in enumerate(zip(readers, parts)):
+        keep = _confirmed(reader, weights, mu, sigma, basis, candidates[i])  # K x rank, on the second half
+        n_keep = keep.sum(-1)  # as many of both halves' leading directions as the odd rows confirmed
+        width = top.shape[-1]  # fewer than `rank` where the input has fewer dimensions
+        mine = top[i] * (torch.arange(width, device=device)[None, :] < n_keep[:, None]).float()[:, None, :]
+        out.append((basis @ mine).transpose(1, 2))  # K x rank x D
+    return out
+
+
+def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str
+                      ) -> tuple[torch.Tensor, torch.Tensor, tuple[np.ndarray, np.ndarray], torch.Tensor, torch.Tensor]:
+    """(basis D x m, class difference per half 2 x K x m x m, class weights, mean, std) of one row set:
+    the moments `class_directions` takes its directions from."""
     model = job.model
     mu, sigma = model.mu.double().cpu(), model.sigma.double().cpu()
     d = reader.row_shape[-1]
@@ -79,13 +140,7 @@ def class_directions(reader: RowReader, job: ProbeJob, dims: int, rank: int, dev
             yh = y[torch.from_numpy(mine).to(device)]
             scaled = torch.from_numpy(coef.astype(np.float32)).to(device).T[:, :, None] * yh[None]  # K x n_h x m
             delta[h] += scaled.transpose(1, 2) @ yh
-    candidates = _top_eigenvectors(delta[0], rank)  # K x m x rank, from the first half
-    keep = _confirmed(reader, weights, mu_dev, sigma_dev, basis_dev, candidates)  # K x rank, on the second half
-    top = _top_eigenvectors(delta.mean(0), rank)  # from both halves
-    n_keep = keep.sum(-1)  # as many of both halves' leading directions as the odd rows confirmed
-    width = top.shape[-1]  # fewer than `rank` where the input has fewer dimensions
-    top = top * (torch.arange(width, device=device)[None, :] < n_keep[:, None]).float()[:, None, :]
-    return (basis_dev @ top).transpose(1, 2)  # K x rank x D
+    return basis_dev, delta, weights, mu_dev, sigma_dev
 
 
 def _class_weights(job: ProbeJob, n: int) -> tuple[np.ndarray, np.ndarray]:
