@@ -1,0 +1,119 @@
+"""Bad inputs to the batched fit (issue 37): activations holding NaN or inf, a constant or
+duplicated column, more inputs than training scenes, a target bit that never varies in training.
+
+Each is fitted to finite numbers or refused in one line, in a stack of three row sets, and the
+other row sets of the stack get exactly the numbers they get alone: one bad row set never costs
+the others their rows, and never raises."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bench.core.dataset import Dataset
+from evaluators.binding import binding_task, evaluate_binding, evaluate_binding_sets
+from evaluators.binding.task import SPLITS
+from evaluators.training import RowReader
+from tests.test_stacking import CONFIG, FAMILIES, _numbers, _row_sets
+
+#: The row set of the stack that is made bad (its neighbours 0 and 2 stay healthy).
+BAD = 1
+#: Training scenes of `balanced_small`: case "more inputs than scenes" reads 200 inputs.
+N_TRAIN = 40
+
+
+@pytest.fixture(scope="module")
+def task(balanced_small):
+    return binding_task(Dataset(balanced_small))
+
+
+def _spoil(sets: list[dict[str, RowReader]], spoil) -> list[dict[str, RowReader]]:
+    """The row sets with row set `BAD`'s arrays changed by `spoil(split, z)` (in a copy)."""
+    out = list(sets)
+    bad = {}
+    for s in SPLITS:
+        z = np.array(sets[BAD][s].array)
+        spoil(s, z)
+        bad[s] = RowReader(z)
+    out[BAD] = bad
+    return out
+
+
+def _non_finite(split, value):
+    def spoil(s, z):
+        if s == split:
+            z[3, 2] = value
+    return spoil
+
+
+def _constant(s, z):
+    z[:, 2] = 1.5  # a dead unit: the same value in every scene of every split
+
+
+def _duplicate(s, z):
+    z[:, 3] = z[:, 2]
+
+
+def _never_varies(task):
+    """The task with O bit 0 (a colour-shape conjunction) absent from every training scene, as a
+    conjunction a small training set never shows; validation and test keep theirs."""
+    f, o = task.codes["train"]
+    o = o.copy()
+    o[:, 0] = 0
+    assert task.codes["val"][1][:, 0].any()  # it does vary where the probe is scored
+    return replace(task, codes={**task.codes, "train": (f, o)})
+
+
+#: case -> (how row set BAD is spoiled, input width, what its refusal says: None where it is fitted)
+CASES = {
+    "nan": (_non_finite("train", np.nan), 24, "the activations hold NaN or inf"),
+    "inf": (_non_finite("train", np.inf), 24, "the activations hold NaN or inf"),
+    "nan in validation": (_non_finite("val", np.nan), 24, "the activations hold NaN or inf"),
+    "-inf in test": (_non_finite("test", -np.inf), 24, "the test activations hold NaN or inf (1 of 20 test scenes)"),
+    "constant column": (_constant, 24, None),
+    "duplicated column": (_duplicate, 24, None),
+    "more inputs than scenes": (None, 200, None),  # a backbone's row sets share their width: all three
+    "bit never varies in training": (None, 24, None),  # the targets are shared: all three
+}
+
+_alone_cache: dict = {}
+
+
+def _alone(task, inputs, key):
+    """A row set's numbers fitted alone (the healthy row sets are the same in several cases)."""
+    if key not in _alone_cache:
+        _alone_cache[key] = _numbers(evaluate_binding(inputs, task, FAMILIES, train=CONFIG, n_boot=50))
+    return _alone_cache[key]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_row_set_is_fitted_or_refused_in_one_line_and_spares_the_others(task, case, one_torch_thread):
+    spoil, width, refused = CASES[case]
+    if case == "bit never varies in training":
+        task = _never_varies(task)
+    sets = _row_sets(task, 3, width=width)
+    if spoil is not None:
+        sets = _spoil(sets, spoil)
+    if width > N_TRAIN:
+        assert len(sets[BAD]["train"]) == N_TRAIN < width
+    stacked = evaluate_binding_sets(sets, task, FAMILIES, train=CONFIG, n_boot=50)  # nothing raises
+    for family, result in stacked[BAD].items():
+        if refused:
+            assert result.error is not None and "\n" not in result.error, (family, result.error)
+            assert result.error.startswith(f"F-probe: FloatingPointError: {refused}"), (family, result.error)
+            continue
+        assert result.error is None, (family, result.error)
+        for column in ("L_F", "L_O_given_F", "L_O_paper", "beta_star", "beta_star_paper"):
+            assert math.isfinite(result.metrics[column]), (family, column, result.metrics[column])
+        for target, bits in result.scene_bits.items():
+            assert bits is None or np.isfinite(bits).all(), (family, target)
+        assert all(math.isfinite(fit.val_bits) for fit in result.fits.values())
+    healthy = spoil is not None and width == 24  # row sets 0 and 2 are those of the plain task
+    for i in range(3):
+        if i == BAD and refused:
+            continue
+        key = ("healthy", i) if healthy and i != BAD else (case, i)
+        assert _numbers(stacked[i]) == _alone(task, sets[i], key), (case, i)
