@@ -12,11 +12,16 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
+from bench.cli import main
 from bench.core.dataset import Dataset
+from bench.core.results import read_results
 from evaluators.binding import binding_task, evaluate_binding, evaluate_binding_sets
+from evaluators.backbones.hf import HFBackbone
 from evaluators.binding.task import SPLITS
 from evaluators.training import RowReader
+from tests.test_backbones import tiny_checkpoint
 from tests.test_stacking import CONFIG, FAMILIES, _numbers, _row_sets
 
 #: The row set of the stack that is made bad (its neighbours 0 and 2 stay healthy).
@@ -117,3 +122,40 @@ def test_a_bad_row_set_is_fitted_or_refused_in_one_line_and_spares_the_others(ta
             continue
         key = ("healthy", i) if healthy and i != BAD else (case, i)
         assert _numbers(stacked[i]) == _alone(task, sets[i], key), (case, i)
+
+
+def test_a_layer_whose_activations_overflow_is_an_error_row_of_that_layer(balanced_small, tmp_path, monkeypatch,
+                                                                          capsys):
+    """A real run: a tiny ViT whose middle layer holds a value float16 cannot hold (the cache keeps
+    it as inf, as a backbone's massive activations would be); its three layers are one stack. The
+    layer's rows are error rows that its `layer`/`tokens` columns name, in one line; the other
+    layers' rows are ok, and no traceback reaches the user."""
+    ckpt = tiny_checkpoint("dinov2", tmp_path / "model")[1]
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    forward = HFBackbone.hidden_states
+
+    def overflowing(self, x, layers):
+        out = forward(self, x, layers)
+        for i, layer in enumerate(layers):
+            if layer == 1:
+                bump = torch.zeros_like(out[i])
+                bump[0, 0, 0] = 1e6  # the first scene of every batch, class token, unit 0
+                out[i] = out[i] + bump
+        return out
+
+    monkeypatch.setattr(HFBackbone, "hidden_states", overflowing)
+    results = tmp_path / "results"
+    code = main(["evaluate", "--dataset", str(balanced_small), "--model", str(ckpt), "--layers", "all",
+                 "--probes", "linear,dnn", "--epochs", "2", "--results", str(results), "--format", "json"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err and "Warning" not in err, err
+    rows = read_results(results).to_pylist()
+    assert sorted((r["layer"], r["tokens"], r["probe"]) for r in rows) == [
+        (layer, "cls", probe) for layer in (0, 1, 2) for probe in ("dnn", "linear")]
+    for r in rows:
+        if r["layer"] == 1:
+            assert r["status"] == "error" and "\n" not in r["error"], r["error"]
+            assert r["error"].startswith("F-probe: FloatingPointError: the activations hold NaN or inf"), r["error"]
+            assert r["beta_star"] is None
+        else:
+            assert r["status"] == "ok" and math.isfinite(r["beta_star"]), (r["layer"], r["error"])
