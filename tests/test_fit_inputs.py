@@ -8,9 +8,16 @@ the others their rows, and never raises."""
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -21,6 +28,7 @@ from evaluators.binding import binding_task, evaluate_binding, evaluate_binding_
 from evaluators.backbones.hf import HFBackbone
 from evaluators.binding.task import SPLITS
 from evaluators.training import RowReader
+from tests.golden import VOLATILE
 from tests.test_backbones import tiny_checkpoint
 from tests.test_stacking import CONFIG, FAMILIES, _numbers, _row_sets
 
@@ -159,3 +167,93 @@ def test_a_layer_whose_activations_overflow_is_an_error_row_of_that_layer(balanc
             assert r["beta_star"] is None
         else:
             assert r["status"] == "ok" and math.isfinite(r["beta_star"]), (r["layer"], r["error"])
+
+
+#: `bench evaluate` in a process of its own, as the user runs it, with every stack's fit made to last
+#: a second longer (so that a kill after the first stack's rows lands inside the next fit) and,
+#: with "write", the second write of the results cut off half way by a SIGKILL of its own.
+KILLABLE = """
+import os, signal, sys, time
+import pyarrow.parquet as pq
+import evaluators.binding.rows as rows
+from bench.cli import main
+
+during = sys.argv.pop(1)
+fit = rows.evaluate_binding_sets
+def slow(*args, **kwargs):
+    time.sleep(1.0)
+    return fit(*args, **kwargs)
+rows.evaluate_binding_sets = slow
+
+write, writes = pq.write_table, []
+def torn(table, where, **kwargs):
+    writes.append(where)
+    write(table, where, **kwargs)
+    if during == "write" and len(writes) == 2:
+        os.truncate(where, os.path.getsize(where) // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+pq.write_table = torn
+main()
+"""
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def killable_run(balanced_small, tmp_path_factory):
+    """The arguments of a run of three stacks (three seeds of a 3-layer tiny ViT), and the rows an
+    uninterrupted run of it writes (one torch thread: the same numbers in every process)."""
+    ckpt = tiny_checkpoint("dinov2", tmp_path_factory.mktemp("model") / "m")[1]
+    args = ["evaluate", "--dataset", str(balanced_small), "--model", str(ckpt), "--layers", "all", "--probes",
+            "linear", "--seeds", "0,1,2", "--epochs", "2", "--threads", "1", "--format", "json"]
+    results = tmp_path_factory.mktemp("uninterrupted")
+    assert main([*args, "--results", str(results)]) == 0
+    return args, _keyed(read_results(results).to_pylist())
+
+
+def _keyed(rows: list[dict]) -> dict[tuple, dict]:
+    return {(r["layer"], r["tokens"], r["probe"], r["seed"]): {k: v for k, v in r.items() if k not in VOLATILE}
+            for r in rows}
+
+
+@pytest.mark.parametrize("during", ["fit", "write"])
+def test_a_run_killed_mid_fit_leaves_whole_files_and_resumes_to_the_same_rows(during, killable_run, tmp_path,
+                                                                               capsys):
+    """SIGKILL while the second stack fits, or half way through writing its rows: the results folder
+    holds the first stack's rows in a whole file (the torn write stays a hidden temporary that no
+    reader takes for results), and the same command run again completes them to the rows of a run
+    that was never killed."""
+    args, want = killable_run
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE, during, *args, "--results", str(results)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        if during == "fit":
+            _wait_for_rows(results, proc)
+            assert proc.poll() is None, "the run finished before it could be killed"
+            proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=300) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    files = sorted(results.glob("*.parquet"))
+    assert len(files) == 1
+    first = pq.read_table(files[0]).to_pylist()  # whole: it reads
+    assert {r["seed"] for r in first} == {0} and len(first) == 3  # the first stack's rows, every one
+    assert all(r["status"] == "ok" for r in first)
+    leftovers = sorted(p.name for p in results.iterdir() if p not in files)
+    assert leftovers == ([] if during == "fit" else [f".{files[0].name}.tmp-{proc.pid}"])
+    assert main([*args, "--results", str(results)]) == 0
+    assert _keyed(read_results(results).to_pylist()) == want
+    capsys.readouterr()
+
+
+def _wait_for_rows(results: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Until the run has written its first stack's rows."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run finished before it wrote rows"
+        if any(results.glob("*.parquet")):
+            return
+        time.sleep(0.02)
+    raise AssertionError("the run wrote no rows")
