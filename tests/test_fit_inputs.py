@@ -27,6 +27,7 @@ from bench.core.results import read_results
 from evaluators.binding import binding_task, evaluate_binding, evaluate_binding_sets
 from evaluators.backbones.hf import HFBackbone
 from evaluators.binding.task import SPLITS
+from evaluators.fitting import linear
 from evaluators.training import RowReader
 from tests.golden import VOLATILE
 from tests.test_backbones import tiny_checkpoint
@@ -131,6 +132,26 @@ def test_a_bad_row_set_is_fitted_or_refused_in_one_line_and_spares_the_others(ta
         key = ("healthy", i) if healthy and i != BAD else (case, i)
         assert _numbers(stacked[i]) == _alone(task, sets[i], key), (case, i)
 
+
+def test_a_stacked_solve_that_raises_costs_only_the_row_set_that_fails_alone(task, monkeypatch, one_torch_thread):
+    """The linear stage's fallback: a solver that raises on a row set with a dead unit (a column
+    that standardises to zeros) fails the stacked solve; each row set is then solved alone, the
+    dead unit's row set gets its error in one line and the others their alone numbers."""
+    solve = linear.solve_path
+
+    def fragile(x_train, *args):
+        if (x_train == 0).all(1).any():
+            raise RuntimeError("the solver met a dead unit")
+        return solve(x_train, *args)
+
+    monkeypatch.setattr(linear, "solve_path", fragile)
+    sets = _spoil(_row_sets(task, 3), _constant)
+    stacked = evaluate_binding_sets(sets, task, FAMILIES, train=CONFIG, n_boot=50)
+    for family, result in stacked[BAD].items():
+        assert result.error.startswith("F-probe: RuntimeError: the solver met a dead unit"), (family, result.error)
+        assert "\n" not in result.error
+    for i in (0, 2):
+        assert _numbers(stacked[i]) == _alone(task, sets[i], ("healthy", i)), i
 
 def test_a_layer_whose_activations_overflow_is_an_error_row_of_that_layer(balanced_small, tmp_path, monkeypatch,
                                                                           capsys):
