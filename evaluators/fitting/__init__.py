@@ -148,5 +148,17 @@ class _RowSet:
         for name, scored in _score(finished, inputs["test"], "test", device, config.batch_size).items():
             if isinstance(scored, Exception):
                 _fail(results[name], scored, {}, name)
+            elif not np.isfinite(scored[0]).all():
+                _fail(results[name], _non_finite_test(scored[0]), {}, name)
             else:
                 results[name].scene_bits, results[name].bits_correct = scored
+
+
+def _non_finite_test(bits: np.ndarray) -> FloatingPointError:
+    """The error of a probe whose test bits are not all finite. Train and validation inputs holding
+    NaN or inf are refused by the linear stage, but test is read only here: a NaN scene there gave
+    an "ok" row whose paper columns were NaN (and whose headline columns read the prior's, where
+    the guard kept it). Finite weights on finite inputs always give finite bits (bits an exact
+    prior fixes cost 0), so only the activations can be at fault."""
+    bad = int((~np.isfinite(bits)).sum())
+    return FloatingPointError(f"the test activations hold NaN or inf ({bad} of {len(bits)} test scenes)")

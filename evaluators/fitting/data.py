@@ -156,7 +156,10 @@ class RowReader:
 
 
 def feature_stats(reader: RowReader, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Per-dimension mean and std over all rows (and tokens), streamed in float64."""
+    """Per-dimension mean and std over all rows (and tokens), streamed in float64.
+
+    Rows holding inf give NaN statistics without numpy's RuntimeWarning: the linear stage refuses
+    such a row set in one line that its row names, where the warning was an unnamed extra line."""
     d = reader.row_shape[-1]
     total, sq, count = np.zeros(d), np.zeros(d), 0
     for _, rows in reader.chunks(chunk):
@@ -165,7 +168,8 @@ def feature_stats(reader: RowReader, chunk: int = 1024) -> tuple[np.ndarray, np.
         sq += np.square(flat).sum(0)
         count += len(flat)
     mean = total / max(count, 1)
-    return mean, np.sqrt(np.maximum(sq / max(count, 1) - mean**2, 0.0))
+    with np.errstate(invalid="ignore"):
+        return mean, np.sqrt(np.maximum(sq / max(count, 1) - mean**2, 0.0))
 
 
 @dataclass
