@@ -78,8 +78,8 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
     if work:
         fits = sum(len(w.families) for w in work)
         say(progress, f"to fit: {len(work)} row set(s), {fits} family fit(s) "
-                      f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}); each row set's bar counts "
-                      "its gradient epochs")
+                      f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}), a backbone's row sets in "
+                      "stacks fitted together; each stack's bar counts its row sets' gradient epochs (at most)")
     if plan.executor == "ray":
         from evaluators.ray_executor import run_binding
 
