@@ -59,9 +59,9 @@ def fit_row_sets(
     A row set is the jobs that read one input (a backbone's layer and token view) and its
     train/val/test row readers. The row sets of one call share their targets (one dataset, one
     task); their linear stages are solved as one batched problem (the row set a batch dimension,
-    `evaluators.linear_solver`), and a row set's numbers never depend on its batch-mates: every
-    (row set, bit) problem has its own step, memory and stopping, and the later stages run row set
-    by row set from the same seed.
+    `evaluators.linear_solver`), and so are their moment stages' eigen-solves, and a row set's
+    numbers never depend on its batch-mates: every (row set, bit) problem has its own step, memory
+    and stopping, and the gradient stage runs row set by row set from the same seed.
 
     1. Linear stage (probes with a linear part, `Probe.linear_names`): the linear part is
        fitted by full-batch L-BFGS for every L2 strength of `config.l2_path`, strongest
@@ -111,7 +111,7 @@ def fit_row_sets(
 
 class _RowSet:
     """One row set's jobs through the stages: what `fit_row_sets` does before and after the
-    linear stage they share."""
+    linear and moment stages the stack shares."""
 
     def __init__(self, jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig,
                  device: str) -> None:
