@@ -8,7 +8,6 @@ the others their rows, and never raises."""
 from __future__ import annotations
 
 import math
-import os
 import signal
 import subprocess
 import sys
