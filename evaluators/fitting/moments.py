@@ -29,7 +29,7 @@ def _moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReade
     row sets share one batch as `budget` bytes hold (None: every row set), and a row set's
     directions are those it gets alone."""
     for members in _by_key(jobs).values():
-        for chunk in _chunks(members, [readers[r] for r, _ in members], budget):
+        for chunk in _chunks(members, readers[members[0][0]].row_shape[-1], budget):
             try:
                 directions = stacked_directions([readers[r] for r, _ in chunk], [j for _, j in chunk], MOMENT_DIMS,
                                                 device)
@@ -58,13 +58,13 @@ def _by_key(jobs: Sequence[Sequence[ProbeJob]]) -> dict[object, list[tuple[int, 
     return out
 
 
-def _chunks(members: list[tuple[int, ProbeJob]], readers: list[RowReader], budget: int | None
-            ) -> list[list[tuple[int, ProbeJob]]]:
-    """`members` in runs whose class-difference matrices (2 halves x K x m x m float32 each) fit `budget`."""
-    if budget is None or not members:
+def _chunks(members: list[tuple[int, ProbeJob]], width: int, budget: int | None) -> list[list[tuple[int, ProbeJob]]]:
+    """`members` (row sets of inputs `width` wide) in runs whose class-difference matrices (2 halves x
+    K x m x m float32 each) fit `budget`."""
+    if budget is None:
         return [members]
     k = members[0][1].targets["train"].shape[1]
-    m = min(MOMENT_DIMS, readers[0].row_shape[-1])
+    m = min(MOMENT_DIMS, width)
     size = max(1, int(budget // max(2 * 2 * k * m * m * 4, 1)))
     return [members[i : i + size] for i in range(0, len(members), size)]
 
