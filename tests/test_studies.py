@@ -254,6 +254,20 @@ def test_bench_studies_lists_the_shipped_ones(capsys):
     assert code == 0 and {"demo", "fbp", "obv"} <= set(out.replace('"', " ").split())
 
 
+def test_a_folder_named_like_a_shipped_study_does_not_hide_it(tmp_path, monkeypatch):
+    """`bench demo` run in a working directory that holds a folder named `demo` reads the shipped
+    study (it took the folder for the study file and stopped: "no study file demo")."""
+    from bench import api
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    study = api.load_study("demo")
+    assert study.name == "demo" and study.source == "shipped:demo"
+    (tmp_path / "mine.toml").mkdir()
+    with pytest.raises(api.BenchError, match="no study file mine.toml"):
+        api.load_study("mine.toml")
+
+
 def test_the_studies_ship_in_the_wheel(tmp_path):
     import shutil
 

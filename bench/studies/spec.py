@@ -176,7 +176,9 @@ def _read(study: str | os.PathLike[str]) -> tuple[str, str, Path, str]:
     """(text, source label, folder relative paths resolve from, default name) of a path or a shipped name."""
     path = Path(study)
     text_name = str(study)
-    if path.suffix == SUFFIX or path.exists() or os.sep in text_name or "/" in text_name:
+    # a bare name is a path only where a file holds it: a folder of that name in the working
+    # directory (`bench demo` run beside a folder `demo`) leaves it the shipped study's
+    if path.suffix == SUFFIX or path.is_file() or os.sep in text_name or "/" in text_name:
         if not path.is_file():
             raise BenchError(f"study: no study file {path}" + ("" if path.suffix == SUFFIX else
                              f"; shipped studies: {', '.join(shipped_studies())}"))
