@@ -62,48 +62,108 @@ def _has_nonlinear(job: ProbeJob) -> bool:
     return bool(nonlinear()) if nonlinear is not None else any(True for _ in job.model.parameters())
 
 
+def _trained(job: ProbeJob) -> list[torch.nn.Parameter]:
+    """The parameters the gradient stage trains (and marks as needing a gradient): all but the
+    linear part, which stays at its solution except the bias (a quadratic term shifts the logits'
+    mean, and a bias frozen at the linear fit's value no longer centres them), and but the parts a
+    warm start froze (`FROZEN_PARTS`)."""
+    kept = {id(p) for p in (job.model.linear_parameters() if _has_linear(job) else [])} - _bias_ids(job.model)
+    frozen = getattr(job.model, "frozen_names", frozenset())
+    kept |= {id(p) for name, p in job.model.named_parameters() if name in frozen}
+    for p in job.model.parameters():
+        p.requires_grad_(id(p) not in kept)
+    return [p for p in job.model.parameters() if id(p) not in kept]
+
+
+def _optim_settings(job: ProbeJob, config: TrainConfig) -> tuple[float, float, float | None]:
+    """(learning rate, weight decay, moving-average decay): the config's where it sets them, else the job's."""
+    lr = config.lr if config.lr is not None else job.optim.lr
+    decay = config.weight_decay if config.weight_decay is not None else job.optim.weight_decay
+    ema = config.ema if config.ema is not None else job.optim.ema
+    return lr, decay, ema
+
+
+class _Course:
+    """One job's course through the gradient stage, however it is stepped (alone, or stacked with
+    the same job of other row sets): its validation history, the plateau that stops it, the
+    learning-rate schedule (`ReduceLROnPlateau` on `optimizer`, whose rate the step reads) and the
+    best weights so far."""
+
+    def __init__(self, job: ProbeJob, result: FitResult, optimizer: torch.optim.Optimizer,
+                 config: TrainConfig) -> None:
+        self.job, self.result, self.config, self.optimizer = job, result, config, optimizer
+        self.schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="min", factor=config.lr_factor, patience=config.lr_patience,
+            threshold=config.min_delta, threshold_mode="abs")
+        self.plateau: Plateau | None = None
+        self.state: dict[str, torch.Tensor] | None = None
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def start(self, val_bits: np.ndarray) -> None:
+        """Epoch 0: the stage's start (the linear stage's solution, or the untrained probe)."""
+        r = self.result
+        r.val_bits, r.val_scene_bits, r.best_epoch = float(val_bits.mean()), val_bits, 0
+        r.history = [(math.nan, r.val_bits)]
+        self.schedule.step(r.val_bits)
+        self.plateau = Plateau(r.val_bits, self.config.patience, self.config.min_delta)
+        self.state = copy.deepcopy(self.job.model.state_dict())
+
+    def epoch(self, epoch: int, train_bits: float, val_bits: np.ndarray,
+              kept: dict[str, torch.Tensor] | None = None) -> Exception | bool:
+        """Count one epoch (`train_bits`: its mean training bits; `kept`: the weights to keep if it is
+        the best, else the model's own). False when the job stops, an error when it fails."""
+        r, v = self.result, float(val_bits.mean())
+        r.history.append((train_bits, v))
+        if not math.isfinite(v):
+            return FloatingPointError(f"validation loss is {v} at epoch {epoch}")
+        self.schedule.step(v)
+        if self.plateau.improved(v):
+            r.val_bits, r.val_scene_bits, r.best_epoch = v, val_bits, epoch
+            self.state = kept or copy.deepcopy(self.job.model.state_dict())
+        return not self.plateau.stopped
+
+    def conclude(self) -> None:
+        """Load the best weights and record how the stage ended."""
+        r = self.result
+        if r.error is not None:
+            return
+        stage_ok = self.plateau.stopped and r.best_epoch <= 0.9 * self.config.epochs
+        r.converged = stage_ok and r.setting.get("lbfgs_converged", True)
+        r.setting["gradient_epoch"] = r.best_epoch
+        self.job.model.load_state_dict(self.state)
+        for p in self.job.model.parameters():
+            p.requires_grad_(True)
+
+
 def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig, device: str,
                     results: dict[str, FitResult], active: dict[str, ProbeJob],
                     progress: Callable[[int], None] | None) -> None:
-    """AdamW on each job's parameters beyond its linear part, early-stopped on validation."""
+    """AdamW on each job's parameters beyond its linear part, early-stopped on validation: the jobs
+    of one row set, each stepped by its own optimiser (`evaluators.fitting.stacked` steps the same
+    job of many row sets as one)."""
     if not jobs:
         return
     n_train = len(inputs["train"])
     rng = np.random.default_rng(config.seed)
-    states, optims, schedules, averages, plateaus = {}, {}, {}, {}, {}
+    courses, optims, averages = {}, {}, {}
     running = {j.name: j for j in jobs}
     for j in jobs:
-        # the linear part stays at its solution, all but the bias: a quadratic term shifts
-        # the logits' mean, and a bias frozen at the linear fit's value no longer centres them
-        kept = {id(p) for p in (j.model.linear_parameters() if _has_linear(j) else [])} - _bias_ids(j.model)
-        frozen = getattr(j.model, "frozen_names", frozenset())
-        kept |= {id(p) for name, p in j.model.named_parameters() if name in frozen}
-        trained = [p for p in j.model.parameters() if id(p) not in kept]
-        for p in j.model.parameters():
-            p.requires_grad_(id(p) not in kept)
-        lr = config.lr if config.lr is not None else j.optim.lr
-        decay = config.weight_decay if config.weight_decay is not None else j.optim.weight_decay
+        lr, decay, ema = _optim_settings(j, config)
+        trained = _trained(j)
         optims[j.name] = adamw(trained, lr, decay)
-        ema = config.ema if config.ema is not None else j.optim.ema
         if ema:
             averages[j.name] = WeightAverage(trained, ema)
-        schedules[j.name] = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optims[j.name], mode="min", factor=config.lr_factor, patience=config.lr_patience,
-            threshold=config.min_delta, threshold_mode="abs")
-        r = results[j.name]
-        r.setting.update(lr=lr, weight_decay=decay, ema=ema)
-    # Epoch 0 is the stage's start (the linear stage's solution, or the untrained probe).
+        courses[j.name] = _Course(j, results[j.name], optims[j.name], config)
+        results[j.name].setting.update(lr=lr, weight_decay=decay, ema=ema)
     for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():
-        r = results[name]
         if isinstance(scored, Exception):
-            _fail(r, scored, active, name)
+            _fail(results[name], scored, active, name)
             running.pop(name, None)
-            continue
-        r.val_bits, r.val_scene_bits, r.best_epoch = float(scored[0].mean()), scored[0], 0
-        r.history = [(math.nan, r.val_bits)]
-        schedules[name].step(r.val_bits)
-        plateaus[name] = Plateau(r.val_bits, config.patience, config.min_delta)
-        states[name] = copy.deepcopy(running[name].model.state_dict())
+        else:
+            courses[name].start(scored[0])
     rows, held = _held_on_device(jobs, inputs["train"], device, config)
     for epoch in range(1, config.epochs + 1):
         if not running:
@@ -138,35 +198,16 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
             val = _score(list(running.values()), inputs["val"], "val", device, config.batch_size)
             keep = {name: copy.deepcopy(running[name].model.state_dict()) for name in averaged}
         for name in list(running):
-            r = results[name]
-            if isinstance(val[name], Exception):
-                _fail(r, val[name], active, name)
+            outcome = val[name] if isinstance(val[name], Exception) else \
+                courses[name].epoch(epoch, float(train_sum[name]) / n_train, val[name][0], keep.get(name))
+            if isinstance(outcome, Exception):
+                _fail(results[name], outcome, active, name)
+            if outcome is not True:
                 running.pop(name)
-                continue
-            v = float(val[name][0].mean())
-            r.history.append((float(train_sum[name]) / n_train, v))
-            if not math.isfinite(v):
-                _fail(r, FloatingPointError(f"validation loss is {v} at epoch {epoch}"), active, name)
-                running.pop(name)
-                continue
-            schedules[name].step(v)
-            if plateaus[name].improved(v):
-                r.val_bits, r.val_scene_bits, r.best_epoch = v, val[name][0], epoch
-                states[name] = keep.get(name) or copy.deepcopy(running[name].model.state_dict())
-            elif plateaus[name].stopped:
-                del running[name]
         if progress:
             progress(1)
     for j in jobs:
-        r = results[j.name]
-        if r.error is not None:
-            continue
-        stage_ok = plateaus[j.name].stopped and r.best_epoch <= 0.9 * config.epochs
-        r.converged = stage_ok and r.setting.get("lbfgs_converged", True)
-        r.setting["gradient_epoch"] = r.best_epoch
-        j.model.load_state_dict(states[j.name])
-        for p in j.model.parameters():
-            p.requires_grad_(True)
+        courses[j.name].conclude()
 
 
 def _held_on_device(jobs: Sequence[ProbeJob], train: RowReader, device: str, config: TrainConfig

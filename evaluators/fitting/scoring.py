@@ -52,16 +52,22 @@ def _batch_bits(job: ProbeJob, split: str, idx: np.ndarray, x: torch.Tensor, dev
     """(bits per scene, logits) of one job on a batch, teacher-forced (bf16 autocast on CUDA
     unless `amp` is off: L-BFGS needs exact gradients). `held`: the job's codes of the split
     already on the device (`HeldCodes`), indexed there instead of copied from the host."""
-    if held is not None:
-        target, cond, prior = held.rows(job.name, idx)
-    else:
-        target = torch.from_numpy(job.targets[split][idx]).to(device)
-        cond = torch.from_numpy(job.cond[split][idx]).to(device).float() if job.cond is not None else None
-        prior = torch.from_numpy(job.prior[split][idx]).to(device) if job.prior is not None else None
+    target, cond, prior = _codes(job, split, idx, device, held)
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp and device.startswith("cuda")):
         residual = job.model(x, target, cond)
     logits = anchor(residual.float(), prior)
     return scene_bits(logits, target), logits
+
+
+def _codes(job: ProbeJob, split: str, idx: np.ndarray | torch.Tensor, device: str,
+           held: "HeldCodes | None" = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(target, condition or None, prior or None) of a job's rows `idx` of a split, on the device."""
+    if held is not None:
+        return held.rows(job.name, idx)
+    target = torch.from_numpy(job.targets[split][idx]).to(device)
+    cond = torch.from_numpy(job.cond[split][idx]).to(device).float() if job.cond is not None else None
+    prior = torch.from_numpy(job.prior[split][idx]).to(device) if job.prior is not None else None
+    return target, cond, prior
 
 
 class HeldCodes:
