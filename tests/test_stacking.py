@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from bench.core.dataset import Dataset
 from evaluators.binding import binding_task, evaluate_binding, evaluate_binding_sets
@@ -19,6 +20,7 @@ from evaluators.binding.jobs import binding_jobs
 from evaluators.binding.rows import stacks
 from evaluators.binding.task import SPLITS
 from evaluators.fitting import FitResult, feature_stats, row_sets_per_stack
+from evaluators.fitting import stacked as stacked_stage
 from evaluators.fitting.linear import _linear_stage
 from evaluators.plan import EvaluationPlan
 from evaluators.planning import Work
@@ -63,16 +65,71 @@ def task(balanced_small):
     return binding_task(Dataset(balanced_small))
 
 
-def test_a_row_set_in_a_stack_gets_the_numbers_it_gets_alone(task, one_torch_thread):
+@pytest.fixture(params=["alone", "stacked"])
+def gradient_stage(request, monkeypatch) -> str:
+    """The gradient stage as this machine runs it (row set by row set), and as CUDA runs it (the row
+    sets of a stack stepped as one, `evaluators.fitting.stacked`), here on the CPU."""
+    if request.param == "stacked":
+        monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
+    return request.param
+
+
+def test_a_row_set_in_a_stack_gets_the_numbers_it_gets_alone(task, gradient_stage, one_torch_thread):
     """To the last bit on one thread (on several, a batched product may split its sums otherwise:
     the rounding of float32, as between thread counts)."""
     sets = _row_sets(task, 3)
-    stacked = evaluate_binding_sets(sets, task, FAMILIES, train=CONFIG, n_boot=50)
+    families = FAMILIES + ["quadratic-shared"]
+    stacked = evaluate_binding_sets(sets, task, families, train=CONFIG, n_boot=50)
     for inputs, together in zip(sets, stacked):
-        alone = evaluate_binding(inputs, task, FAMILIES, train=CONFIG, n_boot=50)
+        alone = evaluate_binding(inputs, task, families, train=CONFIG, n_boot=50)
         assert _numbers(together) == _numbers(alone)
-    # the sets differ (the test would pass on copies otherwise)
+    # the sets differ (the test would pass on copies otherwise), and the gradient stage trained
     assert stacked[0]["linear"].fits["O_paper"].val_bits != stacked[2]["linear"].fits["O_paper"].val_bits
+    assert stacked[0]["dnn"].fits["O_paper"].val_bits != stacked[2]["dnn"].fits["O_paper"].val_bits
+    assert any(fit.best_epoch > 0 for r in stacked for f in families for fit in r[f].fits.values())
+
+
+def test_stacked_adamw_steps_as_torchs_adamw():
+    """The stacked step applies torch's AdamW rule with a learning rate per row set: two row sets at
+    different rates, five steps on the same gradients, against one `torch.optim.AdamW` each."""
+    rng = torch.Generator().manual_seed(0)
+    start = torch.randn(2, 3, 4, generator=rng)
+    grads = [torch.randn(2, 3, 4, generator=rng) for _ in range(5)]
+    lrs = torch.tensor([1e-2, 3e-3])
+    stack = object.__new__(stacked_stage._Stack)
+    stack.params, stack.trained, stack.decay, stack.steps = {"w": start.clone()}, ["w"], 0.1, 0
+    stack.moments = {"w": (torch.zeros_like(start), torch.zeros_like(start))}
+    for g in grads:
+        stack.params["w"].grad = g.clone()
+        stack.step(lrs)
+    for k in range(2):
+        p = torch.nn.Parameter(start[k].clone())
+        opt = torch.optim.AdamW([p], lr=float(lrs[k]), weight_decay=0.1)
+        for g in grads:
+            p.grad = g[k].clone()
+            opt.step()
+        torch.testing.assert_close(stack.params["w"][k], p.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_stack_whose_step_raises_is_fitted_alone(task, monkeypatch, one_torch_thread):
+    """A stacked step that raises (out of memory, say) loses no row: its row sets' jobs train alone,
+    from where the stage started, and read what they read when fitted alone."""
+    monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
+    sets = _row_sets(task, 2)
+    real = stacked_stage._Stack.losses
+
+    def losses(self, *args, **kwargs):
+        if self.jobs[0].name == "dnn/O_paper":
+            raise RuntimeError("CUDA out of memory")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(stacked_stage._Stack, "losses", losses)
+    stacked = evaluate_binding_sets(sets, task, ["dnn"], train=CONFIG, n_boot=50)
+    monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ())
+    for inputs, together in zip(sets, stacked):
+        assert together["dnn"].error is None
+        alone = evaluate_binding(inputs, task, ["dnn"], train=CONFIG, n_boot=50)
+        assert _numbers(together)["dnn"][3]["O_paper"] == _numbers(alone)["dnn"][3]["O_paper"]
 
 
 def test_a_row_set_whose_activations_hold_nan_fails_alone(task, one_torch_thread):
@@ -120,7 +177,7 @@ def test_a_run_fitted_row_set_by_row_set_writes_the_rows_of_one_stack(balanced_s
     each writes the rows of a run that fits them all at once."""
     train = TrainConfig(epochs=2, l2_path=(1e-1, 1e-2), l1_path=(1e-2,))
     rows = {}
-    for name, budget in (("one", 1), ("all", None)):
+    for name, budget in (("one", 1), ("all", 1 << 30)):
         plan = EvaluationPlan(["pixels", "random:dinov2-small"], balanced_small, layers="0,last", probes=["linear", "dnn"],
                               train=replace(train, stack_bytes=budget), results_dir=tmp_path / name, threads=1)
         table = pq.read_table(run_evaluation(plan, progress=False)).to_pylist()

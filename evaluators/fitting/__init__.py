@@ -28,10 +28,11 @@ import torch
 
 from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size, feature_stats,
                                      resolve_device, row_sets_per_stack, stack_budget)
-from evaluators.fitting.gradient import _gradient_stage, _has_linear, _has_nonlinear, warm_start_from
+from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
 from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
 from evaluators.fitting.scoring import _fail, _guard, _score, saving_and_se
+from evaluators.fitting.stacked import gradient_stages
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
            "fit_probes", "fit_row_sets", "resolve_device", "row_sets_per_stack", "saving_and_se", "warm_start_from"]
@@ -104,9 +105,33 @@ def fit_row_sets(
     _moment_stage([[j for j in one.active.values() if hasattr(j.model, "init_from_moments")] for one in states],
                   [one.inputs["train"] for one in states], device, [one.results for one in states],
                   [one.active for one in states], stack_budget(config, device))
+    _gradient_rounds(states, config, device, progress)
     for one in states:
-        one.finish(config, device, progress, groups)
+        one.finish(config, device, groups)
     return [one.results for one in states]
+
+
+def _gradient_rounds(states: Sequence["_RowSet"], config: TrainConfig, device: str,
+                     progress: Callable[[int], None] | None) -> None:
+    """The gradient stage of every row set, in two rounds: the jobs that start on their own, then
+    those warm-started from a job of the first (`ProbeJob.warm_start`)."""
+    first = [[j for j in one.active.values() if _has_nonlinear(j) and j.warm_start not in one.active]
+             for one in states]
+    _gradient_of(states, first, config, device, progress)
+    later = []
+    for one, done in zip(states, first):
+        later.append([j for j in one.active.values() if _has_nonlinear(j) and all(j is not f for f in done)])
+        for j in later[-1]:
+            if j.warm_start in one.active:  # else its source failed: it starts from its own weights
+                warm_start_from(j.model, one.active[j.warm_start].model)
+    _gradient_of(states, later, config, device, progress)
+
+
+def _gradient_of(states: Sequence["_RowSet"], jobs: list[list[ProbeJob]], config: TrainConfig, device: str,
+                 progress: Callable[[int], None] | None) -> None:
+    """One round of the gradient stage over the row sets of a stack (`stacked.gradient_stages`)."""
+    gradient_stages(jobs, [one.inputs for one in states], config, device, [one.results for one in states],
+                    [one.active for one in states], progress)
 
 
 class _RowSet:
@@ -130,17 +155,9 @@ class _RowSet:
             elif name in self.prior_states:
                 self.prior_val[name] = scored[0]
 
-    def finish(self, config: TrainConfig, device: str, progress: Callable[[int], None] | None,
-               groups: np.ndarray | None) -> None:
-        """The stages after the linear and moment ones, from the same seed whatever the row set's batch-mates."""
-        torch.manual_seed(config.seed)
+    def finish(self, config: TrainConfig, device: str, groups: np.ndarray | None) -> None:
+        """After the gradient stage: the guard, and the test split scored once."""
         active, results, inputs = self.active, self.results, self.inputs
-        first = [j for j in active.values() if _has_nonlinear(j) and j.warm_start not in active]
-        _gradient_stage(first, inputs, config, device, results, active, progress)
-        later = [j for j in active.values() if _has_nonlinear(j) and all(j is not f for f in first)]
-        for j in later:
-            warm_start_from(j.model, active[j.warm_start].model)
-        _gradient_stage(later, inputs, config, device, results, active, progress)
         finished = [j for j in self.jobs if results[j.name].error is None]
         for j in finished:
             if j.name in self.prior_states:
