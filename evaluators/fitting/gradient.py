@@ -142,22 +142,28 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
                     results: dict[str, FitResult], active: dict[str, ProbeJob],
                     progress: Callable[[int], None] | None) -> None:
     """AdamW on each job's parameters beyond its linear part, early-stopped on validation: the jobs
-    of one row set, each stepped by its own optimiser (`evaluators.fitting.stacked` steps the same
-    job of many row sets as one)."""
+    of one row set, stepped together on shared batches (`evaluators.fitting.stacked` steps the same
+    job of many row sets as one).
+
+    A batch's losses are back-propagated in one call and stepped by one optimiser, a parameter
+    group per job (its own rate, which its schedule lowers, and decay): the same numbers as one
+    backward and one optimiser per job, a fifth less time per step (ten quadratic and dnn probes,
+    31 rows)."""
     if not jobs:
         return
     n_train = len(inputs["train"])
     rng = np.random.default_rng(config.seed)
-    courses, optims, averages = {}, {}, {}
+    courses, groups, averages = {}, {}, {}
     running = {j.name: j for j in jobs}
     for j in jobs:
         lr, decay, ema = _optim_settings(j, config)
         trained = _trained(j)
-        optims[j.name] = adamw(trained, lr, decay)
+        groups[j.name] = {"params": trained, "lr": lr, "weight_decay": decay}
         if ema:
             averages[j.name] = WeightAverage(trained, ema)
-        courses[j.name] = _Course(j, results[j.name], optims[j.name], config)
+        courses[j.name] = _Course(j, results[j.name], torch.optim.SGD([torch.zeros(1)], lr=lr), config)
         results[j.name].setting.update(lr=lr, weight_decay=decay, ema=ema)
+    optimizer = adamw(list(groups.values()))
     for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():
         if isinstance(scored, Exception):
             _fail(results[name], scored, active, name)
@@ -168,6 +174,8 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
     for epoch in range(1, config.epochs + 1):
         if not running:
             break
+        for name, group in groups.items():
+            group["lr"] = courses[name].lr
         train_sum = {name: torch.zeros((), device=device) for name in running}  # read once an epoch
         for j in running.values():
             j.model.train()
@@ -179,18 +187,28 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
                 x = rows[index]
             else:
                 index, x = idx, torch.from_numpy(inputs["train"].take(idx)).to(device)
+            losses = {}
             for name, j in list(running.items()):
                 try:
-                    loss = _batch_bits(j, "train", index, x, device, held=held)[0].mean()
-                    optims[name].zero_grad(set_to_none=True)
-                    loss.backward()
-                    optims[name].step()
-                    if name in averages:
-                        averages[name].update()
-                    train_sum[name] += loss.detach() * len(idx)
+                    losses[name] = _batch_bits(j, "train", index, x, device, held=held)[0].mean()
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
                     _fail(results[name], e, active, name)
                     running.pop(name, None)
+            if not losses:
+                continue
+            try:
+                optimizer.zero_grad(set_to_none=True)  # a job that stopped keeps no gradient: not stepped
+                torch.autograd.backward(list(losses.values()))
+                optimizer.step()
+            except Exception as e:  # noqa: BLE001 — then every job of the step fails
+                for name in losses:
+                    _fail(results[name], e, active, name)
+                    running.pop(name, None)
+                continue
+            for name, loss in losses.items():
+                if name in averages:
+                    averages[name].update()
+                train_sum[name] += loss.detach() * len(idx)
         averaged = [name for name in running if name in averages]
         with ExitStack() as swapped:  # validate (and keep) the averaged weights; train on from the raw ones
             for name in averaged:
@@ -224,11 +242,12 @@ def _held_on_device(jobs: Sequence[ProbeJob], train: RowReader, device: str, con
     return rows, HeldCodes(jobs, "train", device)
 
 
-def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with its fused kernel, one pass over all of a probe's tensors per step (torch < 2.4
-    has none on a CPU: its multi-tensor form there). Stepped one tensor at a time, as torch does on
-    a CPU by default, the optimiser took half of a quadratic or dnn probe's gradient stage."""
+def adamw(groups: list[dict]) -> torch.optim.AdamW:
+    """AdamW over parameter `groups` (each with its own "lr" and "weight_decay") with its fused
+    kernel, one pass over a group's tensors per step (torch < 2.4 has none on a CPU: its
+    multi-tensor form there). Stepped one tensor at a time, as torch does on a CPU by default, the
+    optimiser took half of a quadratic or dnn probe's gradient stage."""
     try:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+        return torch.optim.AdamW(groups, fused=True)
     except (RuntimeError, TypeError):
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True)
+        return torch.optim.AdamW(groups, foreach=True)
