@@ -84,22 +84,26 @@ def _optim_settings(job: ProbeJob, config: TrainConfig) -> tuple[float, float, f
 
 
 class _Course:
-    """One job's course through the gradient stage, however it is stepped (alone, or stacked with
-    the same job of other row sets): its validation history, the plateau that stops it, the
-    learning-rate schedule (`ReduceLROnPlateau` on `optimizer`, whose rate the step reads) and the
-    best weights so far."""
+    """One job's course through the gradient stage, however it is stepped (with its row set's other
+    jobs, or stacked with the same job of other row sets): its validation history, the plateau that
+    stops it, its learning rate and the schedule that lowers it, and the best weights so far.
 
-    def __init__(self, job: ProbeJob, result: FitResult, optimizer: torch.optim.Optimizer,
-                 config: TrainConfig) -> None:
-        self.job, self.result, self.config, self.optimizer = job, result, config, optimizer
+    The rate lives in an optimiser of its own that steps nothing (`ReduceLROnPlateau` schedules an
+    optimiser's rates), and the optimiser that steps the job reads it between epochs: one optimiser
+    steps all jobs of a row set, a stacked step all row sets' job at once."""
+
+    def __init__(self, job: ProbeJob, result: FitResult, lr: float, config: TrainConfig) -> None:
+        self.job, self.result, self.config = job, result, config
+        self.optimizer = torch.optim.SGD([torch.zeros(1)], lr=lr)
         self.schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="min", factor=config.lr_factor, patience=config.lr_patience,
+            self.optimizer, mode="min", factor=config.lr_factor, patience=config.lr_patience,
             threshold=config.min_delta, threshold_mode="abs")
         self.plateau: Plateau | None = None
         self.state: dict[str, torch.Tensor] | None = None
 
     @property
     def lr(self) -> float:
+        """The learning rate for the next epoch."""
         return self.optimizer.param_groups[0]["lr"]
 
     def start(self, val_bits: np.ndarray) -> None:
@@ -161,7 +165,7 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
         groups[j.name] = {"params": trained, "lr": lr, "weight_decay": decay}
         if ema:
             averages[j.name] = WeightAverage(trained, ema)
-        courses[j.name] = _Course(j, results[j.name], torch.optim.SGD([torch.zeros(1)], lr=lr), config)
+        courses[j.name] = _Course(j, results[j.name], lr, config)
         results[j.name].setting.update(lr=lr, weight_decay=decay, ema=ema)
     optimizer = adamw(list(groups.values()))
     for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():

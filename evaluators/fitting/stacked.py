@@ -88,8 +88,7 @@ class _Stack:
         self.courses: list[_Course] = []
         for i, j in members:
             lr, self.decay, ema = _optim_settings(j, config)
-            holder = torch.optim.SGD([torch.zeros(1)], lr=lr)  # a rate for its schedule to lower
-            self.courses.append(_Course(j, results[i][j.name], holder, config))
+            self.courses.append(_Course(j, results[i][j.name], lr, config))
             results[i][j.name].setting.update(lr=lr, weight_decay=self.decay, ema=ema)
         self.params = {n: torch.stack([j.model.get_parameter(n).detach() for j in self.jobs])
                        for n, _ in self.template.named_parameters()}
@@ -100,6 +99,11 @@ class _Stack:
         self.moments = {n: (torch.zeros_like(self.params[n]), torch.zeros_like(self.params[n])) for n in self.trained}
         self.steps = 0
         self.train_sum = torch.zeros(len(self.jobs), device=self.params[self.trained[0]].device)
+        self.rates = self.learning_rates()
+
+    def learning_rates(self) -> torch.Tensor:
+        """Each row set's learning rate, on the device (its schedule changes it only between epochs)."""
+        return torch.tensor([c.lr for c in self.courses], device=self.train_sum.device)
 
     def losses(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None,
                prior: torch.Tensor | None, device: str) -> torch.Tensor:
@@ -176,7 +180,7 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
                     target, cond, prior = _codes(s.jobs[0], "train", index, device, held)
                     losses = s.losses(torch.stack([x[i] for i in s.sets]), target, cond, prior, device)
                     losses.sum().backward()
-                    s.step(torch.tensor([c.lr for c in s.courses], device=device))
+                    s.step(s.rates)
                     s.train_sum += losses.detach() * len(idx)
                 except Exception:  # noqa: BLE001 — its row sets are fitted alone instead
                     stacks.remove(s)
@@ -225,6 +229,7 @@ def _validate(stacks: list[_Stack], inputs: Sequence[dict[str, RowReader]], conf
     for s, kept in zip(stacks, going):
         if len(kept) < len(s.jobs):
             s.keep(kept)
+        s.rates = s.learning_rates()
     return [s for s in stacks if s.jobs]
 
 
