@@ -1,10 +1,11 @@
-"""The batched fit waits on the host a fixed number of times: not once per strength or per bit.
+"""The batched fit waits on the host a fixed number of times: not once per strength, per bit or
+per row set.
 
 Every way a tensor's value reaches Python (`Tensor.item`, `.cpu()`, `.numpy()`, `.tolist()`,
 `float()`/`int()`/`bool()` of a tensor) is counted while the linear stage fits every target of
-a family along a penalty path of 5 and then of 25 strengths: the counts must be equal. On a GPU
-each such read stalls the device until its queue drains (torch's L-BFGS read the loss at every
-closure: about 20,000 reads per row set)."""
+a family along a penalty path of 5 and then of 25 strengths, and while a stack of 1 and of 4 row
+sets is fitted whole: the counts must be equal. On a GPU each such read stalls the device until
+its queue drains (torch's L-BFGS read the loss at every closure: about 20,000 reads per row set)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from evaluators.fitting import fit_row_sets, stacked
 from evaluators.probes import build_probe
 from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes
 
@@ -77,3 +79,27 @@ def test_the_linear_stage_reads_the_host_as_often_for_5_strengths_as_for_25():
     assert few == many, (few, many)
     # and the count is small: a few reads per target and split, none per strength or per bit
     assert many < 60, many
+
+
+def test_a_stacks_whole_fit_reads_the_host_as_often_for_4_row_sets_as_for_1(monkeypatch):
+    """Every stage of linear, quadratic and dnn probes, their gradient stage stacked as CUDA runs it
+    (`evaluators.fitting.stacked`, here on the CPU): 4 row sets (copies, so that every one trains
+    for as many epochs) read the host as often as 1 — once per stage and epoch, not per row set."""
+    monkeypatch.setattr(stacked, "STACKED_DEVICES", ("cuda", "cpu"))
+    config = TrainConfig(epochs=3, l2_path=(1e-1, 1e-2), l1_path=(1e-2,))
+    counts = []
+    for n in (1, 4):
+        row_sets = []
+        for _ in range(n):
+            jobs, inputs = _jobs_and_inputs()
+            targets, prior = jobs[0].targets, jobs[0].prior
+            jobs += [ProbeJob(f"{family}/{name}", build_probe(family, D, K, anchored=anchored), targets,
+                              prior=prior if anchored else None)
+                     for family in ("quadratic", "dnn") for name, anchored in (("anchored", True), ("free", False))]
+            row_sets.append((jobs, inputs))
+        with counted_reads() as count:
+            results = fit_row_sets(row_sets, config)
+        assert all(r.error is None for rs in results for r in rs.values())
+        assert max(r.best_epoch for rs in results for r in rs.values()) > 0  # the gradient stage trained
+        counts.append(count[0])
+    assert counts[0] == counts[1], counts

@@ -31,7 +31,7 @@ from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig
 from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
 from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
-from evaluators.fitting.scoring import _fail, _guard, _score, saving_and_se
+from evaluators.fitting.scoring import _fail, _guard, _score_sets, saving_and_se
 from evaluators.fitting.stacked import gradient_stages
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
@@ -98,7 +98,10 @@ def fit_row_sets(
     # one batch size for the shared batches: the device's only where every family takes it
     sized_for = device if all(j.optim.device_batches for jobs, _ in row_sets for j in jobs) else "cpu"
     config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for))
-    states = [_RowSet(jobs, inputs, config, device) for jobs, inputs in row_sets]
+    states = [_RowSet(jobs, inputs, device) for jobs, inputs in row_sets]
+    for one, scored in zip(states, _score_sets([(one.jobs, one.inputs["val"]) for one in states], "val", device,
+                                               config.batch_size)):
+        one.start(scored)
     _linear_stage([[j for j in one.active.values() if _has_linear(j)] for one in states],
                   [one.inputs for one in states], config, device, [one.results for one in states],
                   [one.active for one in states])
@@ -106,8 +109,11 @@ def fit_row_sets(
                   [one.inputs["train"] for one in states], device, [one.results for one in states],
                   [one.active for one in states], stack_budget(config, device))
     _gradient_rounds(states, config, device, progress)
-    for one in states:
-        one.finish(config, device, groups)
+    finished = [one.guard(config, groups) for one in states]
+    for one, jobs, scored in zip(states, finished, _score_sets([(jobs, one.inputs["test"]) for one, jobs
+                                                               in zip(states, finished)], "test", device,
+                                                              config.batch_size)):
+        one.finish(scored)
     return [one.results for one in states]
 
 
@@ -138,8 +144,7 @@ class _RowSet:
     """One row set's jobs through the stages: what `fit_row_sets` does before and after the
     linear and moment stages the stack shares."""
 
-    def __init__(self, jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig,
-                 device: str) -> None:
+    def __init__(self, jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], device: str) -> None:
         self.jobs, self.inputs = jobs, inputs
         mean, std = feature_stats(inputs["train"])
         self.results = {j.name: FitResult(j.name, n_bits=j.targets["train"].shape[1]) for j in jobs}
@@ -149,26 +154,33 @@ class _RowSet:
             j.model.to(device)
         self.prior_states = {j.name: copy.deepcopy(j.model.state_dict()) for j in jobs if j.prior is not None}
         self.prior_val: dict[str, np.ndarray] = {}
-        for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():
+
+    def start(self, val: dict[str, tuple[np.ndarray, np.ndarray] | Exception]) -> None:
+        """The untrained probes' validation scores (`val`): the anchored ones' are their prior's."""
+        for name, scored in val.items():
             if isinstance(scored, Exception):
                 _fail(self.results[name], scored, self.active, name)
             elif name in self.prior_states:
                 self.prior_val[name] = scored[0]
 
-    def finish(self, config: TrainConfig, device: str, groups: np.ndarray | None) -> None:
-        """After the gradient stage: the guard, and the test split scored once."""
-        active, results, inputs = self.active, self.results, self.inputs
-        finished = [j for j in self.jobs if results[j.name].error is None]
+    def guard(self, config: TrainConfig, groups: np.ndarray | None) -> list[ProbeJob]:
+        """After the gradient stage, the guard; returns the jobs that finished, whose test split is scored next."""
+        finished = [j for j in self.jobs if self.results[j.name].error is None]
         for j in finished:
             if j.name in self.prior_states:
-                _guard(j, results[j.name], self.prior_val[j.name], self.prior_states[j.name], groups, config.guard_se)
-        for name, scored in _score(finished, inputs["test"], "test", device, config.batch_size).items():
+                _guard(j, self.results[j.name], self.prior_val[j.name], self.prior_states[j.name], groups,
+                       config.guard_se)
+        return finished
+
+    def finish(self, test: dict[str, tuple[np.ndarray, np.ndarray] | Exception]) -> None:
+        """The finished jobs' test scores (`test`), scored once with the chosen weights."""
+        for name, scored in test.items():
             if isinstance(scored, Exception):
-                _fail(results[name], scored, {}, name)
+                _fail(self.results[name], scored, {}, name)
             elif not np.isfinite(scored[0]).all():
-                _fail(results[name], _non_finite_test(scored[0]), {}, name)
+                _fail(self.results[name], _non_finite_test(scored[0]), {}, name)
             else:
-                results[name].scene_bits, results[name].bits_correct = scored
+                self.results[name].scene_bits, self.results[name].bits_correct = scored
 
 
 def _non_finite_test(bits: np.ndarray) -> FloatingPointError:

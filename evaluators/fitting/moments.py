@@ -84,7 +84,7 @@ def class_directions(reader: RowReader, job: ProbeJob, dims: int, rank: int, dev
     full 384 dims give 47 %). Bits an exact prior fixes in a scene do not count there.
 
     The class difference is accumulated as one product per half, Yᵀ diag(w₁/n₁ − w₀/n₀) Y, in
-    float32 on the fitting device; only the input covariance (D x D) is summed in float64."""
+    float32 on the fitting device; only the input covariance (D x D) is summed in float64 (there too)."""
     return stacked_directions([reader], [job], dims, device, rank)[0]
 
 
@@ -115,11 +115,11 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str
     """(basis D x m, class difference per half 2 x K x m x m, class weights, mean, std) of one row set:
     the moments `class_directions` takes its directions from."""
     model = job.model
-    mu, sigma = model.mu.double().cpu(), model.sigma.double().cpu()
+    mu, sigma = model.mu.double(), model.sigma.double()  # on the device: no read back to the host
     d = reader.row_shape[-1]
-    cov = torch.zeros(d, d, dtype=torch.float64)
+    cov = torch.zeros(d, d, dtype=torch.float64, device=device)
     for _, rows in reader.chunks(_MOMENT_CHUNK):
-        x = (torch.from_numpy(rows).double() - mu) / sigma
+        x = (torch.from_numpy(rows).to(device).double() - mu) / sigma
         cov += x.T @ x
     m = min(dims, d)
     basis = torch.linalg.eigh(cov).eigenvectors[:, -m:]  # D x m
@@ -131,7 +131,7 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str
     counts = np.stack([np.stack([w[half == h].sum(0) for w in weights]) for h in (0, 1)])  # half, class, K
     scale = 1.0 / np.maximum(counts, 1.0)
     delta = torch.zeros(2, k, m, m, device=device)  # half x K x m x m
-    basis_dev, mu_dev, sigma_dev = basis.float().to(device), mu.float().to(device), sigma.float().to(device)
+    basis_dev, mu_dev, sigma_dev = basis.float(), mu.float(), sigma.float()
     for idx, rows in reader.chunks(_MOMENT_CHUNK):
         y = ((torch.from_numpy(rows).to(device) - mu_dev) / sigma_dev) @ basis_dev
         for h in (0, 1):

@@ -97,26 +97,47 @@ _SCORE_BYTES = 64 * 2**20
 def _score(jobs: Sequence[ProbeJob], reader: RowReader, split: str, device: str,
            batch: int) -> dict[str, tuple[np.ndarray, np.ndarray] | Exception]:
     """Per-scene bits and teacher-forced correct-bit counts of every job on a split, in order;
-    a job that raises gets its exception instead, and the others go on. Scores stay on the device
-    until the split is done: one transfer per job and split."""
-    for j in jobs:
-        j.model.eval()
-    bits: dict[str, list] = {j.name: [] for j in jobs}
-    correct: dict[str, list] = {j.name: [] for j in jobs}
-    failed: dict[str, Exception] = {}
-    chunk = max(batch, _SCORE_BYTES // max(reader.row_bytes * 4 // max(reader.dtype.itemsize, 1), 1))
-    for idx, rows in reader.chunks(chunk):
-        x = torch.from_numpy(rows).to(device)
+    a job that raises gets its exception instead, and the others go on (`_score_sets` of one)."""
+    return _score_sets([(jobs, reader)], split, device, batch)[0]
+
+
+@torch.no_grad()
+def _score_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader]], split: str, device: str,
+                batch: int) -> list[dict[str, tuple[np.ndarray, np.ndarray] | Exception]]:
+    """`_score` of several row sets' jobs, each on its own reader: scores stay on the device until
+    every split is done and come back in one transfer, however many row sets and jobs."""
+    scored: list[dict[str, tuple[list, list] | Exception]] = []
+    for jobs, reader in sets:
         for j in jobs:
-            if j.name in failed:
+            j.model.eval()
+        mine: dict[str, tuple[list, list] | Exception] = {j.name: ([], []) for j in jobs}
+        scored.append(mine)
+        if not jobs:
+            continue
+        chunk = max(batch, _SCORE_BYTES // max(reader.row_bytes * 4 // max(reader.dtype.itemsize, 1), 1))
+        for idx, rows in reader.chunks(chunk):
+            x = torch.from_numpy(rows).to(device)
+            for j in jobs:
+                if isinstance(mine[j.name], Exception):
+                    continue
+                try:
+                    b, logits = _batch_bits(j, split, idx, x, device)
+                except Exception as e:  # noqa: BLE001 — reported per job
+                    mine[j.name] = e
+                    continue
+                target = torch.from_numpy(j.targets[split][idx]).to(device)
+                mine[j.name][0].append(b.float())
+                mine[j.name][1].append(((logits > 0) == (target > 0)).sum(1).float())  # exact: at most K
+    parts = [torch.cat(t) for mine in scored for got in mine.values() if not isinstance(got, Exception) for t in got]
+    flat = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.float32)
+    out, at = [], 0
+    for mine in scored:
+        out.append({})
+        for name, got in mine.items():
+            if isinstance(got, Exception):
+                out[-1][name] = got
                 continue
-            try:
-                b, logits = _batch_bits(j, split, idx, x, device)
-            except Exception as e:  # noqa: BLE001 — reported per job
-                failed[j.name] = e
-                continue
-            target = torch.from_numpy(j.targets[split][idx]).to(device)
-            bits[j.name].append(b.float())
-            correct[j.name].append(((logits > 0) == (target > 0)).sum(1))
-    return {n: failed.get(n) or (torch.cat(bits[n]).cpu().numpy(), torch.cat(correct[n]).cpu().numpy())
-            for n in bits}
+            n = sum(len(t) for t in got[0])
+            out[-1][name] = (flat[at : at + n].copy(), flat[at + n : at + 2 * n].astype(np.int64))
+            at += 2 * n
+    return out

@@ -25,7 +25,7 @@ from torch.func import functional_call, vmap
 
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
 from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained
-from evaluators.fitting.scoring import HeldCodes, _codes, _fail, _score
+from evaluators.fitting.scoring import HeldCodes, _codes, _fail, _score_sets
 from evaluators.probes import anchor, scene_bits
 
 #: The devices whose gradient stage steps a stack's row sets as one (`trains_stacked`).
@@ -203,18 +203,20 @@ def _validate(stacks: list[_Stack], inputs: Sequence[dict[str, RowReader]], conf
     """Score every stacked job on its row set's validation split and count the epoch in its course
     (epoch 0: the stage's start); a job that stops or fails leaves its stack, and a stack with
     none left is dropped."""
-    train = [s.train_sum.tolist() for s in stacks] if epoch else None  # one read per stack and epoch
+    if epoch:  # every stack's training bits in one read
+        sums = torch.cat([s.train_sum for s in stacks]).tolist() if stacks else []
+        ends = np.cumsum([0] + [len(s.jobs) for s in stacks])
+        train = [sums[a:b] for a, b in zip(ends[:-1], ends[1:])]
     going: list[list[int]] = [[] for _ in stacks]
     for s in stacks:
         s.write_back()
-    for i, reader in enumerate(inputs):
-        mine = [(a, k) for a, s in enumerate(stacks) for k, r in enumerate(s.sets) if r == i]
-        if not mine:
-            continue
-        scored = _score([stacks[a].jobs[k] for a, k in mine], reader["val"], "val", device, config.batch_size)
-        for a, k in mine:
+    mine = [[(a, k) for a, s in enumerate(stacks) for k, r in enumerate(s.sets) if r == i] for i in range(len(inputs))]
+    scored = _score_sets([([stacks[a].jobs[k] for a, k in ours], reader["val"]) for ours, reader in zip(mine, inputs)],
+                         "val", device, config.batch_size)
+    for i, ours in enumerate(mine):
+        for a, k in ours:
             course = stacks[a].courses[k]
-            val = scored[course.job.name]
+            val = scored[i][course.job.name]
             if isinstance(val, Exception):
                 outcome: Exception | bool = val
             elif epoch == 0:
