@@ -3,8 +3,9 @@
 Generates the balanced small preset (2,000/500/500 scenes by default), extracts a backbone's
 activations once (cached), and times `evaluate_binding` — every requested family fitted
 together, as `bench evaluate` fits them — first on one row set (the last layer, cls), then on
-every (layer, view) row set of `--layers`/`--tokens` as one stack (`evaluate_binding_sets`;
-row set after row set on a checkout from before it). It uses only functions that every
+every (layer, view) row set of `--layers`/`--tokens` in the stacks `bench evaluate` makes
+(`evaluate_binding_sets`, `row_sets_per_stack`: one row set per stack on a CPU; `--stack`: all
+of them as one; row set after row set on a checkout from before stacks). It uses only functions that every
 checkout since 48c4706 has, so two checkouts compare side by side on one machine:
 
     PYTHONPATH=OTHER_CHECKOUT .venv/bin/python benchmarks/fit.py --one-only
@@ -43,6 +44,7 @@ except ImportError:
     from evaluators.run import binding_task, evaluate_binding  # noqa: E402
 try:  # row sets fitted as one batched problem, as `bench evaluate` fits a backbone (issue 37)
     from evaluators.binding import evaluate_binding_sets  # noqa: E402
+    from evaluators.fitting import row_sets_per_stack  # noqa: E402
 except ImportError:
     evaluate_binding_sets = None
 
@@ -80,6 +82,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--one-only", action="store_true", help="time the single row set only")
+    ap.add_argument("--stack", action="store_true", help="fit every row set as one stack, whatever the device")
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "bench-fit"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -98,13 +101,18 @@ def main() -> None:
     if not args.one_only and evaluate_binding_sets is not None:
         row_sets = [(layer, view) for layer in layers for view in views]
         inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()} for layer, view in row_sets]
+        train = inputs[0]["train"]
+        per_stack = len(row_sets) if args.stack else \
+            row_sets_per_stack(len(train), train.row_shape, task.codes["train"][1].shape[1], "cpu")
         t0, c0 = time.perf_counter(), time.process_time()
-        results = evaluate_binding_sets(inputs, task, families, train=TrainConfig(), n_boot=200)
+        results = [r for i in range(0, len(inputs), per_stack)
+                   for r in evaluate_binding_sets(inputs[i : i + per_stack], task, families, train=TrainConfig(),
+                                                  n_boot=200)]
         total_cpu, total_wall = time.process_time() - c0, time.perf_counter() - t0
         for (layer, view), res in zip(row_sets, results):
             print(f"  layer {layer:2d} {view:4s}  β* " + ", ".join(f"{f} {r.metrics.get('beta_star', float('nan')):.4f}"
                                                               for f, r in res.items()), flush=True)
-        print(f"all {len(row_sets)} row sets as one stack: {total_cpu:.1f} s CPU, {total_wall:.1f} s wall "
+        print(f"all {len(row_sets)} row sets, {per_stack} per stack: {total_cpu:.1f} s CPU, {total_wall:.1f} s wall "
               f"({total_cpu / cpu:.1f}x one row set)")
     elif not args.one_only:  # a checkout from before stacking: one row set after another
         total_cpu, total_wall = 0.0, 0.0

@@ -60,9 +60,12 @@ def fit_row_sets(
     A row set is the jobs that read one input (a backbone's layer and token view) and its
     train/val/test row readers. The row sets of one call share their targets (one dataset, one
     task); their linear stages are solved as one batched problem (the row set a batch dimension,
-    `evaluators.linear_solver`), and so are their moment stages' eigen-solves, and a row set's
-    numbers never depend on its batch-mates: every (row set, bit) problem has its own step, memory
-    and stopping, and the gradient stage runs row set by row set from the same seed.
+    `evaluators.linear_solver`), and so are their moment stages' eigen-solves; on CUDA the same
+    job of every row set trains as one module in the gradient stage (`evaluators.fitting.stacked`),
+    on a CPU the gradient stage runs row set by row set. A row set's numbers never depend on its
+    batch-mates: every (row set, bit) problem has its own step, memory and stopping, every stacked
+    job its own rate, plateau and stop, and every row set's batches come from the same seed. Each
+    split's scores of all row sets come back to the host in one transfer.
 
     1. Linear stage (probes with a linear part, `Probe.linear_names`): the linear part is
        fitted by full-batch L-BFGS for every L2 strength of `config.l2_path`, strongest
@@ -81,7 +84,8 @@ def fit_row_sets(
        at its chosen solution, until the mean validation bits plateau (`ReduceLROnPlateau` drops the
        rate by `lr_factor` after `lr_patience` epochs without a `min_delta` improvement,
        the job stops after `patience` such epochs); epoch 0 is the stage's start, so the
-       family never ends worse on validation than the linear probe. Jobs with `warm_start`
+       family never ends worse on validation than the linear probe. A row set's jobs step
+       together: one backward pass and one AdamW step per batch. Jobs with `warm_start`
        train in a second round, starting from the encoder of the job they name.
     3. Guard (anchored jobs, `prior` given): the chosen probe replaces the exact prior only
        when its mean validation saving over the prior exceeds `config.guard_se` standard
@@ -91,7 +95,8 @@ def fit_row_sets(
        β* −0.014 without it.
 
     A job that raises is dropped and reported through `FitResult.error`; the others go on, in
-    its row set and in the others. `progress(1)` is called once per gradient epoch of each row set.
+    its row set and in the others. `progress(n)` is called once per gradient epoch with the number of
+    row sets that trained in it.
     """
     device = resolve_device(config.device)
     n_train = len(row_sets[0][1]["train"])
