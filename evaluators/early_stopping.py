@@ -55,6 +55,12 @@ class WeightAverage:
         for e, p in zip(self.average, self.params):
             e.lerp_(p, 1 - decay)
 
+    def select(self, params: Iterable[torch.nn.Parameter], index: torch.Tensor) -> None:
+        """Follow `params`, the entries `index` of the tensors averaged so far along their first
+        dimension (a stack of row sets some of which stopped, `evaluators.fitting.stacked`)."""
+        self.params = list(params)
+        self.average = [e[index] for e in self.average]
+
     @contextmanager
     def swapped_in(self) -> Iterator[None]:
         """The averaged weights in place of the raw ones (to validate or keep them); the raw ones,

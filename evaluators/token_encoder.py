@@ -3,6 +3,9 @@ probe that meets the same batch (`TokenEncoder`)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 from torch import nn
 
@@ -27,9 +30,22 @@ class TokenEncoder(nn.Linear):
     uses it."""
 
     _last: tuple[bool, tuple[torch.Tensor, ...], torch.Tensor] | None = None
+    #: Off while a stacked step runs (`uncached`): under `torch.func.vmap` the encoder is each row
+    #: set's own, and comparing values is data-dependent control flow that vmap refuses.
+    _caching = True
+
+    @classmethod
+    @contextmanager
+    def uncached(cls) -> Iterator[None]:
+        """No product handed on inside the block."""
+        cls._caching = False
+        try:
+            yield
+        finally:
+            cls._caching = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.requires_grad or self.bias.requires_grad or x.requires_grad:
+        if not TokenEncoder._caching or self.weight.requires_grad or self.bias.requires_grad or x.requires_grad:
             return super().forward(x)
         autocast = _autocast_on(x.device.type)
         key = (x, self.weight, self.bias)

@@ -89,6 +89,28 @@ def test_a_row_set_in_a_stack_gets_the_numbers_it_gets_alone(task, gradient_stag
     assert any(fit.best_epoch > 0 for r in stacked for f in families for fit in r[f].fits.values())
 
 
+def test_an_attention_row_set_in_a_stack_gets_the_numbers_it_gets_alone(task, gradient_stage, one_torch_thread):
+    """Spatial row sets (4 tokens each: set i's O code in token i % 4), under the attention probe,
+    whose moving average of weights and frozen warm-started encoder are stacked too."""
+    sets = []
+    for i in range(2):
+        rng = np.random.default_rng(i)
+        one = {}
+        for s in SPLITS:
+            o = task.codes[s][1].astype(np.float32)
+            z = rng.normal(size=(len(o), 4, 8)).astype(np.float32)
+            z[:, i % 4] += o @ rng.normal(size=(o.shape[1], 8)).astype(np.float32)
+            one[s] = RowReader(z)
+        sets.append(one)
+    config = replace(CONFIG, epochs=3)
+    stacked = evaluate_binding_sets(sets, task, ["attention"], train=config, n_boot=50)
+    for inputs, together in zip(sets, stacked):
+        alone = evaluate_binding(inputs, task, ["attention"], train=config, n_boot=50)
+        assert _numbers(together) == _numbers(alone)
+    assert stacked[0]["attention"].fits["O_paper"].val_bits != stacked[1]["attention"].fits["O_paper"].val_bits
+    assert any(fit.best_epoch > 0 for r in stacked for fit in r["attention"].fits.values())
+
+
 def test_stacked_adamw_steps_as_torchs_adamw():
     """The stacked step applies torch's AdamW rule with a learning rate per row set: two row sets at
     different rates, five steps on the same gradients, against one `torch.optim.AdamW` each."""
@@ -97,7 +119,7 @@ def test_stacked_adamw_steps_as_torchs_adamw():
     grads = [torch.randn(2, 3, 4, generator=rng) for _ in range(5)]
     lrs = torch.tensor([1e-2, 3e-3])
     stack = object.__new__(stacked_stage._Stack)
-    stack.params, stack.trained, stack.decay, stack.steps = {"w": start.clone()}, ["w"], 0.1, 0
+    stack.params, stack.trained, stack.decay, stack.steps, stack.average = {"w": start.clone()}, ["w"], 0.1, 0, None
     stack.moments = {"w": (torch.zeros_like(start), torch.zeros_like(start))}
     for g in grads:
         stack.params["w"].grad = g.clone()

@@ -9,24 +9,28 @@ one has its own parameters, moments, learning rate, plateau and stop, and the ba
 same for all (one seed); on one thread a row set stacked with three others equals its fit alone to
 the last bit (tests/test_stacking.py).
 
-Where the stage runs stacked: on CUDA (`STACKED_DEVICES`), for the jobs of families that take the
-device's batches (`ProbeOptim.device_batches`) and keep no moving average of their weights. On a
-CPU a stacked step costs what the row sets' steps cost one after another, and vmap's own overhead
-made one row set's step two to three times slower (quadratic and dnn, 31 rows of 384 inputs)."""
+Where the stage runs stacked: on CUDA (`STACKED_DEVICES`), every family (the attention probe's
+moving average of weights stacked too; its encoder hands no product on there, `TokenEncoder`). On
+a CPU a stacked step costs what the row sets' steps cost one after another, and vmap's own
+overhead made one row set's step two to three times slower (quadratic and dnn, 31 rows of 384
+inputs; four stacked row sets' gradient stage took 87 s, the same four one after another 72 s)."""
 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
+from evaluators.early_stopping import WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
 from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained
 from evaluators.fitting.scoring import HeldCodes, _codes, _fail, _score_sets
 from evaluators.probes import anchor, scene_bits
+from evaluators.token_encoder import TokenEncoder
 
 #: The devices whose gradient stage steps a stack's row sets as one (`trains_stacked`).
 STACKED_DEVICES = ("cuda",)
@@ -35,27 +39,26 @@ STACKED_DEVICES = ("cuda",)
 _BETAS, _EPS = (0.9, 0.999), 1e-8
 
 
-def trains_stacked(job: ProbeJob, config: TrainConfig, device: str) -> bool:
-    """Whether `job` trains stacked with the same job of its stack's other row sets."""
-    return (device.split(":")[0] in STACKED_DEVICES and job.optim.device_batches
-            and not _optim_settings(job, config)[2])
+def trains_stacked(device: str) -> bool:
+    """Whether jobs train stacked with the same job of their stack's other row sets on `device`."""
+    return device.split(":")[0] in STACKED_DEVICES
 
 
 def gradient_stages(jobs_per_set: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str, RowReader]],
                     config: TrainConfig, device: str, results: Sequence[dict[str, FitResult]],
                     active: Sequence[dict[str, ProbeJob]], progress: Callable[[int], None] | None) -> None:
-    """The gradient stage of every row set of a stack: the jobs that train stacked
-    (`trains_stacked`) as one, the others row set by row set from the same seed."""
+    """The gradient stage of every row set of a stack: on a device that trains them stacked
+    (`trains_stacked`) the same job of every row set as one, else row set by row set from the
+    same seed."""
+    if not trains_stacked(device):
+        for i, jobs in enumerate(jobs_per_set):
+            torch.manual_seed(config.seed)
+            _gradient_stage(jobs, inputs[i], config, device, results[i], active[i], progress)
+        return
     groups: dict[tuple, list[tuple[int, ProbeJob]]] = {}
-    alone: list[list[ProbeJob]] = []
     for i, jobs in enumerate(jobs_per_set):
-        alone.append([j for j in jobs if not trains_stacked(j, config, device)])
         for j in jobs:
-            if trains_stacked(j, config, device):
-                groups.setdefault(_signature(j, config), []).append((i, j))
-    for i, jobs in enumerate(alone):
-        torch.manual_seed(config.seed)
-        _gradient_stage(jobs, inputs[i], config, device, results[i], active[i], progress)
+            groups.setdefault(_signature(j, config), []).append((i, j))
     if groups:
         failed = _stacked_stage(list(groups.values()), inputs, config, device, results, active, progress)
         for i, jobs in enumerate(failed):  # a stack whose step raised: its jobs again, alone
@@ -64,10 +67,10 @@ def gradient_stages(jobs_per_set: Sequence[Sequence[ProbeJob]], inputs: Sequence
 
 
 def _signature(job: ProbeJob, config: TrainConfig) -> tuple:
-    """What jobs must share to be stacked: name, every tensor's name and shape, what is frozen, and
-    the weight decay (the learning rate may differ: it is one per row set)."""
+    """What jobs must share to be stacked: name, every tensor's name and shape, what is frozen, the
+    weight decay and the moving average (the learning rate may differ: it is one per row set)."""
     model = job.model
-    return (job.name, _optim_settings(job, config)[1], frozenset(getattr(model, "frozen_names", ())),
+    return (job.name, _optim_settings(job, config)[1:], frozenset(getattr(model, "frozen_names", ())),
             tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
             tuple((n, tuple(b.shape), b.dtype) for n, b in model.named_buffers()))
 
@@ -87,9 +90,9 @@ class _Stack:
         self.trained = [n for n, p in self.template.named_parameters() if id(p) in first]
         self.courses: list[_Course] = []
         for i, j in members:
-            lr, self.decay, ema = _optim_settings(j, config)
+            lr, self.decay, self.ema = _optim_settings(j, config)
             self.courses.append(_Course(j, results[i][j.name], lr, config))
-            results[i][j.name].setting.update(lr=lr, weight_decay=self.decay, ema=ema)
+            results[i][j.name].setting.update(lr=lr, weight_decay=self.decay, ema=self.ema)
         self.params = {n: torch.stack([j.model.get_parameter(n).detach() for j in self.jobs])
                        for n, _ in self.template.named_parameters()}
         self.buffers = {n: torch.stack([j.model.get_buffer(n) for j in self.jobs])
@@ -97,6 +100,7 @@ class _Stack:
         for n in self.trained:
             self.params[n].requires_grad_(True)
         self.moments = {n: (torch.zeros_like(self.params[n]), torch.zeros_like(self.params[n])) for n in self.trained}
+        self.average = WeightAverage([self.params[n] for n in self.trained], self.ema) if self.ema else None
         self.steps = 0
         self.train_sum = torch.zeros(len(self.jobs), device=self.params[self.trained[0]].device)
         self.rates = self.learning_rates()
@@ -113,7 +117,8 @@ class _Stack:
                 residual = functional_call(self.template, (params, buffers), (rows, target, cond))
             return scene_bits(anchor(residual.float(), prior), target).mean()
 
-        return vmap(one)(self.params, self.buffers, x)
+        with TokenEncoder.uncached():
+            return vmap(one)(self.params, self.buffers, x)
 
     @torch.no_grad()
     def step(self, lr: torch.Tensor) -> None:
@@ -130,13 +135,17 @@ class _Stack:
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
             denom = (v.sqrt() / math.sqrt(1 - b2 ** t)).add_(_EPS)
             p.sub_(rate / (1 - b1 ** t) * m / denom)
+        if self.average is not None:
+            self.average.update()
 
     @torch.no_grad()
     def write_back(self) -> None:
-        """Each row set's slice into its own module, to be scored and kept as a job trained alone is."""
-        for k, j in enumerate(self.jobs):
-            for n in self.trained:
-                j.model.get_parameter(n).copy_(self.params[n][k])
+        """Each row set's slice into its own module, to be scored and kept as a job trained alone is:
+        the averaged weights where the job keeps an average (training goes on from the raw ones)."""
+        with self.average.swapped_in() if self.average is not None else nullcontext():
+            for k, j in enumerate(self.jobs):
+                for n in self.trained:
+                    j.model.get_parameter(n).copy_(self.params[n][k])
 
     def keep(self, kept: list[int]) -> None:
         """Go on with the row sets at positions `kept` only (the others stopped or failed)."""
@@ -148,6 +157,8 @@ class _Stack:
         self.buffers = {n: t[index] for n, t in self.buffers.items()}
         self.moments = {n: (m[index], v[index]) for n, (m, v) in self.moments.items()}
         self.train_sum = self.train_sum[index]
+        if self.average is not None:
+            self.average.select([self.params[n] for n in self.trained], index)
 
 
 def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[dict[str, RowReader]],
