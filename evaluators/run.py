@@ -77,9 +77,11 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
     work = [w for p in plans for w in p.todo]
     if work:
         fits = sum(len(w.families) for w in work)
+        together = base_train.device.startswith("cuda") or base_train.stack_bytes is not None
         say(progress, f"to fit: {len(work)} row set(s), {fits} family fit(s) "
-                      f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}), a backbone's row sets in "
-                      "stacks fitted together; each stack's bar counts its row sets' gradient epochs (at most)")
+                      f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}), a backbone's row sets "
+                      + ("in stacks fitted together" if together else "one after another")
+                      + "; each stack's bar counts its row sets' gradient epochs (at most)")
     if plan.executor == "ray":
         from evaluators.ray_executor import run_binding
 
