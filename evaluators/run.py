@@ -27,7 +27,7 @@ from evaluators.binding.rows import (binding_common, binding_rows, common_column
                                      extraction_failure, stack_size, stacks)
 from evaluators.binding.task import SPLITS, BindingTask, binding_task, check_control, check_priors, open_dataset
 from evaluators.extract import extract_activations, split_fingerprint
-from evaluators.fitting import TrainConfig, resolve_device
+from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
 from evaluators.issameobject import evaluate_issameobject
 from evaluators.plan import EvaluationPlan
 from evaluators.planning import (BackbonePlan, backbone_plans, check_cache, effective_limit, 
@@ -77,7 +77,7 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
     work = [w for p in plans for w in p.todo]
     if work:
         fits = sum(len(w.families) for w in work)
-        together = base_train.device.startswith("cuda") or base_train.stack_bytes is not None
+        together = stacks_row_sets(base_train.device, base_train.stack_bytes)
         say(progress, f"to fit: {len(work)} row set(s), {fits} family fit(s) "
                       f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}), a backbone's row sets "
                       + ("in stacks fitted together" if together else "one after another")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size, feature_stats,
-                                     resolve_device, row_sets_per_stack, stack_budget)
+                                     resolve_device, row_sets_per_stack, stack_budget, stacks_row_sets)
 from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
 from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
@@ -35,7 +35,8 @@ from evaluators.fitting.scoring import _fail, _guard, _score_sets, saving_and_se
 from evaluators.fitting.stacked import gradient_stages
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
-           "fit_probes", "fit_row_sets", "resolve_device", "row_sets_per_stack", "saving_and_se", "warm_start_from"]
+           "fit_probes", "fit_row_sets", "resolve_device", "row_sets_per_stack", "saving_and_se", "stacks_row_sets",
+           "warm_start_from"]
 
 
 def fit_probes(

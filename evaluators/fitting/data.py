@@ -83,6 +83,11 @@ def stack_budget(config: TrainConfig, device: str) -> int:
     return torch.cuda.mem_get_info()[0] // 4 if device.startswith("cuda") else STACK_BYTES
 
 
+def stacks_row_sets(device: str, budget: int | None) -> bool:
+    """Whether a backbone's row sets share stacks: on CUDA, or wherever a stack budget is given."""
+    return device.startswith("cuda") or budget is not None
+
+
 def row_sets_per_stack(n_rows: int, row_shape: tuple[int, ...], n_bits: int, device: str,
                        budget: int | None = None) -> int:
     """How many row sets of `n_rows` training and validation rows fit one batched linear solve
@@ -94,7 +99,7 @@ def row_sets_per_stack(n_rows: int, row_shape: tuple[int, ...], n_bits: int, dev
     No `budget` on a CPU: one row set per stack. A CPU gains nothing from fewer launches, and a
     stack's inputs outgrow its caches: four row sets of dinov2-small (2,000 scenes, one thread)
     took 124 s as one stack and 108 s one after another."""
-    if budget is None and not device.startswith("cuda"):
+    if not stacks_row_sets(device, budget):
         return 1
     budget = budget if budget is not None else stack_budget(TrainConfig(), device)
     per_row_set = 4 * n_rows * (3 * int(np.prod(row_shape)) + 6 * n_bits)
@@ -130,6 +135,8 @@ class RowReader:
         self.row_shape = tuple(array.shape[1:])
         self.dtype = array.dtype
         self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * array.dtype.itemsize
+        #: A row's bytes once read (as float32), what it takes in memory on the fitting device.
+        self.float_row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * 4
         filename = getattr(array, "filename", None)
         self._fd = None
         if isinstance(array, np.memmap) and filename and array.flags.c_contiguous:

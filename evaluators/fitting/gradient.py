@@ -241,7 +241,7 @@ def _held_on_device(jobs: Sequence[ProbeJob], train: RowReader, device: str, con
     if not device.startswith("cuda"):
         return None, None
     budget = stack_budget(config, device)
-    fits = len(train) * train.row_bytes * 4 // max(train.dtype.itemsize, 1) <= budget
+    fits = len(train) * train.float_row_bytes <= budget
     rows = torch.from_numpy(train.take(np.arange(len(train)))).to(device) if fits else None
     return rows, HeldCodes(jobs, "train", device)
 

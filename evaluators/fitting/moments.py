@@ -114,12 +114,12 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str
                       ) -> tuple[torch.Tensor, torch.Tensor, tuple[np.ndarray, np.ndarray], torch.Tensor, torch.Tensor]:
     """(basis D x m, class difference per half 2 x K x m x m, class weights, mean, std) of one row set:
     the moments `class_directions` takes its directions from."""
-    model = job.model
-    mu, sigma = model.mu.double(), model.sigma.double()  # on the device: no read back to the host
+    mu, sigma = job.model.mu, job.model.sigma  # on the device: no read back to the host
+    mu64, sigma64 = mu.double(), sigma.double()
     d = reader.row_shape[-1]
     cov = torch.zeros(d, d, dtype=torch.float64, device=device)
     for _, rows in reader.chunks(_MOMENT_CHUNK):
-        x = (torch.from_numpy(rows).to(device).double() - mu) / sigma
+        x = (torch.from_numpy(rows).to(device).double() - mu64) / sigma64
         cov += x.T @ x
     m = min(dims, d)
     basis = torch.linalg.eigh(cov).eigenvectors[:, -m:]  # D x m
@@ -131,16 +131,16 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str
     counts = np.stack([np.stack([w[half == h].sum(0) for w in weights]) for h in (0, 1)])  # half, class, K
     scale = 1.0 / np.maximum(counts, 1.0)
     delta = torch.zeros(2, k, m, m, device=device)  # half x K x m x m
-    basis_dev, mu_dev, sigma_dev = basis.float(), mu.float(), sigma.float()
+    basis_dev = basis.float()
     for idx, rows in reader.chunks(_MOMENT_CHUNK):
-        y = ((torch.from_numpy(rows).to(device) - mu_dev) / sigma_dev) @ basis_dev
+        y = ((torch.from_numpy(rows).to(device) - mu) / sigma) @ basis_dev
         for h in (0, 1):
             mine = half[idx] == h
             coef = weights[1][idx[mine]] * scale[h, 1] - weights[0][idx[mine]] * scale[h, 0]  # n_h x K
             yh = y[torch.from_numpy(mine).to(device)]
             scaled = torch.from_numpy(coef.astype(np.float32)).to(device).T[:, :, None] * yh[None]  # K x n_h x m
             delta[h] += scaled.transpose(1, 2) @ yh
-    return basis_dev, delta, weights, mu_dev, sigma_dev
+    return basis_dev, delta, weights, mu, sigma
 
 
 def _class_weights(job: ProbeJob, n: int) -> tuple[np.ndarray, np.ndarray]:

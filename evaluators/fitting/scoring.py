@@ -114,7 +114,7 @@ def _score_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader]], split: str
         scored.append(mine)
         if not jobs:
             continue
-        chunk = max(batch, _SCORE_BYTES // max(reader.row_bytes * 4 // max(reader.dtype.itemsize, 1), 1))
+        chunk = max(batch, _SCORE_BYTES // max(reader.float_row_bytes, 1))
         for idx, rows in reader.chunks(chunk):
             x = torch.from_numpy(rows).to(device)
             for j in jobs:

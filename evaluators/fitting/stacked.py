@@ -186,10 +186,14 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
             index = torch.from_numpy(idx).to(device, non_blocking=True) if rows is not None else idx
             x = {i: rows[i][index] if rows is not None else torch.from_numpy(inputs[i]["train"].take(idx)).to(device)
                  for i in sorted({i for s in stacks for i in s.sets})}
+            batches: dict[tuple[int, ...], torch.Tensor] = {}  # most stacks hold the same row sets: stacked once
             for s in list(stacks):
                 try:
                     target, cond, prior = _codes(s.jobs[0], "train", index, device, held)
-                    losses = s.losses(torch.stack([x[i] for i in s.sets]), target, cond, prior, device)
+                    sets = tuple(s.sets)
+                    if sets not in batches:
+                        batches[sets] = torch.stack([x[i] for i in sets])
+                    losses = s.losses(batches[sets], target, cond, prior, device)
                     losses.sum().backward()
                     s.step(s.rates)
                     s.train_sum += losses.detach() * len(idx)
@@ -253,8 +257,7 @@ def _held_rows(stacks: list[_Stack], inputs: Sequence[dict[str, RowReader]], dev
     if not device.startswith("cuda"):
         return None, None
     sets = sorted({i for s in stacks for i in s.sets})
-    size = sum(len(inputs[i]["train"]) * inputs[i]["train"].row_bytes * 4 // max(inputs[i]["train"].dtype.itemsize, 1)
-               for i in sets)
+    size = sum(len(inputs[i]["train"]) * inputs[i]["train"].float_row_bytes for i in sets)
     held = HeldCodes([s.jobs[0] for s in stacks], "train", device)
     if size > stack_budget(config, device):
         return None, held
