@@ -33,6 +33,10 @@ class ProbeOptim:
     ema: float | None = None
     #: the family's `ProbeFamily.device_batches`
     device_batches: bool = True
+    #: the family's plateau rule and CPU batches (`ProbeFamily.patience`, `lr_patience`, `cpu_steps`)
+    patience: int = 3
+    lr_patience: int = 1
+    cpu_steps: int = 16
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,15 @@ class ProbeFamily:
     (`evaluators.fitting.warm_start_from`), and are fitted after it.
     `device_batches`: on CUDA its gradient stage takes batches sized for the device
     (`evaluators.fitting.auto_batch_size`); False keeps the CPU's: on an H200 the attention probe
-    read β* 0.53 on pixels in batches of 500 rows, where batches of 32 read 0.915."""
+    read β* 0.53 on pixels in batches of 500 rows, where batches of 32 read 0.915.
+    `patience`, `lr_patience`: its gradient stage's plateau rule (`evaluators.fitting`), the epochs
+    without a 0.001-bit improvement of the mean validation bits before a probe stops, and before its
+    rate drops (`TrainConfig` overrides them for every family). `cpu_steps`: its optimiser steps per
+    epoch on a CPU (`evaluators.fitting.auto_batch_size`). The pooled families start from the linear
+    stage's solution and their best epochs lie within the first few (dinov2-small: 0–4), so 3 and 1
+    at 16 steps read the β*, sensitivity and planted teachers' shares that 5 and 2 at 64 did, in a
+    sixth of the steps; the attention probe learns for about 100 epochs in small steps, and at 3 and
+    1 it stopped early (pixels: β* 0.875 at 64 steps, 0.845 at 32, where 5 and 2 at 64 read 0.915)."""
 
     cls: Any
     defaults: dict[str, Any] = field(default_factory=dict)
@@ -61,6 +73,9 @@ class ProbeFamily:
     conjunction_args: Any = None
     warm_starts: bool = False
     device_batches: bool = True
+    patience: int = 3
+    lr_patience: int = 1
+    cpu_steps: int = 16
 
     def probe_class(self) -> type:
         """The class, imported on first use when given as `module:Class`."""
@@ -138,7 +153,7 @@ BINDING_PROBES.register("attention", ProbeFamily(
     "evaluators.probes:AttentionProbe",
     {"heads": 2, "key_dim": 32, "rank": 8, "width": 256, "lr": 3e-3, "weight_decay": 0.05, "ema": 0.998},
     spatial=True, raw_lr=True, conjunction_args="evaluators.probes:feature_members", warm_starts=True,
-    device_batches=False))
+    device_batches=False, patience=5, lr_patience=2, cpu_steps=64))
 
 _SCORERS = "evaluators.issameobject.scorers"
 PAIR_PROBES.register("linear", PairProbe(trained=True, cls=f"{_SCORERS}:LinearPair"))

@@ -58,14 +58,16 @@ class PathSolution:
     """Per target (list index as given), the chosen solution and its path, for every row set.
 
     `w`: R x K x D in the design's own coordinates; `v`: R x K x Q (the extra features'
-    weights, the bias last); `choice`: R, the index into `strengths` validation chose;
-    `val_path`: S x R mean validation bits per strength; `val_scene_bits`: R x n_val of the
-    chosen solution; `converged`: R, whether the chosen solution is within `PathSettings.slack` of
-    its strength's optimum (`_LBFGS.remaining`)."""
+    weights, the bias last); `choice`: R, the index into the path (`PathSettings.kinds`)
+    validation chose; `strengths`: S x R, each path entry's strength (the refined L2 strengths
+    are the target's own); `val_path`: S x R mean validation bits per entry; `val_scene_bits`:
+    R x n_val of the chosen solution; `converged`: R, whether the chosen solution is within
+    `PathSettings.slack` of its strength's optimum (`_LBFGS.remaining`)."""
 
     w: torch.Tensor
     v: torch.Tensor
     choice: torch.Tensor
+    strengths: torch.Tensor
     val_path: torch.Tensor
     val_scene_bits: torch.Tensor
     converged: torch.Tensor
@@ -78,12 +80,15 @@ class PathSettings:
     l2_path: tuple[float, ...]
     l1_path: tuple[float, ...]
     l1_eps: float = 1e-2
+    #: after the L2 path, each target's best strength times and divided by this (within the path's
+    #: range) is solved too, from that best solution (`TrainConfig.l2_refine`); None: no refinement
+    refine: float | None = None
     #: iterations per L2 strength (each one objective and gradient on the training rows): warm-started
     #: with the curvature pairs of the last strength, a step along the path needs few
-    iterations: int = 12
+    iterations: int = 8
     #: iterations per L1 strength: the smoothed L1 penalty is not quadratic, so each of its strengths
     #: starts without curvature pairs, and a few strong inputs take long to grow
-    l1_iterations: int = 40
+    l1_iterations: int = 25
     memory: int = 10
     #: a bit stops moving when every component of its gradient is below this
     tolerance: float = 1e-5
@@ -93,8 +98,14 @@ class PathSettings:
     slack: float = 1e-3
 
     @property
-    def strengths(self) -> list[tuple[str, float]]:
-        return [("l2", s) for s in self.l2_path] + [("l1", s) for s in self.l1_path]
+    def refined(self) -> int:
+        """How many refined L2 strengths follow the L2 path: two (one each side of the best), or none."""
+        return 2 if self.refine and len(self.l2_path) > 1 else 0
+
+    @property
+    def kinds(self) -> list[str]:
+        """The penalty of each entry of the path: the L2 strengths, the refined ones, the L1 strengths."""
+        return ["l2"] * (len(self.l2_path) + self.refined) + ["l1"] * len(self.l1_path)
 
 
 class _Batch:
@@ -165,8 +176,12 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
     """Fit every target of `train` on every row set of `x_train` (R x n x D, standardised) along
     the path, choose each target's strength on `val` (R x n_val x D), and return its solution.
 
-    The L1 path (smoothed, sqrt(w² + eps²) − eps on every weight but the bias, which keeps an
-    L2 penalty of the same strength) starts from each target's best L2 solution."""
+    After the L2 path, each target's best strength is refined (`PathSettings.refine`): the
+    strengths that far stronger and weaker are solved from its best solution, so that a coarse
+    path chooses as finely as one with those strengths on it wherever validation has one minimum
+    (a half-decade path refined by a quarter decade chooses what the quarter-decade path did, at
+    15 solves instead of 25). The L1 path (smoothed, sqrt(w² + eps²) − eps on every weight but the
+    bias, which keeps an L2 penalty of the same strength) starts from each target's best L2 solution."""
     batch, vbatch = _Batch(train), _Batch(val)
     r, n, d = x_train.shape
     cov = x_train.transpose(1, 2) @ x_train / n
@@ -176,21 +191,36 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
     b_total, q = len(batch.owner), batch.q_max
     w = x_train.new_zeros(r, b_total, d)
     v = x_train.new_zeros(r, b_total, q)
-    strengths = settings.strengths
+    kinds = settings.kinds
     n_targets = len(train)
     best_val = x_train.new_full((r, n_targets), math.inf)
     best_w, best_v = w.clone(), v.clone()
     best_scene = x_train.new_zeros(r, n_targets, x_val.shape[1])
     best_choice = torch.zeros(r, n_targets, dtype=torch.long, device=x_train.device)
     best_conv = torch.zeros(r, n_targets, dtype=torch.bool, device=x_train.device)
-    val_path = x_train.new_zeros(len(strengths), r, n_targets)
+    val_path = x_train.new_zeros(len(kinds), r, n_targets)
+    # each entry's strength, per row set and target, in float64: a path's own strengths are reported as given
+    path = x_train.new_zeros(len(kinds), r, n_targets, dtype=torch.float64)
     solver = _LBFGS(batch, xt, evals, evecs, settings)
-    previous: tuple[str, float] | None = None
-    for i, (kind, strength) in enumerate(strengths):
-        if previous is not None and previous[0] == "l2" and kind == "l1":  # the L1 path starts from the best L2
-            w, v = best_w.clone(), best_v.clone()
-        w, v, remaining = solver.solve(w, v, kind, strength, restart=previous is None or previous[0] != kind)
-        previous = (kind, strength)
+    n_l2 = len(settings.l2_path)
+    grid = torch.tensor(settings.l2_path, dtype=torch.float64, device=x_train.device)
+    previous: str | None = None
+    for i, kind in enumerate(kinds):
+        if n_l2 <= i < n_l2 + settings.refined:  # one side of each target's best L2 strength, from its solution
+            if i == n_l2:
+                anchor = (grid[best_choice], best_w.clone(), best_v.clone())  # R x P, and the solutions
+            ratio = settings.refine if i == n_l2 else 1 / settings.refine
+            strength = (anchor[0] * ratio).clamp(grid.min(), grid.max())
+            path[i] = strength
+            w, v, remaining = solver.solve(anchor[1].clone(), anchor[2].clone(), kind,
+                                           strength[:, batch.owner].to(x_train.dtype), restart=True)
+        else:
+            strength = settings.l2_path[i] if kind == "l2" else settings.l1_path[i - n_l2 - settings.refined]
+            path[i] = strength
+            if previous == "l2" and kind == "l1":  # the L1 path starts from the best L2
+                w, v = best_w.clone(), best_v.clone()
+            w, v, remaining = solver.solve(w, v, kind, strength, restart=previous != kind)
+        previous = kind
         scene = _scene_bits(vbatch, xv, w, v)  # R x n_val x P
         mean = scene.mean(1)
         val_path[i] = mean
@@ -207,7 +237,7 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
     out = []
     for p, (s, k) in enumerate(zip(batch.starts, batch.sizes)):
         out.append(PathSolution(w_orig[:, s : s + k], best_v[:, s : s + k, : train[p].extra.shape[1]],
-                                best_choice[:, p], val_path[:, :, p], best_scene[:, p], best_conv[:, p]))
+                                best_choice[:, p], path[:, :, p], val_path[:, :, p], best_scene[:, p], best_conv[:, p]))
     return out
 
 
@@ -232,9 +262,10 @@ class _LBFGS:
         self.kind: str | None = None
         self.strength = 0.0
 
-    def objective(self, w: torch.Tensor, v: torch.Tensor, kind: str, strength: float
+    def objective(self, w: torch.Tensor, v: torch.Tensor, kind: str, strength: float | torch.Tensor
                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """(loss per (row set, bit), its gradient, the diagonal preconditioner) at (w, v)."""
+        """(loss per (row set, bit), its gradient, the diagonal preconditioner) at (w, v); an L2
+        `strength` is one number or one per (row set, bit)."""
         batch = self.batch
         z = batch.logits(self.x, w, v)
         t = batch.targets
@@ -248,9 +279,10 @@ class _LBFGS:
         hw = curve.sum(1)[..., None] * self.evals[:, None, :]  # the mean curvature on each principal axis
         hv = batch.extra_curvature(curve)
         if kind == "l2":
+            each = strength[..., None] if isinstance(strength, torch.Tensor) else strength  # over the weights
             loss = loss + 0.5 * strength * ((w * w).sum(-1) + (v * v * batch.v_mask).sum(-1))
-            gw, gv = gw + strength * w, gv + strength * v * batch.v_mask
-            hw, hv = hw + strength, hv + strength * batch.v_mask
+            gw, gv = gw + each * w, gv + each * v * batch.v_mask
+            hw, hv = hw + each, hv + each * batch.v_mask
         else:
             eps = self.settings.l1_eps
             orig = torch.einsum("red,rbd->rbe", self.evecs, w)  # the weights on the input's own axes
@@ -284,7 +316,7 @@ class _LBFGS:
             rw, rv = rw + (a - beta)[..., None] * self.s[0][j], rv + (a - beta)[..., None] * self.s[1][j]
         return -rw, -rv * self.batch.v_mask
 
-    def solve(self, w: torch.Tensor, v: torch.Tensor, kind: str, strength: float, restart: bool
+    def solve(self, w: torch.Tensor, v: torch.Tensor, kind: str, strength: float | torch.Tensor, restart: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The settings' budget of iterations at one strength from (w, v); (w, v, the training loss each
         bit is still expected to gain, `remaining`)."""

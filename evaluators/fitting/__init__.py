@@ -10,7 +10,7 @@ How a probe is fitted (`fit_probes` has the details): its linear part by full-ba
 along an L2 and then a short L1 path, the strength chosen on validation (a convex fit has no
 learning rate to get wrong); the quadratic families' directions from class-conditional moments
 (`class_directions`); whatever else a family has (and the bias) by AdamW on shared batches, the
-rest of the linear part frozen, until the mean validation bits plateau (`ReduceLROnPlateau`, `patience` epochs; 200
+rest of the linear part frozen, until the mean validation bits plateau (`ReduceLROnPlateau`, the family's patience; 200
 epochs is only a backstop); and a guard that keeps a fit only when it beats the exact prior on
 validation by about two standard errors. The chosen settings go into each `FitResult`, and the
 test split is scored once, with the chosen weights. Mixed precision (bf16 autocast) on CUDA
@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from evaluators.families import ProbeOptim
 from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size, feature_stats,
                                      resolve_device, row_sets_per_stack, stack_budget, stacks_row_sets)
 from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
@@ -70,7 +71,8 @@ def fit_row_sets(
 
     1. Linear stage (probes with a linear part, `Probe.linear_names`): the linear part is
        fitted by full-batch L-BFGS for every L2 strength of `config.l2_path`, strongest
-       first, each warm-started from the last, and the strength with the lowest mean
+       first, each warm-started from the last, then the two strengths `config.l2_refine` either
+       side of each target's best, and the strength with the lowest mean
        validation bits is kept; then a short smoothed-L1 path (`config.l1_path`) from the
        best of them, for bindings that a few inputs carry. A convex fit has no learning
        rate or epoch count to get wrong: Adam at a fixed rate recovered 16 % of a planted
@@ -84,7 +86,8 @@ def fit_row_sets(
        the bias are trained with AdamW on shared batches, the rest of the linear part frozen
        at its chosen solution, until the mean validation bits plateau (`ReduceLROnPlateau` drops the
        rate by `lr_factor` after `lr_patience` epochs without a `min_delta` improvement,
-       the job stops after `patience` such epochs); epoch 0 is the stage's start, so the
+       the job stops after `patience` such epochs: the config's, else its family's,
+       `ProbeFamily.patience`); epoch 0 is the stage's start, so the
        family never ends worse on validation than the linear probe. A row set's jobs step
        together: one backward pass and one AdamW step per batch. Jobs with `warm_start`
        train in a second round, starting from the encoder of the job they name.
@@ -101,9 +104,12 @@ def fit_row_sets(
     """
     device = resolve_device(config.device)
     n_train = len(row_sets[0][1]["train"])
-    # one batch size for the shared batches: the device's only where every family takes it
-    sized_for = device if all(j.optim.device_batches for jobs, _ in row_sets for j in jobs) else "cpu"
-    config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for))
+    # one batch size for the shared batches: the device's only where every family takes it, else as
+    # many steps an epoch as the family that asks for most
+    every = [j for jobs, _ in row_sets for j in jobs]
+    sized_for = device if all(j.optim.device_batches for j in every) else "cpu"
+    steps = max((j.optim.cpu_steps for j in every), default=ProbeOptim.cpu_steps)
+    config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for, steps))
     states = [_RowSet(jobs, inputs, device) for jobs, inputs in row_sets]
     for one, scored in zip(states, _score_sets([(one.jobs, one.inputs["val"]) for one in states], "val", device,
                                                config.batch_size)):

@@ -30,26 +30,27 @@ class TrainConfig:
     """
 
     epochs: int = 200
-    #: None: `auto_batch_size(n_train, device)`: about 64 optimiser steps per epoch (16 to 128 rows)
-    #: on a CPU, a quarter of the training split on CUDA.
+    #: None: `auto_batch_size(n_train, device, steps)`: the jobs' `ProbeOptim.cpu_steps` optimiser steps
+    #: per epoch (16 to 128 rows) on a CPU, a quarter of the training split on CUDA.
     batch_size: int | None = None
     lr: float | None = None
     weight_decay: float | None = None
     #: Epochs without a `min_delta` improvement of the mean validation bits before a job stops, and
-    #: before its learning rate drops by `lr_factor`. 5 and 2 (10 and 3 before version 7) read the
-    #: same β* and sensitivity on every oracle and control at 500 and 2,000 scenes, 61.3 % and
-    #: 44.8 % of the quadratic teacher (384-d, 10,000 scenes) and 91.5 % on pixels under the
-    #: attention probe; the probes' best epochs lay within the first few, so most of a fit's
-    #: epochs were patience: one row set of dinov2-small took 19.3 s instead of 24.5.
-    patience: int = 5
-    lr_patience: int = 2
+    #: before its learning rate drops by `lr_factor`; None: each job's own (its family's,
+    #: `ProbeFamily.patience`: 3 and 1 for the pooled families, 5 and 2 for attention).
+    patience: int | None = None
+    lr_patience: int | None = None
     lr_factor: float = 0.3
     min_delta: float = 1e-3
     seed: int = 0
     device: str = "cpu"
     #: L2 strengths (per scene, on the mean code length in nats) the linear stage tries,
     #: strongest first; the one with the lowest validation bits is kept.
-    l2_path: tuple[float, ...] = tuple(float(10.0 ** -(e / 4)) for e in range(25))
+    l2_path: tuple[float, ...] = tuple(float(10.0 ** -(e / 2)) for e in range(13))
+    #: After the L2 path, each target's best strength times and divided by this (within the path's
+    #: range) is tried too, from the best solution (None: not): half-decade steps refined by a quarter
+    #: decade choose what the quarter-decade path chose wherever validation has one minimum.
+    l2_refine: float | None = float(10.0 ** 0.25)
     #: L1 strengths the linear stage tries after the L2 path, strongest first, each warm-started
     #: from the last (the first from the best L2 solution); validation chooses among all of them.
     #: A binding that only some inputs carry (oracle:mix-0.5) is read by a few strong weights,
@@ -58,9 +59,11 @@ class TrainConfig:
     #: The L1 penalty is smoothed, sqrt(w² + eps²) − eps, so that L-BFGS sees a smooth problem.
     l1_eps: float = 1e-2
     #: Iterations of the batched L-BFGS per L2 and per L1 strength (`evaluators.linear_solver`),
-    #: warm-started along the path: a fixed budget, so that no iteration waits on the host.
-    linear_iterations: int = 12
-    l1_iterations: int = 40
+    #: warm-started along the path: a fixed budget, so that no iteration waits on the host. 8 and 25
+    #: (12 and 40 before version 8) read every oracle, control and planted teacher as those did;
+    #: 6 per L2 or 18–20 per L1 strength left oracle:mix-0.5's fit at 500 scenes unconverged (‡).
+    linear_iterations: int = 8
+    l1_iterations: int = 25
     #: A fit replaces the exact prior only when its validation saving exceeds this many
     #: standard errors (`fit_probes`, the guard; Student's t at the same level for few groups).
     guard_se: float = 2.0
@@ -106,20 +109,22 @@ def row_sets_per_stack(n_rows: int, row_shape: tuple[int, ...], n_bits: int, dev
     return max(1, int(budget // max(per_row_set, 1)))
 
 
-def auto_batch_size(n_train: int, device: str = "cpu") -> int:
-    """Rows per optimiser step: about 64 steps an epoch, between 16 and 128 rows, on a CPU; a
-    quarter of the training split (128 to 4,096 rows) on CUDA, for the families that take it
-    (`ProbeFamily.device_batches`).
+def auto_batch_size(n_train: int, device: str = "cpu", steps: int = 32) -> int:
+    """Rows per optimiser step: about `steps` steps an epoch (the family's `cpu_steps`), between 16
+    and 128 rows, on a CPU; a quarter of the training split (128 to 4,096 rows) on CUDA, for the
+    families that take it (`ProbeFamily.device_batches`).
 
-    Plateau stopping counts epochs, so an epoch must hold enough steps for a probe to move:
-    at 2,000 training scenes batches of 128 give 16 steps, and a quadratic-shared probe on
-    oracle:objects stalled at β* 0.91 where batches of 32 reached 0.98. On a GPU every step is a
+    Plateau stopping counts epochs, so an epoch must hold enough steps for a probe to move: a
+    probe that learns from scratch, as the attention probe does, takes 64; before the pooled
+    families started from the linear stage's solution, a quadratic-shared probe on oracle:objects
+    stalled at β* 0.91 at 16 steps where 64 reached 0.98, and since then 16 (batches of 125 at
+    2,000 scenes) read what 64 did on every oracle and control. On a GPU every step is a
     train of small kernels whatever its rows: at batches of 32 the probes of one row set kept an
     H200 15 % busy for 30 s, at 512 they trained in 2.2 s to the same β* (0.0567 against 0.0565,
     random:dinov2-small, 2,000 scenes) and sensitivity (0.957 both)."""
     if device.startswith("cuda"):
         return max(128, min(4096, n_train // 4))
-    return max(16, min(128, n_train // 64))
+    return max(16, min(128, n_train // steps))
 
 
 class RowReader:

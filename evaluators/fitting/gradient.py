@@ -83,6 +83,13 @@ def _optim_settings(job: ProbeJob, config: TrainConfig) -> tuple[float, float, f
     return lr, decay, ema
 
 
+def _plateau_settings(job: ProbeJob, config: TrainConfig) -> tuple[int, int]:
+    """(patience, learning-rate patience): the config's where it sets them, else the job's (its family's)."""
+    patience = config.patience if config.patience is not None else job.optim.patience
+    lr_patience = config.lr_patience if config.lr_patience is not None else job.optim.lr_patience
+    return patience, lr_patience
+
+
 class _Course:
     """One job's course through the gradient stage, however it is stepped (with its row set's other
     jobs, or stacked with the same job of other row sets): its validation history, the plateau that
@@ -95,8 +102,10 @@ class _Course:
     def __init__(self, job: ProbeJob, result: FitResult, lr: float, config: TrainConfig) -> None:
         self.job, self.result, self.config = job, result, config
         self.optimizer = torch.optim.SGD([torch.zeros(1)], lr=lr)
+        self.patience, lr_patience = _plateau_settings(job, config)
+        result.setting["patience"] = self.patience  # the plateau rule it stopped on, beside its rate
         self.schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            self.optimizer, mode="min", factor=config.lr_factor, patience=config.lr_patience,
+            self.optimizer, mode="min", factor=config.lr_factor, patience=lr_patience,
             threshold=config.min_delta, threshold_mode="abs")
         self.plateau: Plateau | None = None
         self.state: dict[str, torch.Tensor] | None = None
@@ -112,7 +121,7 @@ class _Course:
         r.val_bits, r.val_scene_bits, r.best_epoch = float(val_bits.mean()), val_bits, 0
         r.history = [(math.nan, r.val_bits)]
         self.schedule.step(r.val_bits)
-        self.plateau = Plateau(r.val_bits, self.config.patience, self.config.min_delta)
+        self.plateau = Plateau(r.val_bits, self.patience, self.config.min_delta)
         self.state = copy.deepcopy(self.job.model.state_dict())
 
     def epoch(self, epoch: int, train_bits: float, val_bits: np.ndarray,

@@ -36,7 +36,7 @@ def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str,
         return
     if not config.l2_path and not config.l1_path:
         raise ValueError("the linear stage needs at least one L2 or L1 strength")
-    settings = PathSettings(config.l2_path, config.l1_path, config.l1_eps, config.linear_iterations,
+    settings = PathSettings(config.l2_path, config.l1_path, config.l1_eps, config.l2_refine, config.linear_iterations,
                             config.l1_iterations)
     found = [(r, group) for r, (mine, rows) in enumerate(zip(jobs, inputs))
              for group in _row_set_problems(mine, rows, device, results[r], active[r])]
@@ -142,10 +142,11 @@ def _assign(group: _Group, solutions: list[PathSolution], i: int, settings: Path
             host: list[tuple[np.ndarray, ...]] | None = None) -> None:
     """Give the jobs of row set `i` of a stack their targets' chosen solutions and paths; `host`
     holds the solutions' choices, paths, flags and validation bits on the host (`_on_host`)."""
-    strengths = settings.strengths
-    for (members, _, _), sol, (choices, paths, flags, scenes) in zip(group[2], solutions, host or _on_host(solutions)):
-        choice, path = int(choices[i]), paths[:, i].astype(float)
-        kind, strength = strengths[choice]
+    kinds = settings.kinds
+    for (members, _, _), sol, (choices, strengths, paths, flags, scenes) in zip(group[2], solutions,
+                                                                                 host or _on_host(solutions)):
+        choice, path, strength_of = int(choices[i]), paths[:, i].astype(float), strengths[:, i].astype(float)
+        kind, strength = kinds[choice], float(strength_of[choice])
         setting = {"penalty": kind, "strength": strength, "lbfgs_converged": bool(flags[i])}
         scene = scenes[i]
         for job in members:
@@ -155,18 +156,18 @@ def _assign(group: _Group, solutions: list[PathSolution], i: int, settings: Path
                       active, job.name)
                 continue
             _load_linear(job.model, sol.w[i], sol.v[i])
-            r.l2_path = [(s, float(v)) for (k, s), v in zip(strengths, path) if k == "l2"]
-            r.l1_path = [(s, float(v)) for (k, s), v in zip(strengths, path) if k == "l1"]
+            r.l2_path, r.l1_path = (sorted(((float(s), float(v)) for k, s, v in zip(kinds, strength_of, path)
+                                            if k == penalty), reverse=True) for penalty in ("l2", "l1"))
             r.val_bits, r.val_scene_bits = float(path[choice]), scene
             r.setting.update(setting)
             r.best_epoch, r.converged, r.history = 0, setting["lbfgs_converged"], [(math.nan, r.val_bits)]
 
 
 def _on_host(solutions: list[PathSolution]) -> list[tuple[np.ndarray, ...]]:
-    """(choice, validation path, convergence flag, validation bits) of every target for every row set
-    of a stack, read from the device once for the whole stack."""
-    return [tuple(t.cpu().numpy() for t in (sol.choice, sol.val_path, sol.converged, sol.val_scene_bits))
-            for sol in solutions]
+    """(choice, path strengths, validation path, convergence flag, validation bits) of every target for
+    every row set of a stack, read from the device once for the whole stack."""
+    return [tuple(t.cpu().numpy() for t in (sol.choice, sol.strengths, sol.val_path, sol.converged,
+                                            sol.val_scene_bits)) for sol in solutions]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
