@@ -191,7 +191,9 @@ def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
 
 def test_gpu_tasks_ask_for_their_share_and_share_a_gpu():
     """No GPU here: a Ray started with two logical GPUs schedules the executor's task options,
-    four 0.5-GPU tasks at once on two devices (the packing `--gpus-per-task 0.5` asks for)."""
+    four 0.5-GPU tasks at once on two devices (the packing `--gpus-per-task 0.5` asks for). "At
+    once" is a barrier all four must reach while each holds its share, not overlapping clocks: on a
+    busy machine Ray's workers start seconds apart, and tasks of a second apiece then never overlapped."""
     from evaluators.ray_tasks import slots, task_options
 
     assert task_options(0.5)["num_gpus"] == 0.5 and task_options(0.0)["num_gpus"] == 0.0
@@ -200,12 +202,23 @@ def test_gpu_tasks_ask_for_their_share_and_share_a_gpu():
 import logging, time, ray
 from evaluators.ray_tasks import slots, task_options
 ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-def held():
-    t0 = time.time(); time.sleep(1.0)
-    return ray.get_gpu_ids(), t0, time.time()
-out = ray.get([ray.remote(held).options(**task_options(0.5)).remote() for _ in range(4)])
-print(slots(0.5), slots(1.0), slots(0.0), sorted(str(ids) for ids, _, _ in out),
-      max(t0 for _, t0, _ in out) < min(t1 for _, _, t1 in out))
+@ray.remote(num_cpus=0)
+class Barrier:
+    def __init__(self):
+        self.arrived = 0
+    def arrive(self):
+        self.arrived += 1
+    def count(self):
+        return self.arrived
+barrier = Barrier.remote()
+def held(barrier):
+    ray.get(barrier.arrive.remote())
+    deadline = time.time() + 120
+    while ray.get(barrier.count.remote()) < 4 and time.time() < deadline:
+        time.sleep(0.05)
+    return ray.get_gpu_ids(), ray.get(barrier.count.remote()) == 4
+out = ray.get([ray.remote(held).options(**task_options(0.5)).remote(barrier) for _ in range(4)])
+print(slots(0.5), slots(1.0), slots(0.0), sorted(str(ids) for ids, _ in out), all(met for _, met in out))
 """
     run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True, text=True,
                          timeout=300)
