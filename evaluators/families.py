@@ -73,9 +73,9 @@ class ProbeFamily:
     conjunction_args: Any = None
     warm_starts: bool = False
     device_batches: bool = True
-    patience: int = 3
-    lr_patience: int = 1
-    cpu_steps: int = 16
+    patience: int = ProbeOptim.patience
+    lr_patience: int = ProbeOptim.lr_patience
+    cpu_steps: int = ProbeOptim.cpu_steps
 
     def probe_class(self) -> type:
         """The class, imported on first use when given as `module:Class`."""

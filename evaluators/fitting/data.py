@@ -109,7 +109,7 @@ def row_sets_per_stack(n_rows: int, row_shape: tuple[int, ...], n_bits: int, dev
     return max(1, int(budget // max(per_row_set, 1)))
 
 
-def auto_batch_size(n_train: int, device: str = "cpu", steps: int = 32) -> int:
+def auto_batch_size(n_train: int, device: str = "cpu", steps: int = ProbeOptim.cpu_steps) -> int:
     """Rows per optimiser step: about `steps` steps an epoch (the family's `cpu_steps`), between 16
     and 128 rows, on a CPU; a quarter of the training split (128 to 4,096 rows) on CUDA, for the
     families that take it (`ProbeFamily.device_batches`).

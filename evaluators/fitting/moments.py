@@ -154,10 +154,7 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
     counts = np.stack([np.stack([w[half == h].sum(0) for w in weights]) for h in (0, 1)])  # half, class, K
     scale = 1.0 / np.maximum(counts, 1.0)
     whole = np.stack([(counts[h, 0] + counts[h, 1]) == (half == h).sum() for h in (0, 1)])  # half, K: free everywhere
-    # per half and bit, the classes whose outer products are summed, each with its coefficient
-    terms = [[[(c, (1.0 if c == 1 else -1.0) * (scale[h, 1, b] + scale[h, 0, b] if whole[h, b] else scale[h, c, b]))
-               for c in ((int(counts[h, 1, b] <= counts[h, 0, b]),) if whole[h, b] else (0, 1))]
-              for b in range(k)] for h in (0, 1)]
+    terms = _summed_classes(counts, scale, whole)
     delta = torch.zeros(2, k, m, m, device=device)  # half x K x m x m
     gram = torch.zeros(2, m, m, device=device)  # per half, the sum over all of its scenes
     for idx, rows in reader.chunks(_MOMENT_CHUNK):
@@ -167,9 +164,10 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
             if whole[h].any():
                 yh = y[torch.from_numpy(mine).to(device)]
                 gram[h].addmm_(yh.T, yh)
+            counted = [(weights[c][idx] > 0) & mine[:, None] for c in (0, 1)]  # chunk rows x K, per class
             for b in range(k):
                 for c, coef in terms[h][b]:
-                    sel = torch.from_numpy(np.flatnonzero(mine & (weights[c][idx, b] > 0))).to(device)
+                    sel = torch.from_numpy(np.flatnonzero(counted[c][:, b])).to(device)
                     if len(sel):
                         ys = y[sel]
                         delta[h, b].addmm_(ys.T, ys, alpha=coef)
@@ -178,6 +176,24 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
             other = 1 - terms[h][b][0][0]
             delta[h, b].add_(gram[h], alpha=(scale[h, 1, b] if other == 1 else -scale[h, 0, b]))
     return basis, delta, weights, mu, sigma
+
+
+def _summed_classes(counts: np.ndarray, scale: np.ndarray, whole: np.ndarray) -> list[list[list[tuple[int, float]]]]:
+    """Per half and bit, the classes whose outer products `_class_difference` sums, each with its
+    coefficient: both (−1/n₀, +1/n₁) where a prior fixes the bit in some scenes of the half, else
+    only the rarer class, its coefficient also counting the complement it stands for (±(1/n₁ + 1/n₀));
+    `counts` and `scale` are half x class x K, `whole` half x K."""
+    out = []
+    for h in (0, 1):
+        per_bit = []
+        for b in range(counts.shape[2]):
+            if whole[h, b]:
+                c = int(counts[h, 1, b] <= counts[h, 0, b])
+                per_bit.append([(c, (1.0 if c == 1 else -1.0) * (scale[h, 1, b] + scale[h, 0, b]))])
+            else:
+                per_bit.append([(0, -float(scale[h, 0, b])), (1, float(scale[h, 1, b]))])
+        out.append(per_bit)
+    return out
 
 
 def _class_weights(job: ProbeJob, n: int) -> tuple[np.ndarray, np.ndarray]:
