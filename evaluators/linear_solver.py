@@ -20,7 +20,9 @@ loss would have if every scene carried its bit's mean curvature — diagonal in 
 eigenvalues of standardised backbone features span orders of magnitude; that preconditioner
 takes the spread out, and the memory corrects for the curvature that varies from scene to
 scene. Along an L2 path the memory stays valid: the penalty's Hessian moves by the change of
-strength times the identity, which is added to the stored curvature pairs.
+strength times the identity, which is added to the stored curvature pairs. And a solve that
+starts where another stopped (the next strength, a refinement, the L1 path from the best L2)
+reuses the training loss's terms there (`_LBFGS.data_terms`): only the penalty changed.
 """
 
 from __future__ import annotations
@@ -80,15 +82,17 @@ class PathSettings:
     l2_path: tuple[float, ...]
     l1_path: tuple[float, ...]
     l1_eps: float = 1e-2
-    #: after the L2 path, each target's best strength times and divided by this (within the path's
-    #: range) is solved too, from that best solution (`TrainConfig.l2_refine`); None: no refinement
-    refine: float | None = None
+    #: after the L2 path, each target's best strength times and divided by each of these in turn (within
+    #: the path's range) is solved too, each pair from the best solution so far (`TrainConfig.l2_refine`)
+    refine: tuple[float, ...] = ()
     #: iterations per L2 strength (each one objective and gradient on the training rows): warm-started
     #: with the curvature pairs of the last strength, a step along the path needs few
     iterations: int = 8
     #: iterations per L1 strength: the smoothed L1 penalty is not quadratic, so each of its strengths
     #: starts without curvature pairs, and a few strong inputs take long to grow
     l1_iterations: int = 25
+    #: iterations at the first L1 strength, which starts from the best L2 solution, further from its optimum
+    l1_first_iterations: int = 30
     memory: int = 10
     #: a bit stops moving when every component of its gradient is below this
     tolerance: float = 1e-5
@@ -99,8 +103,8 @@ class PathSettings:
 
     @property
     def refined(self) -> int:
-        """How many refined L2 strengths follow the L2 path: two (one each side of the best), or none."""
-        return 2 if self.refine and len(self.l2_path) > 1 else 0
+        """How many refined L2 strengths follow the L2 path: two (one each side of the best) per ratio."""
+        return 2 * len(self.refine) if len(self.l2_path) > 1 else 0
 
     @property
     def kinds(self) -> list[str]:
@@ -126,8 +130,11 @@ class _Batch:
         for p, s in zip(problems, self.starts):
             mask[s : s + p.n_bits, : p.extra.shape[1]] = p.extra_mask
         self.v_mask = mask  # B x Qmax
-        self.bias_col = torch.tensor([s.extra.shape[1] - 1 for s in problems], device=dev)[self.owner]  # B
-        self.is_bias = F.one_hot(self.bias_col, self.q_max).float() * mask  # B x Qmax
+        bias_col = torch.tensor([s.extra.shape[1] - 1 for s in problems], device=dev)[self.owner]  # B
+        self.is_bias = F.one_hot(bias_col, self.q_max).float() * mask  # B x Qmax
+        # a scene's loss is softplus(sign·z) and its residual p − t is sign·sigmoid(sign·z), sign = 1 − 2t
+        self.sign = 1 - 2 * self.targets
+        self.signed_weight = self.sign * self.weight
 
     def logits(self, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """R x n x B logits (prior offsets included) of weights w (R x B x D) and v (R x B x Q)."""
@@ -166,9 +173,9 @@ def _per_row_set(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.transpose(1, 2), b.expand(a.shape[0], -1, -1))
 
 
-def _dot(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Per (row set, bit) inner product of two (w, v) pairs."""
-    return (a[0] * b[0]).sum(-1) + (a[1] * b[1]).sum(-1)
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per (row set, bit) inner product of two parameter tensors (R x B x P)."""
+    return torch.linalg.vecdot(a, b)
 
 
 def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearProblem], val: list[LinearProblem],
@@ -176,11 +183,11 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
     """Fit every target of `train` on every row set of `x_train` (R x n x D, standardised) along
     the path, choose each target's strength on `val` (R x n_val x D), and return its solution.
 
-    After the L2 path, each target's best strength is refined (`PathSettings.refine`): the
-    strengths that far stronger and weaker are solved from its best solution, so that a coarse
-    path chooses as finely as one with those strengths on it wherever validation has one minimum
-    (a half-decade path refined by a quarter decade chooses what the quarter-decade path did, at
-    15 solves instead of 25). The L1 path (smoothed, sqrt(w² + eps²) − eps on every weight but the
+    After the L2 path, each target's best strength is refined (`PathSettings.refine`, one ratio
+    after the other): the strengths that far stronger and weaker are solved from its best solution
+    so far, so that a coarse path chooses as finely as one with those strengths on it wherever
+    validation has one minimum (a decade path refined by a half and then a quarter decade chooses
+    what the quarter-decade path did, at 11 solves instead of 25). The L1 path (smoothed, sqrt(w² + eps²) − eps on every weight but the
     bias, which keeps an L2 penalty of the same strength) starts from each target's best L2 solution."""
     batch, vbatch = _Batch(train), _Batch(val)
     r, n, d = x_train.shape
@@ -188,40 +195,43 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
     evals, evecs = torch.linalg.eigh(cov)  # R x D, R x D x D
     evals = evals.clamp_min(0)
     xt, xv = x_train @ evecs, x_val @ evecs
-    b_total, q = len(batch.owner), batch.q_max
-    w = x_train.new_zeros(r, b_total, d)
-    v = x_train.new_zeros(r, b_total, q)
+    # each (row set, bit)'s parameters in one tensor: the weights w (D, in the principal axes) then v (Qmax)
+    theta = x_train.new_zeros(r, len(batch.owner), d + batch.q_max)
+    solver = _LBFGS(batch, xt, evals, evecs, settings)
+    data = solver.data_terms(theta)  # the training loss's part of the objective at θ: a new penalty reuses it
     kinds = settings.kinds
     n_targets = len(train)
     best_val = x_train.new_full((r, n_targets), math.inf)
-    best_w, best_v = w.clone(), v.clone()
+    best_theta, best_data = theta.clone(), data
     best_scene = x_train.new_zeros(r, n_targets, x_val.shape[1])
     best_choice = torch.zeros(r, n_targets, dtype=torch.long, device=x_train.device)
     best_conv = torch.zeros(r, n_targets, dtype=torch.bool, device=x_train.device)
     val_path = x_train.new_zeros(len(kinds), r, n_targets)
     # each entry's strength, per row set and target, in float64: a path's own strengths are reported as given
     path = x_train.new_zeros(len(kinds), r, n_targets, dtype=torch.float64)
-    solver = _LBFGS(batch, xt, evals, evecs, settings)
     n_l2 = len(settings.l2_path)
     grid = torch.tensor(settings.l2_path, dtype=torch.float64, device=x_train.device)
     previous: str | None = None
     for i, kind in enumerate(kinds):
         if n_l2 <= i < n_l2 + settings.refined:  # one side of each target's best L2 strength, from its solution
-            if i == n_l2:
-                anchor = (grid[best_choice], best_w.clone(), best_v.clone())  # R x P, and the solutions
-            ratio = settings.refine if i == n_l2 else 1 / settings.refine
+            level, side = divmod(i - n_l2, 2)
+            if side == 0:
+                best_strength = path.gather(0, best_choice[None]).squeeze(0)
+                anchor = (best_strength, best_theta, best_data)  # R x P, and the solutions
+            ratio = settings.refine[level] if side == 0 else 1 / settings.refine[level]
             strength = (anchor[0] * ratio).clamp(grid.min(), grid.max())
             path[i] = strength
-            w, v, remaining = solver.solve(anchor[1].clone(), anchor[2].clone(), kind,
-                                           strength[:, batch.owner].to(x_train.dtype), restart=True)
+            theta, data, remaining = solver.solve(anchor[1], anchor[2], kind, strength[:, batch.owner].to(x_train.dtype),
+                                                  True, settings.iterations)
         else:
             strength = settings.l2_path[i] if kind == "l2" else settings.l1_path[i - n_l2 - settings.refined]
             path[i] = strength
-            if previous == "l2" and kind == "l1":  # the L1 path starts from the best L2
-                w, v = best_w.clone(), best_v.clone()
-            w, v, remaining = solver.solve(w, v, kind, strength, restart=previous != kind)
+            iterations = settings.iterations if kind == "l2" else settings.l1_iterations
+            if previous == "l2" and kind == "l1":  # the L1 path starts from the best L2, further from its optimum
+                theta, data, iterations = best_theta, best_data, settings.l1_first_iterations
+            theta, data, remaining = solver.solve(theta, data, kind, strength, previous != kind, iterations)
         previous = kind
-        scene = _scene_bits(vbatch, xv, w, v)  # R x n_val x P
+        scene = _scene_bits(vbatch, xv, theta[..., :d], theta[..., d:])  # R x n_val x P
         mean = scene.mean(1)
         val_path[i] = mean
         better = mean < best_val  # the first of equals is kept, as before
@@ -230,10 +240,11 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
         best_choice = torch.where(better, i, best_choice)
         conv_target = batch.per_target(remaining) / math.log(2) <= settings.slack
         best_conv = torch.where(better, conv_target, best_conv)
-        bit_better = better[:, batch.owner, None]
-        best_w = torch.where(bit_better, w, best_w)
-        best_v = torch.where(bit_better, v, best_v)
-    w_orig = torch.einsum("red,rbd->rbe", evecs, best_w)
+        bit_better = better[:, batch.owner]
+        best_theta = torch.where(bit_better[..., None], theta, best_theta)
+        best_data = _where(bit_better, data, best_data)
+    w_orig = torch.einsum("red,rbd->rbe", evecs, best_theta[..., :d])
+    best_v = best_theta[..., d:]
     out = []
     for p, (s, k) in enumerate(zip(batch.starts, batch.sizes)):
         out.append(PathSolution(w_orig[:, s : s + k], best_v[:, s : s + k, : train[p].extra.shape[1]],
@@ -249,134 +260,144 @@ def _scene_bits(batch: _Batch, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor
 
 
 class _LBFGS:
-    """Batched L-BFGS over (row set, bit) problems sharing one rotated design."""
+    """Batched L-BFGS over (row set, bit) problems sharing one rotated design. A problem's
+    parameters are one row of an R x B x P tensor θ = [w, v] (P = D + Qmax), so that each step of
+    the two-loop recursion is one product and one update over all of them."""
 
     def __init__(self, batch: _Batch, x: torch.Tensor, evals: torch.Tensor, evecs: torch.Tensor,
                  settings: PathSettings) -> None:
         self.batch, self.x, self.evals, self.evecs, self.settings = batch, x, evals, evecs, settings
-        r, b, d, q, m = x.shape[0], len(batch.owner), x.shape[2], batch.q_max, settings.memory
-        self.s = (x.new_zeros(m, r, b, d), x.new_zeros(m, r, b, q))
-        self.y = (x.new_zeros(m, r, b, d), x.new_zeros(m, r, b, q))
+        r, b, self.d, m = x.shape[0], len(batch.owner), x.shape[2], settings.memory
+        width = self.d + batch.q_max
+        self.mask = torch.cat([batch.v_mask.new_ones(b, self.d), batch.v_mask], 1)  # B x P: the parameters in use
+        self.lasso = torch.cat([batch.v_mask.new_zeros(b, self.d), batch.v_mask - batch.is_bias], 1)  # v's L1 part
+        self.is_bias = torch.cat([batch.v_mask.new_zeros(b, self.d), batch.is_bias], 1)
+        self.s = x.new_zeros(m, r, b, width)
+        self.y = x.new_zeros(m, r, b, width)
         self.rho = x.new_zeros(m, r, b)
         self.head = 0
-        self.kind: str | None = None
-        self.strength = 0.0
+        self.strength: float | torch.Tensor = 0.0
 
-    def objective(self, w: torch.Tensor, v: torch.Tensor, kind: str, strength: float | torch.Tensor
-                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """(loss per (row set, bit), its gradient, the diagonal preconditioner) at (w, v); an L2
-        `strength` is one number or one per (row set, bit)."""
-        batch = self.batch
-        z = batch.logits(self.x, w, v)
-        t = batch.targets
-        weight = batch.weight  # free / n
-        loss = F.binary_cross_entropy_with_logits(z, t.expand_as(z), weight=weight, reduction="none").sum(1)  # R x B
-        p = torch.sigmoid(z)
-        resid = (p - t).mul_(weight)
-        gw = torch.bmm(resid.transpose(1, 2), self.x)  # R x B x D
-        gv = batch.extra_grad(resid)
-        curve = (p - p * p).mul_(weight)  # R x n x B
-        hw = curve.sum(1)[..., None] * self.evals[:, None, :]  # the mean curvature on each principal axis
-        hv = batch.extra_curvature(curve)
+    def data_terms(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The training loss's part of the objective at θ: (loss per (row set, bit), its gradient, the
+        diagonal of its curvature in the principal axes). It does not depend on the penalty, so a
+        solve that starts where another stopped reuses it."""
+        batch, d = self.batch, self.d
+        u = batch.logits(self.x, theta[..., :d], theta[..., d:]).mul_(batch.sign)  # R x n x B
+        sig = torch.sigmoid(u)  # |p − t|
+        loss = (F.softplus(u) * batch.weight).sum(1)  # R x B
+        a = sig * batch.weight
+        resid = a * batch.sign  # free·(p − t)/n
+        curve = torch.addcmul(a, a, sig, value=-1)  # free·p(1 − p)/n
+        g = torch.cat([torch.bmm(resid.transpose(1, 2), self.x), batch.extra_grad(resid)], -1)
+        h = torch.cat([curve.sum(1)[..., None] * self.evals[:, None, :], batch.extra_curvature(curve)], -1)
+        return loss, g, h
+
+    def penalised(self, theta: torch.Tensor, data: tuple[torch.Tensor, torch.Tensor, torch.Tensor], kind: str,
+                  strength: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss per (row set, bit), its gradient, the diagonal preconditioner) at θ, the training
+        loss's part given (`data_terms`); an L2 `strength` is one number or one per (row set, bit)."""
+        loss, g, h = data
         if kind == "l2":
             each = strength[..., None] if isinstance(strength, torch.Tensor) else strength  # over the weights
-            loss = loss + 0.5 * strength * ((w * w).sum(-1) + (v * v * batch.v_mask).sum(-1))
-            gw, gv = gw + each * w, gv + each * v * batch.v_mask
-            hw, hv = hw + each, hv + each * batch.v_mask
+            loss = loss + 0.5 * strength * (theta * theta * self.mask).sum(-1)
+            g = g + each * theta * self.mask
+            h = h + each * self.mask
         else:
-            eps = self.settings.l1_eps
+            eps, w, v = self.settings.l1_eps, theta[..., : self.d], theta[..., self.d :]
             orig = torch.einsum("red,rbd->rbe", self.evecs, w)  # the weights on the input's own axes
             root = (orig * orig + eps * eps).sqrt()
-            lasso_v = (v * v + eps * eps).sqrt()
-            weights_v = batch.v_mask - batch.is_bias
-            loss = loss + strength * ((root - eps).sum(-1) + ((lasso_v - eps) * weights_v).sum(-1)) \
-                + 0.5 * strength * (v * v * batch.is_bias).sum(-1)
-            gw = gw + strength * torch.bmm(orig / root, self.evecs)
-            gv = gv + strength * (v / lasso_v * weights_v + v * batch.is_bias)
+            lasso_v = (theta * theta + eps * eps).sqrt()  # v's part is read (w's is masked out)
+            loss = loss + strength * ((root - eps).sum(-1) + ((lasso_v - eps) * self.lasso).sum(-1)
+                                      + 0.5 * (theta * theta * self.is_bias).sum(-1))
+            g = g + strength * (torch.cat([torch.bmm(orig / root, self.evecs), torch.zeros_like(v)], -1)
+                                + theta / lasso_v * self.lasso + theta * self.is_bias)
             # the smoothed L1's curvature is diagonal on the input's own axes: its diagonal on the principal ones
-            hw = hw + strength * torch.bmm(eps * eps / root.pow(3), self.evecs.square())
-            hv = hv + strength * (eps * eps / lasso_v.pow(3) * weights_v + batch.is_bias)
+            h = h + strength * (torch.cat([torch.bmm(eps * eps / root.pow(3), self.evecs.square()),
+                                           torch.zeros_like(v)], -1)
+                                + eps * eps / lasso_v.pow(3) * self.lasso + self.is_bias)
         # a coordinate no feature reaches has zero curvature: keep the step finite there
-        return loss, (gw, gv), (hw.clamp_min(1e-12), hv + (1 - batch.v_mask))
+        return loss, g, torch.where(self.mask > 0, h.clamp_min(1e-12), 1.0)
 
-    def direction(self, g: tuple[torch.Tensor, torch.Tensor], h: tuple[torch.Tensor, torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def direction(self, g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """−H·g by the two-loop recursion (newest pair first), H0 the diagonal preconditioner."""
         m = self.settings.memory
-        qw, qv = g
+        q = g.clone()
         alphas = []
         for i in range(m):
             j = (self.head - 1 - i) % m
-            a = self.rho[j] * _dot((self.s[0][j], self.s[1][j]), (qw, qv))
-            qw, qv = qw - a[..., None] * self.y[0][j], qv - a[..., None] * self.y[1][j]
+            a = self.rho[j] * _dot(self.s[j], q)
+            q.addcmul_(a[..., None], self.y[j], value=-1)
             alphas.append((j, a))
-        rw, rv = qw / h[0], qv / h[1]
+        r = q.div_(h)
         for j, a in reversed(alphas):
-            beta = self.rho[j] * _dot((self.y[0][j], self.y[1][j]), (rw, rv))
-            rw, rv = rw + (a - beta)[..., None] * self.s[0][j], rv + (a - beta)[..., None] * self.s[1][j]
-        return -rw, -rv * self.batch.v_mask
+            beta = self.rho[j] * _dot(self.y[j], r)
+            r.addcmul_((a - beta)[..., None], self.s[j])
+        return r.mul_(self.mask).neg_()
 
-    def solve(self, w: torch.Tensor, v: torch.Tensor, kind: str, strength: float | torch.Tensor, restart: bool
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The settings' budget of iterations at one strength from (w, v); (w, v, the training loss each
-        bit is still expected to gain, `remaining`)."""
+    def solve(self, theta: torch.Tensor, data: tuple[torch.Tensor, torch.Tensor, torch.Tensor], kind: str,
+              strength: float | torch.Tensor, restart: bool, iterations: int
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """`iterations` at one strength from θ, whose `data_terms` are `data`; (θ, its data terms, the
+        training loss each bit is still expected to gain, `remaining`)."""
         if restart or kind != "l2":
             self.rho.zero_()
-            for t in (*self.s, *self.y):
-                t.zero_()
+            self.s.zero_()
+            self.y.zero_()
         else:  # an L2 penalty's Hessian moves by the change of strength: so do the stored pairs
             shift = strength - self.strength
-            self.y[0].add_(self.s[0], alpha=shift)
-            self.y[1].add_(self.s[1] * self.batch.v_mask, alpha=shift)
+            self.y.add_(self.s * (shift[..., None] if isinstance(shift, torch.Tensor) else shift))  # s is 0 off the mask
             sy = _dot(self.s, self.y)
             self.rho = torch.where(sy > 1e-12, 1.0 / sy.clamp_min(1e-12), torch.zeros_like(sy))
-        self.kind, self.strength = kind, strength
+        self.strength = strength
         tol = self.settings.tolerance
-        f, g, h = self.objective(w, v, kind, strength)
+        f, g, h = self.penalised(theta, data, kind, strength)
         step = torch.ones_like(f)
         m = self.settings.memory
-        for _ in range(self.settings.iterations if kind == "l2" else self.settings.l1_iterations):
-            active = torch.maximum(g[0].abs().amax(-1), g[1].abs().amax(-1)) > tol
-            dw, dv = self.direction(g, h)
-            slope = _dot(g, (dw, dv))
+        for _ in range(iterations):
+            active = g.abs().amax(-1) > tol
+            d = self.direction(g, h)
+            slope = _dot(g, d)
             downhill = (slope < 0) & torch.isfinite(slope)
-            dw = torch.where(downhill[..., None], dw, -g[0] / h[0])  # lost curvature: a scaled gradient step
-            dv = torch.where(downhill[..., None], dv, -g[1] / h[1] * self.batch.v_mask)
-            slope = torch.where(downhill, slope, _dot(g, (dw, dv)))
-            a = step[..., None]
-            movex = active[..., None]
-            w_new, v_new = torch.where(movex, w + a * dw, w), torch.where(movex, v + a * dv, v)
-            f_new, g_new, h_new = self.objective(w_new, v_new, kind, strength)
+            d = torch.where(downhill[..., None], d, -g / h * self.mask)  # lost curvature: a scaled gradient step
+            slope = torch.where(downhill, slope, _dot(g, d))
+            theta_new = torch.where(active[..., None], theta + step[..., None] * d, theta)
+            data_new = self.data_terms(theta_new)
+            f_new, g_new, h_new = self.penalised(theta_new, data_new, kind, strength)
             # Armijo's condition, with a margin of float32 rounding: near the optimum a true decrease is
             # below the loss's resolution, and the gradient test (`tolerance`) decides instead
             ok = active & torch.isfinite(f_new) & (f_new <= f + 1e-4 * step * slope + 2e-7 * f.abs())
-            sw, sv = (w_new - w) * ok[..., None], (v_new - v) * ok[..., None]
-            yw, yv = (g_new[0] - g[0]) * ok[..., None], (g_new[1] - g[1]) * ok[..., None]
-            sy = _dot((sw, sv), (yw, yv))
+            okx = ok[..., None]
+            sk = (theta_new - theta).mul_(okx)
+            yk = (g_new - g).mul_(okx)
+            sy = _dot(sk, yk)
             # a pair whose curvature float32 cannot resolve would send the next direction anywhere
-            keep = ok & (sy > 1e-6 * (_dot((sw, sv), (sw, sv)) * _dot((yw, yv), (yw, yv))).sqrt())
+            keep = ok & (sy > 1e-6 * (_dot(sk, sk) * _dot(yk, yk)).sqrt())
             j = self.head % m
-            self.s[0][j], self.s[1][j] = sw * keep[..., None], sv * keep[..., None]
-            self.y[0][j], self.y[1][j] = yw * keep[..., None], yv * keep[..., None]
+            torch.mul(sk, keep[..., None], out=self.s[j])
+            torch.mul(yk, keep[..., None], out=self.y[j])
             self.rho[j] = torch.where(keep, 1.0 / sy.clamp_min(1e-12), torch.zeros_like(sy))
             self.head += 1
-            okx = ok[..., None]
-            w, v = torch.where(okx, w_new, w), torch.where(okx, v_new, v)
+            theta = torch.where(okx, theta_new, theta)
+            data = _where(ok, data_new, data)
             f = torch.where(ok, f_new, f)
-            g = (torch.where(okx, g_new[0], g[0]), torch.where(okx, g_new[1], g[1]))
-            h = (torch.where(okx, h_new[0], h[0]), torch.where(okx, h_new[1], h[1]))
+            g = torch.where(okx, g_new, g)
+            h = torch.where(okx, h_new, h)
             step = torch.where(ok, (step * 2).clamp_max(1.0), torch.where(active, step * 0.25, step))
-        return w, v, self.remaining(g, h, tol)
+        return theta, data, self.remaining(g, h, tol)
 
-    def remaining(self, g: tuple[torch.Tensor, torch.Tensor], h: tuple[torch.Tensor, torch.Tensor], tol: float
-                  ) -> torch.Tensor:
+    def remaining(self, g: torch.Tensor, h: torch.Tensor, tol: float) -> torch.Tensor:
         """Per (row set, bit), the decrease of the loss (nats per scene) that the quasi-Newton model
         still predicts, −g·d/2 (Newton's decrement, d the direction the next iteration would take;
         the scaled gradient's where memory lost the curvature); 0 where the gradient test is met.
         A fixed budget leaves the odd bit with a gradient above `tolerance` and nothing left to gain,
         which the gradient test alone would report as a failure."""
-        dw, dv = self.direction(g, h)
-        slope = _dot(g, (dw, dv))
-        slope = torch.where((slope < 0) & torch.isfinite(slope), slope, -_dot(g, (g[0] / h[0], g[1] / h[1])))
-        done = torch.maximum(g[0].abs().amax(-1), g[1].abs().amax(-1)) <= tol
+        slope = _dot(g, self.direction(g, h))
+        slope = torch.where((slope < 0) & torch.isfinite(slope), slope, -_dot(g, g / h * self.mask))
+        done = g.abs().amax(-1) <= tol
         return torch.where(done, torch.zeros_like(slope), -slope / 2)
+
+
+def _where(ok: torch.Tensor, new: tuple[torch.Tensor, ...], old: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Per (row set, bit) (`ok`: R x B), the new or the old of each of a point's tensors (R x B or R x B x P)."""
+    return tuple(torch.where(ok if a.dim() == 2 else ok[..., None], a, b) for a, b in zip(new, old))

@@ -75,7 +75,8 @@ def test_the_linear_stage_reads_the_host_as_often_for_5_strengths_as_for_25():
     few, res_few = _reads(5)
     many, res_many = _reads(25)
     assert all(r.error is None for r in [*res_few.values(), *res_many.values()])
-    assert len(res_many["free"].l2_path) == 25 + 2 and len(res_few["free"].l2_path) == 5 + 2  # and the refined two
+    refined = 2 * len(TrainConfig().l2_refine)  # and the refined strengths
+    assert len(res_many["free"].l2_path) == 25 + refined and len(res_few["free"].l2_path) == 5 + refined
     assert few == many, (few, many)
     # and the count is small: a few reads per target and split, none per strength or per bit
     assert many < 60, many

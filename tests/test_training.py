@@ -74,8 +74,9 @@ def test_the_linear_stage_solves_a_copy_task_on_its_l2_path():
     res = fit_probes([ProbeJob("linear", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))], inputs)["linear"]
     assert res.error is None and res.converged and res.guard == "fit"
     assert res.best_epoch == 0 and len(res.history) == 1  # no gradient stage: the L-BFGS solution is the fit
-    # the L2 path and the two strengths either side of its best (`TrainConfig.l2_refine`)
-    assert len(res.l2_path) == len(TrainConfig().l2_path) + 2 and len(res.l1_path) == len(TrainConfig().l1_path)
+    # the L2 path and two strengths either side of its best per refinement (`TrainConfig.l2_refine`)
+    assert len(res.l2_path) == len(TrainConfig().l2_path) + 2 * len(TrainConfig().l2_refine)
+    assert len(res.l1_path) == len(TrainConfig().l1_path)
     assert res.scene_bits.mean() < 0.12 * _prior_bits(targets["test"]).mean()  # ~ the noise's Bayes rate
     assert res.val_bits == pytest.approx(res.val_scene_bits.mean())
 
@@ -89,23 +90,23 @@ def test_the_penalty_path_keeps_the_strength_best_on_validation():
     assert chosen < path[("l2", max(dict(res.l2_path)))] - 1.0  # the strongest penalty is far from it
 
 
-def test_a_refined_half_decade_path_chooses_what_the_quarter_decade_path_chose():
-    """Half-decade L2 steps with each target's best refined a quarter decade either side choose the
-    strength the quarter-decade path chose where validation has one minimum (planted linear
-    teacher, 384-d: 62.9 % of its bits unrefined, 65.3 % refined, as on the quarter-decade path)."""
+def test_a_refined_decade_path_chooses_what_the_quarter_decade_path_chose():
+    """Decade L2 steps with each target's best refined a half and then a quarter decade either side
+    choose the strength the quarter-decade path chose where validation has one minimum; unrefined,
+    the decade path cannot (planted linear teacher, 384-d: LINEAR_TEACHER_BITS below)."""
     inputs, targets, prior = _splits(informative=True)
     quarter = tuple(float(10.0 ** -(e / 4)) for e in range(25))
     fits = {}
-    for name, config in {"quarter": TrainConfig(l2_path=quarter, l1_path=(), l2_refine=None),
+    for name, config in {"quarter": TrainConfig(l2_path=quarter, l1_path=(), l2_refine=()),
                          "refined": TrainConfig(l1_path=()),
-                         "half": TrainConfig(l1_path=(), l2_refine=None)}.items():
+                         "decade": TrainConfig(l1_path=(), l2_refine=())}.items():
         job = ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))
         fits[name] = fit_probes([job], inputs, config)["l"]
     chosen = fits["quarter"].setting["strength"]
-    assert chosen not in TrainConfig().l2_path  # between two of the half-decade path's strengths
+    assert chosen not in TrainConfig().l2_path  # between two of the decade path's strengths
     assert fits["refined"].setting["strength"] == pytest.approx(chosen)
     assert fits["refined"].val_bits == pytest.approx(fits["quarter"].val_bits, rel=2e-3)
-    assert fits["half"].setting["strength"] != pytest.approx(chosen)
+    assert fits["decade"].setting["strength"] != pytest.approx(chosen)
     assert [s for s, _ in fits["refined"].l2_path] == sorted((s for s, _ in fits["refined"].l2_path), reverse=True)
 
 

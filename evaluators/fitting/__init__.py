@@ -71,8 +71,8 @@ def fit_row_sets(
 
     1. Linear stage (probes with a linear part, `Probe.linear_names`): the linear part is
        fitted by full-batch L-BFGS for every L2 strength of `config.l2_path`, strongest
-       first, each warm-started from the last, then the two strengths `config.l2_refine` either
-       side of each target's best, and the strength with the lowest mean
+       first, each warm-started from the last, then for each ratio of `config.l2_refine` the two
+       strengths that far either side of each target's best so far, and the strength with the lowest mean
        validation bits is kept; then a short smoothed-L1 path (`config.l1_path`) from the
        best of them, for bindings that a few inputs carry. A convex fit has no learning
        rate or epoch count to get wrong: Adam at a fixed rate recovered 16 % of a planted

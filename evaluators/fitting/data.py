@@ -46,11 +46,12 @@ class TrainConfig:
     device: str = "cpu"
     #: L2 strengths (per scene, on the mean code length in nats) the linear stage tries,
     #: strongest first; the one with the lowest validation bits is kept.
-    l2_path: tuple[float, ...] = tuple(float(10.0 ** -(e / 2)) for e in range(13))
-    #: After the L2 path, each target's best strength times and divided by this (within the path's
-    #: range) is tried too, from the best solution (None: not): half-decade steps refined by a quarter
-    #: decade choose what the quarter-decade path chose wherever validation has one minimum.
-    l2_refine: float | None = float(10.0 ** 0.25)
+    l2_path: tuple[float, ...] = tuple(float(10.0 ** -e) for e in range(7))
+    #: After the L2 path, each target's best strength times and divided by each of these in turn (within
+    #: the path's range) is tried too, each pair from the best solution so far (empty: not): decade steps
+    #: refined by a half and then a quarter decade choose what the quarter-decade path chose wherever
+    #: validation has one minimum, at 11 solves where that path takes 25.
+    l2_refine: tuple[float, ...] = (float(10.0 ** 0.5), float(10.0 ** 0.25))
     #: L1 strengths the linear stage tries after the L2 path, strongest first, each warm-started
     #: from the last (the first from the best L2 solution); validation chooses among all of them.
     #: A binding that only some inputs carry (oracle:mix-0.5) is read by a few strong weights,
@@ -59,11 +60,14 @@ class TrainConfig:
     #: The L1 penalty is smoothed, sqrt(w² + eps²) − eps, so that L-BFGS sees a smooth problem.
     l1_eps: float = 1e-2
     #: Iterations of the batched L-BFGS per L2 and per L1 strength (`evaluators.linear_solver`),
-    #: warm-started along the path: a fixed budget, so that no iteration waits on the host. 8 and 25
-    #: (12 and 40 before version 8) read every oracle, control and planted teacher as those did;
-    #: 6 per L2 or 18–20 per L1 strength left oracle:mix-0.5's fit at 500 scenes unconverged (‡).
+    #: warm-started along the path: a fixed budget, so that no iteration waits on the host. The first L1
+    #: strength, which starts from the best L2 solution, takes `l1_first_iterations`. 8, 30 and 25 read
+    #: every oracle, control and planted teacher as the 12 and 40 before version 8 did; 6 per L2, 18–20 per
+    #: L1 strength, or 25 at the first after a decade path left oracle:mix-0.5's fit at 500 scenes
+    #: unconverged (‡).
     linear_iterations: int = 8
     l1_iterations: int = 25
+    l1_first_iterations: int = 30
     #: A fit replaces the exact prior only when its validation saving exceeds this many
     #: standard errors (`fit_probes`, the guard; Student's t at the same level for few groups).
     guard_se: float = 2.0

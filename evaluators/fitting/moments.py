@@ -109,8 +109,10 @@ def stacked_directions(readers: Sequence[RowReader], jobs: Sequence[ProbeJob], d
     k = parts[0][1].shape[1]
     delta = parts[0][1][None] if len(parts) == 1 else torch.stack([p[1] for p in parts])  # R x half x K x m x m
     r, _, _, m, _ = delta.shape
-    candidates = _top_eigenvectors(delta[:, 0].reshape(r * k, m, m), rank).reshape(r, k, m, -1)  # the first half
-    top = _top_eigenvectors(delta.mean(1).reshape(r * k, m, m), rank).reshape(r, k, m, -1)  # both halves
+    candidates, block = _top_eigenvectors(delta[:, 0].reshape(r * k, m, m), rank)  # the first half
+    candidates = candidates.reshape(r, k, m, -1)
+    # both halves: their leading subspace is near the first half's, from which a few iterations reach it
+    top = _top_eigenvectors(delta.mean(1).reshape(r * k, m, m), rank, block, EIGEN_REFINE)[0].reshape(r, k, m, -1)
     out = []
     for i, (reader, (basis, _, weights, mu, sigma)) in enumerate(zip(readers, parts)):
         keep = _confirmed(reader, weights, mu, sigma, basis, candidates[i])  # K x rank, on the second half
@@ -206,25 +208,32 @@ def _class_weights(job: ProbeJob, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 #: Subspace iterations behind `_top_eigenvectors`, and the block's width beyond the rank. Each step
 #: reads every bit's m x m class difference; 15 (30 before version 8) with a block 8 wider than the
-#: rank read the quadratic teacher (384-d, 10,000 scenes) as 30 did.
+#: rank read the quadratic teacher (384-d, 10,000 scenes) as 30 did. Both halves' difference starts
+#: from the first half's block, EIGEN_REFINE iterations from it.
 EIGEN_ITERATIONS = 15
+EIGEN_REFINE = 5
 EIGEN_OVERSAMPLE = 8
 
 
-def _top_eigenvectors(delta: torch.Tensor, rank: int) -> torch.Tensor:
+def _top_eigenvectors(delta: torch.Tensor, rank: int, start: torch.Tensor | None = None,
+                      iterations: int = EIGEN_ITERATIONS) -> tuple[torch.Tensor, torch.Tensor]:
     """Per bit, the `rank` eigenvectors of a symmetric K x m x m stack with the largest |eigenvalue|,
     by block subspace iteration with a Rayleigh–Ritz step: only `rank` of m eigenvectors are wanted,
-    and a full eigendecomposition of every bit's matrix cost seconds per target."""
+    and a full eigendecomposition of every bit's matrix cost seconds per target. (Those K x m x rank,
+    and the whole block of Ritz vectors, K x m x width, from which another stack's iteration can
+    `start`.)"""
     k, m, _ = delta.shape
     width = min(m, rank + EIGEN_OVERSAMPLE)
-    gen = torch.Generator().manual_seed(0)
-    q = torch.linalg.qr(torch.randn(m, width, generator=gen, dtype=delta.dtype).to(delta.device).expand(k, -1, -1)).Q
-    for _ in range(EIGEN_ITERATIONS):
+    if start is None:
+        gen = torch.Generator().manual_seed(0)
+        start = torch.randn(m, width, generator=gen, dtype=delta.dtype).to(delta.device).expand(k, -1, -1)
+    q = torch.linalg.qr(start).Q
+    for _ in range(iterations):
         q = torch.linalg.qr(delta @ q).Q
     values, vectors = torch.linalg.eigh(q.transpose(1, 2) @ delta @ q)
-    order = values.abs().argsort(dim=-1, descending=True)[:, :rank]
-    ritz = q @ vectors  # K x m x width
-    return torch.gather(ritz, 2, order[:, None, :].expand(-1, m, -1))
+    order = values.abs().argsort(dim=-1, descending=True)
+    ritz = torch.gather(q @ vectors, 2, order[:, None, :].expand(-1, m, -1))  # K x m x width, largest |λ| first
+    return ritz[..., :rank], ritz
 
 
 #: A direction found on one half of the training rows is kept when the other half's class
