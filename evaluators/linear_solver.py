@@ -134,7 +134,6 @@ class _Batch:
         self.is_bias = F.one_hot(bias_col, self.q_max).float() * mask  # B x Qmax
         # a scene's loss is softplus(sign·z) and its residual p − t is sign·sigmoid(sign·z), sign = 1 − 2t
         self.sign = 1 - 2 * self.targets
-        self.signed_weight = self.sign * self.weight
 
     def logits(self, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """R x n x B logits (prior offsets included) of weights w (R x B x D) and v (R x B x Q)."""
@@ -187,8 +186,9 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
     after the other): the strengths that far stronger and weaker are solved from its best solution
     so far, so that a coarse path chooses as finely as one with those strengths on it wherever
     validation has one minimum (a decade path refined by a half and then a quarter decade chooses
-    what the quarter-decade path did, at 11 solves instead of 25). The L1 path (smoothed, sqrt(w² + eps²) − eps on every weight but the
-    bias, which keeps an L2 penalty of the same strength) starts from each target's best L2 solution."""
+    what the quarter-decade path did, at 11 solves instead of 25). The L1 path (smoothed,
+    sqrt(w² + eps²) − eps on every weight but the bias, which keeps an L2 penalty of the same
+    strength) starts from each target's best L2 solution."""
     batch, vbatch = _Batch(train), _Batch(val)
     r, n, d = x_train.shape
     cov = x_train.transpose(1, 2) @ x_train / n
@@ -221,8 +221,8 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
             ratio = settings.refine[level] if side == 0 else 1 / settings.refine[level]
             strength = (anchor[0] * ratio).clamp(grid.min(), grid.max())
             path[i] = strength
-            theta, data, remaining = solver.solve(anchor[1], anchor[2], kind, strength[:, batch.owner].to(x_train.dtype),
-                                                  True, settings.iterations)
+            theta, data, remaining = solver.solve(anchor[1], anchor[2], kind,
+                                                  strength[:, batch.owner].to(x_train.dtype), True, settings.iterations)
         else:
             strength = settings.l2_path[i] if kind == "l2" else settings.l1_path[i - n_l2 - settings.refined]
             path[i] = strength
@@ -346,7 +346,8 @@ class _LBFGS:
             self.y.zero_()
         else:  # an L2 penalty's Hessian moves by the change of strength: so do the stored pairs
             shift = strength - self.strength
-            self.y.add_(self.s * (shift[..., None] if isinstance(shift, torch.Tensor) else shift))  # s is 0 off the mask
+            # s is 0 off the mask: no parameter there moves
+            self.y.add_(self.s * (shift[..., None] if isinstance(shift, torch.Tensor) else shift))
             sy = _dot(self.s, self.y)
             self.rho = torch.where(sy > 1e-12, 1.0 / sy.clamp_min(1e-12), torch.zeros_like(sy))
         self.strength = strength

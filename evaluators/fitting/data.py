@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -151,13 +152,12 @@ class RowReader:
         if isinstance(array, np.memmap) and filename and array.flags.c_contiguous:
             self._fd = os.open(filename, os.O_RDONLY)
             self._offset = int(array.offset)
+            # closed when the reader goes, or at exit before modules are torn down (a `__del__` that
+            # ran then found `os` gone and printed an AttributeError after every benchmark)
+            weakref.finalize(self, os.close, self._fd)
 
     def __len__(self) -> int:
         return self.n
-
-    def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """Rows `idx` (sorted ascending for speed) as a float32 array."""
