@@ -108,6 +108,9 @@ def test_a_refined_decade_path_chooses_what_the_quarter_decade_path_chose():
     assert fits["refined"].val_bits == pytest.approx(fits["quarter"].val_bits, rel=2e-3)
     assert fits["decade"].setting["strength"] != pytest.approx(chosen)
     assert [s for s, _ in fits["refined"].l2_path] == sorted((s for s, _ in fits["refined"].l2_path), reverse=True)
+    job = ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))
+    one = fit_probes([job], inputs, TrainConfig(l1_path=(), l2_refine=10 ** 0.5))["l"]  # a single ratio, as before
+    assert len(one.l2_path) == len(TrainConfig().l2_path) + 2
 
 
 def test_each_family_stops_on_its_own_plateau_unless_the_config_sets_one():

@@ -52,7 +52,7 @@ class TrainConfig:
     #: the path's range) is tried too, each pair from the best solution so far (empty: not): decade steps
     #: refined by a half and then a quarter decade choose what the quarter-decade path chose wherever
     #: validation has one minimum, at 11 solves where that path takes 25.
-    l2_refine: tuple[float, ...] = (float(10.0 ** 0.5), float(10.0 ** 0.25))
+    l2_refine: tuple[float, ...] | float = (float(10.0 ** 0.5), float(10.0 ** 0.25))
     #: L1 strengths the linear stage tries after the L2 path, strongest first, each warm-started
     #: from the last (the first from the best L2 solution); validation chooses among all of them.
     #: A binding that only some inputs carry (oracle:mix-0.5) is read by a few strong weights,

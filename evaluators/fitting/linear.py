@@ -36,8 +36,10 @@ def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str,
         return
     if not config.l2_path and not config.l1_path:
         raise ValueError("the linear stage needs at least one L2 or L1 strength")
-    settings = PathSettings(config.l2_path, config.l1_path, config.l1_eps, tuple(config.l2_refine or ()),
-                            config.linear_iterations, config.l1_iterations, config.l1_first_iterations)
+    refine = config.l2_refine  # a tuple of ratios; one number is one ratio, as before version 9
+    refine = (float(refine),) if isinstance(refine, (int, float)) else tuple(refine or ())
+    settings = PathSettings(config.l2_path, config.l1_path, config.l1_eps, refine, config.linear_iterations,
+                            config.l1_iterations, config.l1_first_iterations)
     found = [(r, group) for r, (mine, rows) in enumerate(zip(jobs, inputs))
              for group in _row_set_problems(mine, rows, device, results[r], active[r])]
     # one read for every group's check, however many row sets: inputs holding NaN or inf fail their targets
