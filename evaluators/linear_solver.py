@@ -134,6 +134,7 @@ class _Batch:
         self.is_bias = F.one_hot(bias_col, self.q_max).float() * mask  # B x Qmax
         # a scene's loss is softplus(sign·z) and its residual p − t is sign·sigmoid(sign·z), sign = 1 − 2t
         self.sign = 1 - 2 * self.targets
+        self.extra_squares = [p.extra.square() for p in problems]  # the curvature's reads, every objective
 
     def logits(self, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """R x n x B logits (prior offsets included) of weights w (R x B x D) and v (R x B x Q)."""
@@ -152,9 +153,8 @@ class _Batch:
     def extra_curvature(self, weight: torch.Tensor) -> torch.Tensor:
         """R x B x Qmax: the diagonal of the extra features' Hessian, given weight = free·p(1 − p)/n."""
         h = weight.new_zeros(weight.shape[0], len(self.owner), self.q_max)
-        for p, s in zip(self.problems, self.starts):
-            h[:, s : s + p.n_bits, : p.extra.shape[1]] = _per_row_set(weight[:, :, s : s + p.n_bits],
-                                                                       p.extra.square())
+        for sq, s, k in zip(self.extra_squares, self.starts, self.sizes):
+            h[:, s : s + k, : sq.shape[1]] = _per_row_set(weight[:, :, s : s + k], sq)
         return h * self.v_mask
 
     def per_target(self, per_bit: torch.Tensor) -> torch.Tensor:
@@ -272,6 +272,7 @@ class _LBFGS:
         self.mask = torch.cat([batch.v_mask.new_ones(b, self.d), batch.v_mask], 1)  # B x P: the parameters in use
         self.lasso = torch.cat([batch.v_mask.new_zeros(b, self.d), batch.v_mask - batch.is_bias], 1)  # v's L1 part
         self.is_bias = torch.cat([batch.v_mask.new_zeros(b, self.d), batch.is_bias], 1)
+        self.evecs_squared = evecs.square()  # the smoothed L1's curvature on the principal axes, every L1 objective
         self.s = x.new_zeros(m, r, b, width)
         self.y = x.new_zeros(m, r, b, width)
         self.rho = x.new_zeros(m, r, b)
@@ -313,7 +314,7 @@ class _LBFGS:
             g = g + strength * (torch.cat([torch.bmm(orig / root, self.evecs), torch.zeros_like(v)], -1)
                                 + theta / lasso_v * self.lasso + theta * self.is_bias)
             # the smoothed L1's curvature is diagonal on the input's own axes: its diagonal on the principal ones
-            h = h + strength * (torch.cat([torch.bmm(eps * eps / root.pow(3), self.evecs.square()),
+            h = h + strength * (torch.cat([torch.bmm(eps * eps / root.pow(3), self.evecs_squared),
                                            torch.zeros_like(v)], -1)
                                 + eps * eps / lasso_v.pow(3) * self.lasso + self.is_bias)
         # a coordinate no feature reaches has zero curvature: keep the step finite there
