@@ -55,6 +55,13 @@ class WeightAverage:
         for e, p in zip(self.average, self.params):
             e.lerp_(p, 1 - decay)
 
+    @torch.no_grad()
+    def fold(self, weight: torch.Tensor) -> None:
+        """Fold in the weights after one step with the average's `weight` (1 − decay) given as a
+        tensor: a stacked step counts its steps on the device, where a captured step can read them."""
+        for e, p in zip(self.average, self.params):
+            e.lerp_(p, weight)
+
     def select(self, params: Iterable[torch.nn.Parameter], index: torch.Tensor) -> None:
         """Follow `params`, the entries `index` of the tensors averaged so far along their first
         dimension (a stack of row sets some of which stopped, `evaluators.fitting.stacked`)."""

@@ -65,12 +65,15 @@ def task(balanced_small):
     return binding_task(Dataset(balanced_small))
 
 
-@pytest.fixture(params=["alone", "stacked"])
+@pytest.fixture(params=["alone", "stacked", "graphed"])
 def gradient_stage(request, monkeypatch) -> str:
     """The gradient stage as this machine runs it (row set by row set), and as CUDA runs it (the row
-    sets of a stack stepped as one, `evaluators.fitting.stacked`), here on the CPU."""
-    if request.param == "stacked":
+    sets of a stack stepped as one, `evaluators.fitting.stacked`; "graphed": a row set that stops
+    stays in its stack at a rate of 0, as where the step is a CUDA graph), here on the CPU."""
+    if request.param != "alone":
         monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
+    if request.param == "graphed":
+        monkeypatch.setattr(stacked_stage, "GRAPHED_DEVICES", ("cuda", "cpu"))
     return request.param
 
 
@@ -119,7 +122,8 @@ def test_stacked_adamw_steps_as_torchs_adamw():
     grads = [torch.randn(2, 3, 4, generator=rng) for _ in range(5)]
     lrs = torch.tensor([1e-2, 3e-3])
     stack = object.__new__(stacked_stage._Stack)
-    stack.params, stack.trained, stack.decay, stack.steps, stack.average = {"w": start.clone()}, ["w"], 0.1, 0, None
+    stack.params, stack.trained, stack.decay, stack.average = {"w": start.clone()}, ["w"], 0.1, None
+    stack.steps = torch.zeros((), dtype=torch.float64)
     stack.moments = {"w": (torch.zeros_like(start), torch.zeros_like(start))}
     for g in grads:
         stack.params["w"].grad = g.clone()
@@ -210,3 +214,18 @@ def test_a_run_fitted_row_set_by_row_set_writes_the_rows_of_one_stack(balanced_s
                                                              ("random:dinov2-small", 12)}
     for key, row in rows["all"].items():
         assert row == rows["one"][key], key
+
+
+def test_a_graphed_stack_keeps_stopped_row_sets_without_moving_the_others(task, monkeypatch, one_torch_thread):
+    """Where the step is a CUDA graph a stopped row set stays in its stack at a rate of 0: the row
+    sets read what a stack that drops its stopped row sets reads, with row sets stopping apart."""
+    monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
+    sets = _row_sets(task, 3)
+    config = replace(CONFIG, epochs=12)
+    shrinking = evaluate_binding_sets(sets, task, ["dnn"], train=config, n_boot=50)
+    monkeypatch.setattr(stacked_stage, "GRAPHED_DEVICES", ("cuda", "cpu"))
+    kept = evaluate_binding_sets(sets, task, ["dnn"], train=config, n_boot=50)
+    assert [_numbers(r) for r in kept] == [_numbers(r) for r in shrinking]
+    epochs = [{t: len(fit.history) for t, fit in r["dnn"].fits.items()} for r in kept]
+    assert epochs == [{t: len(fit.history) for t, fit in r["dnn"].fits.items()} for r in shrinking]
+    assert len({n for mine in epochs for n in mine.values()}) > 1  # they stopped at different epochs
