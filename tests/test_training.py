@@ -10,6 +10,7 @@ import torch
 
 from evaluators.families import BINDING_PROBES, family_defaults
 from evaluators.probes import LR_WIDTH, build_probe, probe_lr, probe_optim
+from evaluators.fitting import moments
 from evaluators.training import ProbeJob, RowReader, TrainConfig, class_directions, fit_probes, saving_and_se
 
 N = {"train": 2000, "val": 500, "test": 500}
@@ -223,7 +224,16 @@ def test_the_savings_standard_error_resamples_whole_groups():
     assert saving_and_se(d, np.zeros(4), np.zeros((4, 1)))[1] == math.inf  # one group: no SE
 
 
-def test_class_directions_find_a_planted_quadratic_direction_and_only_it():
+@pytest.fixture(params=["householder", "gram-schmidt"])
+def orthonormal(request, monkeypatch) -> str:
+    """The moment stage's subspace iteration as a CPU runs it (Householder QR) and as CUDA does
+    (`moments.gram_schmidt`), here on the CPU."""
+    if request.param == "gram-schmidt":
+        monkeypatch.setattr(moments, "_orthonormal", moments.gram_schmidt)
+    return request.param
+
+
+def test_class_directions_find_a_planted_quadratic_direction_and_only_it(orthonormal):
     """Bit k is 1 where (p_k · z)² > 1: the class covariances differ along p_k only, so a second
     direction is the training rows' noise, which the other half of the rows does not confirm."""
     rng = np.random.default_rng(0)
@@ -237,6 +247,21 @@ def test_class_directions_find_a_planted_quadratic_direction_and_only_it():
     cosines = np.abs((top[:, 0] * p).sum(1))
     assert (cosines > 0.95).all()
     assert np.abs(top[:, 1]).max() == 0.0
+
+
+def test_gram_schmidt_spans_what_householder_qr_spans_and_zeroes_dependent_columns():
+    rng = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 300, 10, generator=rng)
+    x[:, :, 4] = 2 * x[:, :, 1] - x[:, :, 0]  # in the span of the columns before it
+    x[:, :, 7] *= 1e-4  # small, not dependent: kept
+    q = moments.gram_schmidt(x)
+    assert (q[:, :, 4] == 0).all()
+    kept = [j for j in range(10) if j != 4]
+    gram = q[:, :, kept].transpose(1, 2) @ q[:, :, kept]
+    torch.testing.assert_close(gram, torch.eye(9).expand(6, -1, -1), atol=1e-5, rtol=0)
+    householder = torch.linalg.qr(x[:, :, kept]).Q
+    cosines = torch.linalg.svdvals(householder.transpose(1, 2) @ q[:, :, kept])  # principal angles
+    assert cosines.min() > 1 - 1e-5
 
 
 def test_a_warm_started_job_trains_after_its_source_and_starts_from_its_encoder():
