@@ -125,9 +125,11 @@ class _Course:
         self.state = copy.deepcopy(self.job.model.state_dict())
 
     def epoch(self, epoch: int, train_bits: float, val_bits: np.ndarray,
-              kept: dict[str, torch.Tensor] | None = None) -> Exception | bool:
+              kept: dict[str, torch.Tensor] | Callable[[], dict[str, torch.Tensor]] | None = None
+              ) -> Exception | bool:
         """Count one epoch (`train_bits`: its mean training bits; `kept`: the weights to keep if it is
-        the best, else the model's own). False when the job stops, an error when it fails."""
+        the best, or what gives them, so that a stacked job copies its slice only then; else the
+        model's own). False when the job stops, an error when it fails."""
         r, v = self.result, float(val_bits.mean())
         r.history.append((train_bits, v))
         if not math.isfinite(v):
@@ -135,7 +137,8 @@ class _Course:
         self.schedule.step(v)
         if self.plateau.improved(v):
             r.val_bits, r.val_scene_bits, r.best_epoch = v, val_bits, epoch
-            self.state = kept or copy.deepcopy(self.job.model.state_dict())
+            kept = kept() if callable(kept) else kept
+            self.state = kept if kept is not None else copy.deepcopy(self.job.model.state_dict())
         return not self.plateau.stopped
 
     def conclude(self) -> None:
