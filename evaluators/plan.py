@@ -286,9 +286,10 @@ class EvaluationPlan:
         train = self.train or TrainConfig()
         if self.epochs is not None:
             train = replace(train, epochs=self.epochs)
-        # a GPU trains the gradient stage under bf16 autocast and in batches of its own size
-        # (`auto_batch_size`): its rows hold other numbers than a CPU's, so they never share a key
-        precision = {"precision": "cuda-bf16", "batches": "cuda"} if resolve_device(self.device) == "cuda" else {}
+        # a GPU trains the gradient stage under bf16 autocast (the families whose `ProbeFamily.amp`
+        # says so) and in batches of its own size (`auto_batch_size`): its rows hold other numbers
+        # than a CPU's, so they never share a key
+        precision = {"precision": "cuda-family-amp", "batches": "cuda"} if resolve_device(self.device) == "cuda" else {}
         # nor does the memory a stack of row sets may take (`TrainConfig.stack_bytes`): its rows are the same
         return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device", "stack_bytes")},
                 "dtype": self.dtype, "unanchored": self.unanchored, **preprocessing, **precision}

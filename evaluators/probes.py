@@ -376,7 +376,7 @@ def probe_optim(family: str, in_dim: int, **overrides: Any) -> ProbeOptim:
     params = {**entry.defaults, **overrides}
     lr = params["lr"] if entry.raw_lr else probe_lr(params["lr"], in_dim)
     return ProbeOptim(lr, params.get("weight_decay", ProbeOptim.weight_decay), params.get("ema"), entry.device_batches,
-                      entry.patience, entry.lr_patience, entry.cpu_steps)
+                      entry.patience, entry.lr_patience, entry.cpu_steps, entry.amp)
 
 
 def build_probe(family: str, in_dim: int, n_bits: int, *, cond_dim: int = 0, seed: int = 0, anchored: bool = False,

@@ -154,3 +154,11 @@ def test_a_failing_probe_does_not_stop_the_others():
     assert res["bad"].error == "RuntimeError: boom" and res["bad"].scene_bits is None
     assert res["ok"].error is None and res["ok"].scene_bits.shape == (64,)
     assert isinstance(res["ok"], FitResult)
+
+
+def test_only_the_attention_family_leaves_bf16_autocast_on_cuda():
+    """Under bf16 the attention probe read β* 0.885 on pixels on an H200 where float32 reads 0.93:
+    its family trains and scores in float32 there; the pooled families keep bf16 (the GPU read
+    what the CPU reads for them)."""
+    assert {f: probe_optim(f, 16).amp for f in ("linear", "quadratic", "quadratic-shared", "dnn", "attention")} == \
+        {"linear": True, "quadratic": True, "quadratic-shared": True, "dnn": True, "attention": False}

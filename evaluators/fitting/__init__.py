@@ -14,7 +14,8 @@ rest of the linear part frozen, until the mean validation bits plateau (`ReduceL
 epochs is only a backstop); and a guard that keeps a fit only when it beats the exact prior on
 validation by about two standard errors. The chosen settings go into each `FitResult`, and the
 test split is scored once, with the chosen weights. Mixed precision (bf16 autocast) on CUDA
-only; CPU runs in fp32 (this machine has no bf16 matrix units).
+only, for the families that take it (`ProbeFamily.amp`: not attention); CPU runs in fp32 (this
+machine has no bf16 matrix units).
 """
 
 from __future__ import annotations

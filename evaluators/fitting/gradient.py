@@ -206,7 +206,7 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
             losses = {}
             for name, j in list(running.items()):
                 try:
-                    losses[name] = _batch_bits(j, "train", index, x, device, held=held)[0].mean()
+                    losses[name] = _batch_bits(j, "train", index, x, device, j.optim.amp, held)[0].mean()
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
                     _fail(results[name], e, active, name)
                     running.pop(name, None)

@@ -48,9 +48,9 @@ def _fail(result: FitResult, error: Exception, active: dict, name: str) -> None:
 
 
 def _batch_bits(job: ProbeJob, split: str, idx: np.ndarray, x: torch.Tensor, device: str,
-                amp: bool = True, held: "HeldCodes | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bits per scene, logits) of one job on a batch, teacher-forced (bf16 autocast on CUDA
-    unless `amp` is off: L-BFGS needs exact gradients). `held`: the job's codes of the split
+                amp: bool = True, held: "HeldCodes | None" = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(bits per scene, logits, target) of one job on a batch, teacher-forced (bf16 autocast on CUDA
+    unless `amp` is off: its family's `ProbeOptim.amp`). `held`: the job's codes of the split
     already on the device (`HeldCodes`), indexed there instead of copied from the host."""
     target, cond, prior = _codes(job, split, idx, device, held)
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp and device.startswith("cuda")):
@@ -147,7 +147,7 @@ def _score_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader | HeldSplit]]
                 if isinstance(mine[j.name], Exception):
                     continue
                 try:
-                    b, logits, target = _batch_bits(j, split, idx, x, device, held=held)
+                    b, logits, target = _batch_bits(j, split, idx, x, device, j.optim.amp, held)
                 except Exception as e:  # noqa: BLE001 — reported per job
                     mine[j.name] = e
                     continue

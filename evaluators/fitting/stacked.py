@@ -98,6 +98,7 @@ class _Stack:
         self.jobs = [j for _, j in members]
         self.live = list(range(len(self.jobs)))
         self.template = self.jobs[0].model
+        self.amp = self.jobs[0].optim.amp  # bf16 autocast on CUDA: its family's
         first = {id(p) for p in _trained(self.jobs[0])}
         for j in self.jobs[1:]:
             _trained(j)
@@ -131,28 +132,26 @@ class _Stack:
     def losses(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None,
                prior: torch.Tensor | None, device: str) -> torch.Tensor:
         """Each row set's mean bits on its batch (x: row sets x batch x ...), teacher-forced."""
-        def one(params: dict, buffers: dict, rows: torch.Tensor) -> torch.Tensor:
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"),
-                                cache_enabled=False):  # a cached cast would outlive a graph's capture
-                residual = functional_call(self.template, (params, buffers), (rows, target, cond))
-            return scene_bits(anchor(residual.float(), prior), target).mean()
-
-        with TokenEncoder.uncached():
-            return vmap(one)(self.params, self.buffers, x)
+        return self._bits(self.params, x, target, cond, prior, device).mean(1)
 
     @torch.no_grad()
     def scene_bits(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None,
                    prior: torch.Tensor | None, device: str) -> torch.Tensor:
         """Each row set's bits per scene (row sets x batch), teacher-forced, with the weights that
         validation reads: the moving average where the job keeps one."""
+        return self._bits(self.read_params(), x, target, cond, prior, device)
+
+    def _bits(self, params: dict[str, torch.Tensor], x: torch.Tensor, target: torch.Tensor,
+              cond: torch.Tensor | None, prior: torch.Tensor | None, device: str) -> torch.Tensor:
         def one(params: dict, buffers: dict, rows: torch.Tensor) -> torch.Tensor:
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"),
-                                cache_enabled=False):
+            # a cached cast (autocast's cache) would outlive a graph's capture
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16,
+                                enabled=self.amp and device.startswith("cuda"), cache_enabled=False):
                 residual = functional_call(self.template, (params, buffers), (rows, target, cond))
             return scene_bits(anchor(residual.float(), prior), target)
 
         with TokenEncoder.uncached():
-            return vmap(one)(self.read_params(), self.buffers, x)
+            return vmap(one)(params, self.buffers, x)
 
     def read_params(self) -> dict[str, torch.Tensor]:
         """The stacked parameters validation reads and a job keeps: the moving average in place of
