@@ -21,7 +21,6 @@ inputs; four stacked row sets' gradient stage took 87 s, the same four one after
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Callable, Iterator, Sequence
 
