@@ -249,6 +249,31 @@ def test_class_directions_find_a_planted_quadratic_direction_and_only_it(orthono
     assert np.abs(top[:, 1]).max() == 0.0
 
 
+def test_the_dense_class_difference_sums_what_the_selected_scenes_sum(balanced_small):
+    """CUDA's one product per chunk and half (`moments._add_dense`) against the CPU's sums over each
+    bit's selected scenes, on a dataset whose priors fix some bits in some scenes (both kinds of bit)."""
+    from bench.core.dataset import Dataset
+    from evaluators.binding import binding_task
+
+    task = binding_task(Dataset(balanced_small))
+    rng = np.random.default_rng(0)
+    o = task.codes["train"][1]
+    z = (rng.normal(size=(len(o), D)) + o @ rng.normal(size=(o.shape[1], D))).astype(np.float32)
+    model = build_probe("quadratic", D, o.shape[1])
+    model.set_standardization(z.mean(0), z.std(0))
+    # the exact prior fixes most bits in some scenes (±inf); without it every bit is free everywhere
+    for prior in ({"train": task.anchors["train"][1]}, None):
+        job = ProbeJob("q", model, {"train": o}, prior=prior)
+        selected = moments._class_difference(RowReader(z), job, D, "cpu")[1]
+        try:
+            moments.DENSE_DEVICES = ("cpu",)
+            dense = moments._class_difference(RowReader(z), job, D, "cpu")[1]
+        finally:
+            moments.DENSE_DEVICES = ("cuda",)
+        assert selected.abs().max() > 0
+        torch.testing.assert_close(dense, selected, rtol=1e-4, atol=1e-5 * float(selected.abs().max()))
+
+
 def test_gram_schmidt_spans_what_householder_qr_spans_and_zeroes_dependent_columns():
     rng = torch.Generator().manual_seed(0)
     x = torch.randn(6, 300, 10, generator=rng)
