@@ -157,44 +157,29 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
     counts = np.stack([np.stack([w[half == h].sum(0) for w in weights]) for h in (0, 1)])  # half, class, K
     scale = 1.0 / np.maximum(counts, 1.0)
     whole = np.stack([(counts[h, 0] + counts[h, 1]) == (half == h).sum() for h in (0, 1)])  # half, K: free everywhere
-    terms = _summed_classes(counts, scale, whole)
     delta = torch.zeros(2, k, m, m, device=device)  # half x K x m x m
+    if device.split(":")[0] in DENSE_DEVICES:
+        for idx, rows in reader.chunks(_MOMENT_CHUNK):
+            y = ((torch.from_numpy(rows).to(device) - mu) / sigma) @ basis
+            _add_dense(delta, y, [(weights[c][idx] > 0) for c in (0, 1)], half[idx], scale)
+        return basis, delta, weights, mu, sigma
+    terms = _summed_classes(counts, scale, whole)
     gram = torch.zeros(2, m, m, device=device)  # per half, the sum over all of its scenes
-    dense = device.split(":")[0] in DENSE_DEVICES
     for idx, rows in reader.chunks(_MOMENT_CHUNK):
         y = ((torch.from_numpy(rows).to(device) - mu) / sigma) @ basis
-        if dense:
-            _add_dense(delta, y, [(weights[c][idx] > 0) for c in (0, 1)], half[idx], scale)
-            continue
-        # every selection of the chunk's rows in one transfer: on a GPU each copy from the host
-        # waited for the device, and a chunk made one per half, bit and class
-        sums: list[tuple[torch.Tensor, int, int, float]] = []  # (m x m sum, rows start, end, coefficient)
-        picks: list[np.ndarray] = []
-        at = 0
-
-        def pick(total: torch.Tensor, rows_: np.ndarray, coef: float) -> None:
-            nonlocal at
-            picks.append(rows_)
-            sums.append((total, at, at + len(rows_), coef))
-            at += len(rows_)
-
         for h in (0, 1):
             mine = half[idx] == h
             if whole[h].any():
-                pick(gram[h], np.flatnonzero(mine), 1.0)
+                yh = y[torch.from_numpy(mine).to(device)]
+                gram[h].addmm_(yh.T, yh)
             counted = [(weights[c][idx] > 0) & mine[:, None] for c in (0, 1)]  # chunk rows x K, per class
             for b in range(k):
                 for c, coef in terms[h][b]:
-                    sel = np.flatnonzero(counted[c][:, b])
+                    sel = torch.from_numpy(np.flatnonzero(counted[c][:, b])).to(device)
                     if len(sel):
-                        pick(delta[h, b], sel, coef)
-        if not picks:
-            continue
-        index = torch.from_numpy(np.concatenate(picks)).to(device)
-        for total, start, end, coef in sums:
-            ys = y[index[start:end]]
-            total.addmm_(ys.T, ys, alpha=coef)
-    for h in (0, 1) if not dense else ():
+                        ys = y[sel]
+                        delta[h, b].addmm_(ys.T, ys, alpha=coef)
+    for h in (0, 1):
         for b in np.flatnonzero(whole[h]):  # the summed class's complement: the whole half less it
             other = 1 - terms[h][b][0][0]
             delta[h, b].add_(gram[h], alpha=(scale[h, 1, b] if other == 1 else -scale[h, 0, b]))

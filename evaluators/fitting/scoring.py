@@ -89,16 +89,15 @@ class HeldCodes:
 
 
 class HeldSplit:
-    """A split's rows and its jobs' codes held on the device, scored by `_score_sets` as a
-    `RowReader` is: on a GPU the gradient stage scored validation every epoch from the disk, and a
-    spatial view's split (500 scenes of 64 tokens x 768) cost a tenth of a second to read and copy
-    each time. Its chunks are the same rows a reader's are, in the same order (the same numbers)."""
+    """A split's rows and its jobs' codes held on the device, read in chunks as a `RowReader` is
+    (the stacked gradient stage's validation, `evaluators.fitting.stacked`): on a GPU validation
+    read the split from the disk every epoch, and a spatial view's (500 scenes of 64 tokens x 768)
+    cost a tenth of a second to read and copy each time."""
 
     def __init__(self, reader: RowReader, jobs: Sequence[ProbeJob], split: str, device: str) -> None:
         self.n, self.row_shape, self.float_row_bytes = reader.n, reader.row_shape, reader.float_row_bytes
         self.rows = torch.from_numpy(reader.take(np.arange(reader.n))).to(device)
         self.codes = HeldCodes(jobs, split, device)
-        self._index: dict[tuple[int, int], torch.Tensor] = {}
 
     def __len__(self) -> int:
         return self.n
@@ -107,9 +106,7 @@ class HeldSplit:
         """(indices on the device, rows) in order, `size` rows at a time."""
         for start in range(0, self.n, size):
             stop = min(start + size, self.n)
-            if (start, stop) not in self._index:
-                self._index[start, stop] = torch.arange(start, stop, device=self.rows.device)
-            yield self._index[start, stop], self.rows[start:stop]
+            yield torch.arange(start, stop, device=self.rows.device), self.rows[start:stop]
 
 
 #: Input bytes per chunk when a split is scored: no gradient is kept, so a pooled view's split is
@@ -126,11 +123,10 @@ def _score(jobs: Sequence[ProbeJob], reader: RowReader, split: str, device: str,
 
 
 @torch.no_grad()
-def _score_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader | HeldSplit]], split: str, device: str,
+def _score_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader]], split: str, device: str,
                 batch: int) -> list[dict[str, tuple[np.ndarray, np.ndarray] | Exception]]:
-    """`_score` of several row sets' jobs, each on its own reader (or split held on the device,
-    `HeldSplit`): scores stay on the device until every split is done and come back in one
-    transfer, however many row sets and jobs."""
+    """`_score` of several row sets' jobs, each on its own reader: scores stay on the device until
+    every split is done and come back in one transfer, however many row sets and jobs."""
     scored: list[dict[str, tuple[list, list] | Exception]] = []
     for jobs, reader in sets:
         for j in jobs:
@@ -140,14 +136,13 @@ def _score_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader | HeldSplit]]
         if not jobs:
             continue
         chunk = max(batch, _SCORE_BYTES // max(reader.float_row_bytes, 1))
-        held = reader.codes if isinstance(reader, HeldSplit) else None
         for idx, rows in reader.chunks(chunk):
-            x = rows if held is not None else torch.from_numpy(rows).to(device)
+            x = torch.from_numpy(rows).to(device)
             for j in jobs:
                 if isinstance(mine[j.name], Exception):
                     continue
                 try:
-                    b, logits, target = _batch_bits(j, split, idx, x, device, j.optim.amp, held)
+                    b, logits, target = _batch_bits(j, split, idx, x, device, j.optim.amp)
                 except Exception as e:  # noqa: BLE001 — reported per job
                     mine[j.name] = e
                     continue
