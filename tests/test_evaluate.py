@@ -87,7 +87,7 @@ def test_an_edited_checkpoint_or_changed_probe_is_measured_again_and_supersedes(
     tiny_checkpoint("vit", model_dir, seed=0)
     args = ["evaluate", "--dataset", str(tiny), "--model", str(model_dir), "--probes", "linear",
             "--results", str(results), "--format", "json"]
-    rows: list[dict] = []  # in the order they were written (created_at has whole seconds only)
+    rows: list[dict] = []  # in the order they were written
 
     def written() -> None:
         rows.extend(r for r in read_results(results).to_pylist() if r["run_id"] not in {o["run_id"] for o in rows})

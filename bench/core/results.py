@@ -146,7 +146,7 @@ def provenance(run_id: str, device: str, command: str | None = None) -> dict[str
         "command": command,
         "schema_version": RESULTS_SCHEMA_VERSION,
         "run_id": run_id,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="microseconds"),  # two runs in one second stay in order
         "bench_version": bench.__version__,
         "package_versions": json.dumps(package_versions(), sort_keys=True),
         "device": device,
