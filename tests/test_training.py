@@ -82,6 +82,36 @@ def test_the_linear_stage_solves_a_copy_task_on_its_l2_path():
     assert res.val_bits == pytest.approx(res.val_scene_bits.mean())
 
 
+def test_the_solvers_iterations_read_and_write_only_tensors_that_stay_in_place(monkeypatch):
+    """On CUDA an L-BFGS iteration is replayed from a graph, which reads and writes the memory its
+    capture saw: every tensor an iteration touches must be the solver's own, updated in place for
+    the whole path (a rebound one would leave a replay reading a stale copy), and what a solve
+    returns must not be overwritten by the next."""
+    from evaluators import linear_solver
+
+    seen, returned = [], []
+    iterate, solve = linear_solver._LBFGS.iterate, linear_solver._LBFGS.solve
+
+    def watched_iterate(self, kind):
+        seen.append(tuple(t.data_ptr() for t in (self.theta, *self.data, self.f, self.g, self.h, self.step,
+                                                  self.penalty, self.s, self.y, self.rho)))
+        return iterate(self, kind)
+
+    def watched_solve(self, *args):
+        theta, data, remaining = solve(self, *args)
+        returned.append((theta, theta.clone()))
+        return theta, data, remaining
+
+    monkeypatch.setattr(linear_solver._LBFGS, "iterate", watched_iterate)
+    monkeypatch.setattr(linear_solver._LBFGS, "solve", watched_solve)
+    inputs, targets, prior = _splits(informative=True)
+    job = ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))
+    fit_probes([job], inputs)
+    assert len(seen) > 100 and len(set(seen)) == 1  # the whole path: L2, refined and L1 strengths
+    assert len(returned) == len(TrainConfig().l2_path) + 2 * len(TrainConfig().l2_refine) + len(TrainConfig().l1_path)
+    assert all(torch.equal(theta, kept) for theta, kept in returned)
+
+
 def test_the_penalty_path_keeps_the_strength_best_on_validation():
     inputs, targets, prior = _splits(informative=True)
     res = fit_probes([ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))], inputs)["l"]

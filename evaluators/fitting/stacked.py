@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
+from evaluators.cuda_graphs import GraphedStep
 from evaluators.early_stopping import WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
 from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained
@@ -228,71 +229,37 @@ class _Stack:
             self.rates = rates
 
 
-#: Eager steps of a batch shape before its step is captured (run on a side stream, as CUDA graphs
-#: ask: what the first steps set up lazily, workspaces and autograd's state, is then in place).
-GRAPH_WARMUP = 2
-
-
 class _StepGraphs:
     """A stack's training step as CUDA graphs, one per batch shape (a full batch and the epoch's
     last): a step of a probe is a train of a few hundred small kernels, each launched from Python
     through vmap, and an H200 sat 90 % idle waiting for them (the attention probe on pixels: 11 ms
     a step, 7,428 steps). Replayed, the step launches them all at once. The graph reads the batch
-    from its own input tensors, into which each step copies the batch; a step that cannot be
-    captured runs eagerly from then on (the same numbers: the same kernels run)."""
+    from its own input tensors, into which each step copies the batch."""
 
     def __init__(self, stack: _Stack) -> None:
         self.stack = stack
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}
-        self.seen: dict[tuple, int] = {}
-        self.broken: Exception | None = None  # why the step could not be captured, if it could not
+        self.step = GraphedStep()
+        self.inputs: dict[tuple, tuple] = {}  # per batch shape, the tensors its graph reads the batch from
 
     def run(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None, prior: torch.Tensor | None,
             device: str) -> None:
         batch = (x, target, cond, prior)
+        if not x.is_cuda:
+            self.stack.train_eagerly(*batch, device)
+            return
         key = tuple(None if t is None else tuple(t.shape) for t in batch)
-        if self.broken is not None or not x.is_cuda:
-            return self.stack.train_eagerly(*batch, device)
-        if key not in self.graphs:
-            self.seen[key] = self.seen.get(key, 0) + 1
-            if self.seen[key] <= GRAPH_WARMUP:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    self.stack.train_eagerly(*batch, device)
-                torch.cuda.current_stream().wait_stream(side)
-                return None
-            if not self.capture(key, batch, device):
-                return self.stack.train_eagerly(*batch, device)
-        graph, inputs = self.graphs[key]
+        if key not in self.inputs:
+            self.inputs[key] = tuple(None if t is None else t.clone() for t in batch)
+        inputs = self.inputs[key]
         for mine, given in zip(inputs, batch):
             if mine is not None:
                 mine.copy_(given)
-        graph.replay()
-        return None
+        self.step.run(key, lambda: self.stack.train_eagerly(*inputs, device), on_fail=self.forget_gradients)
 
-    def capture(self, key: tuple, batch: tuple, device: str) -> bool:
-        """Capture the step on `batch`'s shapes (nothing runs while it is captured); False, and eager
-        steps from now on, where something in it cannot be captured."""
-        inputs = tuple(None if t is None else t.clone() for t in batch)
-        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        try:  # `torch.cuda.graph` without its synchronize, gc.collect and empty_cache: a stack captures twice
-            with torch.cuda.stream(side):
-                graph.capture_begin()
-                try:
-                    self.stack.train_eagerly(*inputs, device)
-                finally:
-                    graph.capture_end()
-        except Exception as e:  # noqa: BLE001 — the step runs eagerly instead
-            self.broken = e
-            for n in self.stack.trained:
-                self.stack.params[n].grad = None
-            return False
-        finally:
-            torch.cuda.current_stream().wait_stream(side)
-        self.graphs[key] = (graph, inputs)
-        return True
+    def forget_gradients(self) -> None:
+        """What a failed capture leaves: gradients of a backward that never ran."""
+        for n in self.stack.trained:
+            self.stack.params[n].grad = None
 
 
 def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[dict[str, RowReader]],
