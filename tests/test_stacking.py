@@ -92,6 +92,27 @@ def test_a_row_set_in_a_stack_gets_the_numbers_it_gets_alone(task, gradient_stag
     assert any(fit.best_epoch > 0 for r in stacked for f in families for fit in r[f].fits.values())
 
 
+@pytest.mark.parametrize("graphed", [False, True])
+def test_the_stacked_path_reads_what_the_path_row_set_by_row_set_reads(task, graphed, monkeypatch, one_torch_thread):
+    """Stacked (vmap'd forwards, AdamW by hand, each row set's best weights kept in one tensor per
+    stack), a row set's test bits are the row-set-by-row-set path's to float32's rounding, for
+    the jobs that trained and for those the guard or the linear stage settled."""
+    sets = _row_sets(task, 3)
+    families = FAMILIES + ["quadratic-shared"]
+    plain = evaluate_binding_sets(sets, task, families, train=CONFIG, n_boot=50)
+    monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
+    if graphed:
+        monkeypatch.setattr(stacked_stage, "GRAPHED_DEVICES", ("cuda", "cpu"))
+    stacked = evaluate_binding_sets(sets, task, families, train=CONFIG, n_boot=50)
+    trained = 0
+    for one, other in zip(plain, stacked):
+        for f in families:
+            for t, bits in one[f].scene_bits.items():
+                np.testing.assert_allclose(other[f].scene_bits[t], bits, rtol=0, atol=1e-4)
+            trained += sum(fit.best_epoch > 0 for fit in other[f].fits.values())
+    assert trained > 5
+
+
 def test_an_attention_row_set_in_a_stack_gets_the_numbers_it_gets_alone(task, gradient_stage, one_torch_thread):
     """Spatial row sets (4 tokens each: set i's O code in token i % 4), under the attention probe,
     whose moving average of weights and frozen warm-started encoder are stacked too."""
@@ -156,6 +177,36 @@ def test_a_stack_whose_step_raises_is_fitted_alone(task, monkeypatch, one_torch_
         assert together["dnn"].error is None
         alone = evaluate_binding(inputs, task, ["dnn"], train=CONFIG, n_boot=50)
         assert _numbers(together)["dnn"][3]["O_paper"] == _numbers(alone)["dnn"][3]["O_paper"]
+
+
+def test_a_stack_whose_scoring_raises_is_scored_job_by_job(task, monkeypatch, one_torch_thread):
+    """A stacked forward that raises while a split is scored (out of memory, say) loses no row: its
+    jobs are scored one by one, and read (to float32's rounding) what the stacked forward reads."""
+    monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
+    sets = _row_sets(task, 2)
+    whole = evaluate_binding_sets(sets, task, ["dnn"], train=CONFIG, n_boot=50)
+    scoring, bits = stacked_stage._score_stacks, stacked_stage._stacked_bits
+    failing: set[int] = set()
+
+    def score_stacks(stacks, *args):
+        failing.update(id(m[0][1].model) for m in stacks if m[0][1].name == "dnn/O_paper")
+        try:
+            return scoring(stacks, *args)
+        finally:
+            failing.clear()
+
+    def fragile(template, *args):
+        if id(template) in failing:
+            raise RuntimeError("CUDA out of memory")
+        return bits(template, *args)
+
+    monkeypatch.setattr(stacked_stage, "_score_stacks", score_stacks)
+    monkeypatch.setattr(stacked_stage, "_stacked_bits", fragile)
+    split = evaluate_binding_sets(sets, task, ["dnn"], train=CONFIG, n_boot=50)
+    for once, twice in zip(whole, split):
+        assert twice["dnn"].error is None
+        np.testing.assert_allclose(twice["dnn"].scene_bits["O_paper"], once["dnn"].scene_bits["O_paper"], rtol=1e-5)
+        assert twice["dnn"].metrics["beta_star_paper"] == pytest.approx(once["dnn"].metrics["beta_star_paper"], abs=1e-5)
 
 
 def test_a_row_set_whose_activations_hold_nan_fails_alone(task, one_torch_thread):

@@ -33,8 +33,8 @@ from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig
 from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
 from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
-from evaluators.fitting.scoring import _fail, _guard, _score_sets, saving_and_se
-from evaluators.fitting.stacked import gradient_stages
+from evaluators.fitting.scoring import _fail, _guard, saving_and_se
+from evaluators.fitting.stacked import gradient_stages, score_sets
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
            "fit_probes", "fit_row_sets", "resolve_device", "row_sets_per_stack", "saving_and_se", "stacks_row_sets",
@@ -112,7 +112,7 @@ def fit_row_sets(
     steps = max((j.optim.cpu_steps for j in every), default=ProbeOptim.cpu_steps)
     config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for, steps))
     states = [_RowSet(jobs, inputs, device) for jobs, inputs in row_sets]
-    for one, scored in zip(states, _score_sets([(one.jobs, one.inputs["val"]) for one in states], "val", device,
+    for one, scored in zip(states, score_sets([(one.jobs, one.inputs["val"]) for one in states], "val", device,
                                                config.batch_size)):
         one.start(scored)
     _linear_stage([[j for j in one.active.values() if _has_linear(j)] for one in states],
@@ -123,7 +123,7 @@ def fit_row_sets(
                   [one.active for one in states], stack_budget(config, device))
     _gradient_rounds(states, config, device, progress)
     finished = [one.guard(config, groups) for one in states]
-    for one, jobs, scored in zip(states, finished, _score_sets([(jobs, one.inputs["test"]) for one, jobs
+    for one, jobs, scored in zip(states, finished, score_sets([(jobs, one.inputs["test"]) for one, jobs
                                                                in zip(states, finished)], "test", device,
                                                               config.batch_size)):
         one.finish(scored)

@@ -115,14 +115,15 @@ class _Course:
         """The learning rate for the next epoch."""
         return self.optimizer.param_groups[0]["lr"]
 
-    def start(self, val_bits: np.ndarray) -> None:
-        """Epoch 0: the stage's start (the linear stage's solution, or the untrained probe)."""
+    def start(self, val_bits: np.ndarray, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Epoch 0: the stage's start (the linear stage's solution, or the untrained probe), whose
+        weights are `state` where the caller holds a copy (else the model's are copied)."""
         r = self.result
         r.val_bits, r.val_scene_bits, r.best_epoch = float(val_bits.mean()), val_bits, 0
         r.history = [(math.nan, r.val_bits)]
         self.schedule.step(r.val_bits)
         self.plateau = Plateau(r.val_bits, self.patience, self.config.min_delta)
-        self.state = copy.deepcopy(self.job.model.state_dict())
+        self.state = state if state is not None else copy.deepcopy(self.job.model.state_dict())
 
     def epoch(self, epoch: int, train_bits: float, val_bits: np.ndarray,
               kept: dict[str, torch.Tensor] | Callable[[], dict[str, torch.Tensor]] | None = None
