@@ -41,6 +41,11 @@ from torch.nn import functional as F
 from evaluators.cuda_graphs import GraphedStep
 
 
+#: The devices whose iterations are replayed from CUDA graphs (`_LBFGS.iterate`; CUDA only: a
+#: benchmark empties it to time the eager path).
+GRAPHED_DEVICES = ("cuda",)
+
+
 @dataclass
 class LinearProblem:
     """One target's linear problem on one split: K bits read the shared design x (the row set's
@@ -293,7 +298,7 @@ class _LBFGS:
         self.data = (x.new_zeros(r, b), x.new_zeros(r, b, width), x.new_zeros(r, b, width))
         self.f, self.g, self.h = x.new_zeros(r, b), x.new_zeros(r, b, width), x.new_zeros(r, b, width)
         self.step = x.new_zeros(r, b)
-        self.graphs = GraphedStep() if x.is_cuda else None
+        self.graphs = GraphedStep() if x.device.type in GRAPHED_DEVICES else None
 
     def data_terms(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The training loss's part of the objective at θ: (loss per (row set, bit), its gradient, the
