@@ -15,7 +15,9 @@ from typing import Iterator
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from evaluators import fitting, linear_solver
 from evaluators.fitting import fit_row_sets, stacked
 from evaluators.probes import build_probe
 from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes
@@ -104,3 +106,50 @@ def test_a_stacks_whole_fit_reads_the_host_as_often_for_4_row_sets_as_for_1(monk
         assert max(r.best_epoch for rs in results for r in rs.values()) > 0  # the gradient stage trained
         counts.append(count[0])
     assert counts[0] == counts[1], counts
+
+
+class _Operations(TorchDispatchMode):
+    """Counts the tensor operations other than views (on a GPU, kernels launched from Python) run
+    inside `counted`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count, self.on = 0, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += self.on and not func.is_view
+        return func(*args, **(kwargs or {}))
+
+    def counted(self, fn):  # noqa: ANN001, ANN201
+        def inner(*args, **kwargs):
+            self.on = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.on = False
+        return inner
+
+
+def test_a_stacks_scoring_and_linear_iterations_launch_as_much_for_4_row_sets_as_for_2(monkeypatch):
+    """Launched one by one from Python, kernels kept a GPU idle: a stack's splits are scored in one
+    vmap'd forward per probe for all its row sets, and an L-BFGS iteration steps all of them, so
+    the operations they run are as many for 4 row sets as for 2 (one row set takes a product
+    without its batch's copy)."""
+    monkeypatch.setattr(stacked, "STACKED_DEVICES", ("cuda", "cpu"))
+    config = TrainConfig(epochs=2, l2_path=(1e-1, 1e-2), l1_path=(1e-2,))
+    counts = []
+    for n in (2, 4):
+        mode = _Operations()
+        monkeypatch.setattr(fitting, "score_sets", mode.counted(stacked.score_sets))
+        monkeypatch.setattr(linear_solver._LBFGS, "iterate", mode.counted(linear_solver._LBFGS.__dict__["iterate"]))
+        row_sets = []
+        for _ in range(n):
+            jobs, inputs = _jobs_and_inputs()
+            jobs += [ProbeJob(f"dnn/{j.name}", build_probe("dnn", D, K, anchored=j.prior is not None), j.targets,
+                              prior=j.prior) for j in list(jobs)]
+            row_sets.append((jobs, inputs))
+        with mode:
+            results = fit_row_sets(row_sets, config)
+        assert all(r.error is None for rs in results for r in rs.values())
+        counts.append(mode.count)
+    assert counts[0] == counts[1] > 0, counts
