@@ -142,3 +142,14 @@ def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):
     assert sampler.mean(t0 - 10, t0 - 5)["status"] == "skipped"
     gpu_sm = {**window, "fit_device": window, "attention_device": sampler.mean(t0 - 10, t0 - 5)}
     assert gpu.sm_note(gpu_sm).startswith(f"{window['mean_sm_pct']} % mean over {window['samples']} s (fit_device")
+
+
+def test_the_launch_count_runs_on_the_cpu_and_counts_every_stage():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launches.py"), "--layers", "11", "--n-train", "60",
+                           "--n-eval", "20"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()[1:] if line.startswith("  ")}
+    for stage in ("linear", "moments", "gradient", "validation", "scoring", "iterations", "steps"):
+        assert int(counts[stage].replace(",", "")) > 0, (stage, proc.stdout)
+    assert "2 row sets" in proc.stdout and "graphs: on CUDA" in proc.stdout
