@@ -108,10 +108,7 @@ class _Stack:
             lr, self.decay, self.ema = _optim_settings(j, config)
             self.courses.append(_Course(j, results[i][j.name], lr, config))
             results[i][j.name].setting.update(lr=lr, weight_decay=self.decay, ema=self.ema)
-        self.params = {n: torch.stack([j.model.get_parameter(n).detach() for j in self.jobs])
-                       for n, _ in self.template.named_parameters()}
-        self.buffers = {n: torch.stack([j.model.get_buffer(n) for j in self.jobs])
-                        for n, _ in self.template.named_buffers()}
+        self.params, self.buffers = _stacked_tensors([j.model for j in self.jobs])
         for n in self.trained:
             self.params[n].requires_grad_(True)
         self.moments = {n: (torch.zeros_like(self.params[n]), torch.zeros_like(self.params[n])) for n in self.trained}
@@ -282,6 +279,14 @@ class _StepGraphs:
             self.stack.params[n].grad = None
 
 
+def _stacked_tensors(models: Sequence[torch.nn.Module]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Every parameter and buffer of the same module of several row sets, each stacked along a
+    first dimension (one entry per row set): (parameters, buffers)."""
+    first = models[0]
+    return ({n: torch.stack([m.get_parameter(n).detach() for m in models]) for n, _ in first.named_parameters()},
+            {n: torch.stack([m.get_buffer(n) for m in models]) for n, _ in first.named_buffers()})
+
+
 def _stacked_bits(template: torch.nn.Module, amp: bool, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                   x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None, prior: torch.Tensor | None,
                   device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,16 +356,15 @@ def _score_stacks(stacks: list[list[tuple[int, ProbeJob]]], readers: Sequence[Ro
     for a, members in enumerate(stacks):
         by_sets.setdefault(tuple(i for i, _ in members), []).append(a)
     for sets, mine in by_sets.items():
-        tensors = {a: ({n: torch.stack([j.model.get_parameter(n).detach() for _, j in stacks[a]])
-                        for n, _ in stacks[a][0][1].model.named_parameters()},
-                       {n: torch.stack([j.model.get_buffer(n) for _, j in stacks[a]])
-                        for n, _ in stacks[a][0][1].model.named_buffers()}) for a in mine}
+        tensors: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
         for idx, x in _stacked_chunks([readers[i] for i in sets], batch, device):
             for a in mine:
                 if isinstance(parts[a], Exception):
                     continue
                 job = stacks[a][0][1]
                 try:
+                    if a not in tensors:
+                        tensors[a] = _stacked_tensors([j.model for _, j in stacks[a]])
                     target, cond, prior = _codes(job, split, idx, device)
                     bits, logits = _stacked_bits(job.model, job.optim.amp, *tensors[a], x, target, cond, prior, device)
                 except Exception as e:  # noqa: BLE001 — its jobs are scored one by one
