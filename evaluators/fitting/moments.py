@@ -156,13 +156,13 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
     half = np.arange(reader.n) % 2
     counts = np.stack([np.stack([w[half == h].sum(0) for w in weights]) for h in (0, 1)])  # half, class, K
     scale = 1.0 / np.maximum(counts, 1.0)
-    whole = np.stack([(counts[h, 0] + counts[h, 1]) == (half == h).sum() for h in (0, 1)])  # half, K: free everywhere
     delta = torch.zeros(2, k, m, m, device=device)  # half x K x m x m
     if device.split(":")[0] in DENSE_DEVICES:
         for idx, rows in reader.chunks(_MOMENT_CHUNK):
             y = ((torch.from_numpy(rows).to(device) - mu) / sigma) @ basis
             _add_dense(delta, y, [(weights[c][idx] > 0) for c in (0, 1)], half[idx], scale)
         return basis, delta, weights, mu, sigma
+    whole = np.stack([(counts[h, 0] + counts[h, 1]) == (half == h).sum() for h in (0, 1)])  # half, K: free everywhere
     terms = _summed_classes(counts, scale, whole)
     gram = torch.zeros(2, m, m, device=device)  # per half, the sum over all of its scenes
     for idx, rows in reader.chunks(_MOMENT_CHUNK):

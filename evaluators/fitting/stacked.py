@@ -371,19 +371,9 @@ def _score_stacks(stacks: list[list[tuple[int, ProbeJob]]], readers: Sequence[Ro
                     parts[a] = e
                     continue
                 parts[a] += [bits.float(), ((logits > 0) == (target > 0)).sum(-1).float()]
-    done = [torch.stack([torch.cat(p[0::2], 1), torch.cat(p[1::2], 1)]) for p in parts if not isinstance(p, Exception)]
-    flat = torch.cat([d.reshape(-1) for d in done]).cpu().numpy() if done else np.zeros(0, np.float32)
-    out: list[tuple[np.ndarray, np.ndarray] | Exception] = []
-    at = 0
-    for members, p in zip(stacks, parts):
-        if isinstance(p, Exception):
-            out.append(p)
-            continue
-        n = sum(t.shape[1] for t in p[0::2]) * len(members)
-        both = flat[at : at + 2 * n].reshape(2, len(members), -1)
-        out.append((both[0], both[1]))
-        at += 2 * n
-    return out
+    both = _on_host([p if isinstance(p, Exception) else torch.stack([torch.cat(p[0::2], 1), torch.cat(p[1::2], 1)])
+                     for p in parts])
+    return [b if isinstance(b, Exception) else (b[0], b[1]) for b in both]
 
 
 def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[dict[str, RowReader]],
@@ -489,6 +479,12 @@ def _stack_bits(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], batc
                                     for idx, x in chunks[sets]], dim=1).float())
         except Exception as e:  # noqa: BLE001 — the stack's row sets fail, the others go on
             parts.append(e)
+    return _on_host(parts)
+
+
+def _on_host(parts: Sequence[torch.Tensor | Exception]) -> list[np.ndarray | Exception]:
+    """Float tensors on the host, each its own shape, in one transfer for all (each read waits for
+    the device); an exception in their place stays where it is."""
     done = [p for p in parts if not isinstance(p, Exception)]
     flat = torch.cat([p.reshape(-1) for p in done]).cpu().numpy() if done else np.zeros(0, np.float32)
     out: list[np.ndarray | Exception] = []
