@@ -83,3 +83,91 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_from_then_on(fake_cuda):
         graphed.run("a", _step(log, "a", fails=True), on_fail=lambda: undone.append(True))
     assert log == [("eager", "a")] * 4  # the failed capture's step ran eagerly too
     assert undone == [True] and "capturing" in str(graphed.broken) and not graphed.graphs
+
+
+class _Lane:
+    """A stand-in CUDA stream that logs what waits on what (`wait_stream`) and which stream is current."""
+
+    current: "_Lane"
+    log: list = []
+    made = 0
+
+    def __init__(self, device=None, name: str | None = None) -> None:  # noqa: ANN001
+        if name is None:
+            name, _Lane.made = f"side{_Lane.made}", _Lane.made + 1
+        self.name = name
+
+    def wait_stream(self, other: "_Lane") -> None:
+        _Lane.log.append(("wait", self.name, other.name))
+
+
+@contextlib.contextmanager
+def _on(stream: _Lane):
+    before, _Lane.current = _Lane.current, stream
+    try:
+        yield
+    finally:
+        _Lane.current = before
+
+
+@pytest.fixture
+def fake_streams(monkeypatch):
+    _Lane.log, _Lane.made = [], 0
+    _Lane.current = _Lane(name="main")
+    monkeypatch.setattr(torch.cuda, "Stream", _Lane)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Lane.current)
+    monkeypatch.setattr(torch.cuda, "stream", _on)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: _Lane.log.append(("keep", tuple(t.shape), s.name)))
+    return _Lane
+
+
+def test_side_streams_queue_each_lane_after_the_current_stream_and_join_back(fake_streams):
+    streams = cuda_graphs.SideStreams(3, "cuda")
+    ran: list = []
+    with streams.lane(4, torch.zeros(2), None, "not a tensor"):
+        ran.append(fake_streams.current.name)
+    streams.join()
+    assert ran == ["side1"] and fake_streams.current.name == "main"
+    assert fake_streams.log == [("wait", "side1", "main"), ("keep", (2,), "side1"),
+                                ("wait", "main", "side0"), ("wait", "main", "side1"), ("wait", "main", "side2")]
+    one = cuda_graphs.SideStreams(1, "cuda")  # one lane: nothing to run beside, the work stays where it is
+    with one.lane(0, torch.zeros(2)):
+        ran.append(fake_streams.current.name)
+    assert ran[-1] == "main" and not one.streams
+
+
+def test_the_stacks_of_a_stage_step_on_lanes_of_their_own_joined_before_validation(fake_streams, monkeypatch,
+                                                                                     balanced_small):
+    """Each stack's steps run on its own stream, and the main stream waits for every lane before
+    validation reads the weights (or their steps could still be running there)."""
+    from bench.core.dataset import Dataset
+    from evaluators.binding import binding_task, evaluate_binding_sets
+    from evaluators.fitting import stacked
+    from tests.test_stacking import CONFIG, _row_sets
+
+    monkeypatch.setattr(stacked, "STACKED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(stacked, "CONCURRENT_DEVICES", ("cuda", "cpu"))
+    task = binding_task(Dataset(balanced_small))
+    lanes_of: dict[int, set] = {}
+    dirty: set = set()
+    train, validate = stacked._Stack.train, stacked._validate
+
+    def step(self, *args, **kwargs):  # noqa: ANN001
+        lane = fake_streams.current.name
+        assert lane != "main"
+        lanes_of.setdefault(id(self), set()).add(lane)
+        dirty.add(lane)
+        return train(self, *args, **kwargs)
+
+    def validated(*args, **kwargs):  # noqa: ANN001
+        joined = {e[2] for e in fake_streams.log if e[:2] == ("wait", "main")}
+        assert dirty <= joined, f"validation before the main stream waited for {dirty - joined}"
+        dirty.clear()
+        del fake_streams.log[:]
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(stacked._Stack, "train", step)
+    monkeypatch.setattr(stacked, "_validate", validated)
+    evaluate_binding_sets(_row_sets(task, 2), task, ["quadratic", "dnn"], train=CONFIG, n_boot=20)
+    assert len(lanes_of) >= 4 and all(len(lanes) == 1 for lanes in lanes_of.values())
+    assert len({next(iter(lanes)) for lanes in lanes_of.values()}) >= 4  # stacks of a stage on different lanes

@@ -146,9 +146,11 @@ def test_stacked_adamw_steps_as_torchs_adamw():
     stack.params, stack.trained, stack.decay, stack.average = {"w": start.clone()}, ["w"], 0.1, None
     stack.steps = torch.zeros((), dtype=torch.float64)
     stack.moments = {"w": (torch.zeros_like(start), torch.zeros_like(start))}
+    stack.rate_fields = []
+    stack.set_rates(lrs)
     for g in grads:
         stack.params["w"].grad = g.clone()
-        stack.step(lrs)
+        stack.step()
     for k in range(2):
         p = torch.nn.Parameter(start[k].clone())
         opt = torch.optim.AdamW([p], lr=float(lrs[k]), weight_decay=0.1)

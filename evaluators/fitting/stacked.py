@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from evaluators.cuda_graphs import GraphedStep
+from evaluators.cuda_graphs import GraphedStep, SideStreams
 from evaluators.early_stopping import WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
 from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained
@@ -42,6 +42,10 @@ STACKED_DEVICES = ("cuda",)
 #: The devices whose stacks keep a stopped row set at a learning rate of 0 and run their step as a
 #: CUDA graph (`_StepGraphs`; elsewhere than on CUDA the step stays eager, which tests use).
 GRAPHED_DEVICES = ("cuda",)
+
+#: The devices on which each stack steps on a stream of its own (`SideStreams`), so that the
+#: steps of a stage's stacks run at once (the numbers are those of one stream).
+CONCURRENT_DEVICES = ("cuda",)
 
 #: AdamW's defaults (`torch.optim.AdamW`), which the stacked step applies with a learning rate per row set.
 _BETAS, _EPS = (0.9, 0.999), 1e-8
@@ -116,7 +120,8 @@ class _Stack:
         device = self.params[self.trained[0]].device
         self.steps = torch.zeros((), dtype=torch.float64, device=device)  # on the device: a graph reads it
         self.train_sum = torch.zeros(len(self.jobs), device=device)
-        self.rates = self.learning_rates()
+        self.rate_fields: list[torch.Tensor] = []
+        self.set_rates(self.learning_rates())
         # each row set's weights at its best epoch so far (`state_of`, `store_best`), and who has a new one
         self.best = {n: t.detach().clone() for n, t in self.read_params().items() if n in self.trained}
         self.improved: list[int] = []
@@ -194,29 +199,52 @@ class _Stack:
                       prior: torch.Tensor | None, device: str) -> None:
         losses = self.losses(x, target, cond, prior, device)
         losses.sum().backward()
-        self.step(self.rates)
+        self.step()
         self.train_sum += losses.detach() * x.shape[1]
 
     @torch.no_grad()
-    def step(self, lr: torch.Tensor) -> None:
+    def step(self) -> None:
         """One AdamW step of every row set's parameters (as `torch.optim.AdamW` steps one probe's,
-        with `lr` per row set: torch's takes one rate per parameter group, and a stack is one tensor).
-        The step count and its bias corrections are tensors on the device (float64, then float32, as
-        the host's numbers would be), so that a captured step counts on when replayed."""
+        with a learning rate per row set, `set_rates`: torch's takes one rate per parameter group,
+        and a stack is one tensor), each operation one multi-tensor kernel for all the trained
+        tensors (`torch._foreach_*`): a tensor at a time, the attention probe's step launched 170
+        kernels, more than its forward and backward passes together. The step count and its bias
+        corrections are tensors on the device (float64, then float32, as the host's numbers would
+        be), so that a captured step counts on when replayed."""
         self.steps += 1
         (b1, b2), t = _BETAS, self.steps
         first, second = (1 - b1 ** t).float(), (1 - b2 ** t).sqrt().float()
-        for n in self.trained:
-            p, (m, v) = self.params[n], self.moments[n]
-            g, p.grad = p.grad, None
-            rate = lr.view(-1, *[1] * (p.dim() - 1))
-            p.mul_(1 - rate * self.decay)
-            m.lerp_(g, 1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v.sqrt() / second).add_(_EPS)
-            p.sub_(rate / first * m / denom)
+        params = [self.params[n] for n in self.trained]
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        firsts, seconds = [self.moments[n][0] for n in self.trained], [self.moments[n][1] for n in self.trained]
+        torch._foreach_mul_(params, self.keep_fields)  # decoupled weight decay: p·(1 − rate·decay)
+        torch._foreach_lerp_(firsts, grads, 1 - b1)
+        torch._foreach_mul_(seconds, b2)
+        torch._foreach_addcmul_(seconds, grads, grads, value=1 - b2)
+        denom = torch._foreach_sqrt(seconds)
+        torch._foreach_div_(denom, second)
+        torch._foreach_add_(denom, _EPS)
+        update = torch._foreach_div(self.rate_fields, first)
+        torch._foreach_mul_(update, firsts)
+        torch._foreach_div_(update, denom)
+        torch._foreach_sub_(params, update)
         if self.average is not None:  # WeightAverage's warm-up, min(decay, (1 + n) / (10 + n)), counted here
             self.average.fold((1 - torch.clamp((1 + t) / (10 + t), max=self.average.decay)).float())
+
+    def set_rates(self, rates: torch.Tensor) -> None:
+        """Each row set's learning rate (`rates`, on the device) where the step reads it: at each
+        trained tensor's shape (`rate_fields`), and as the weight decay's factor 1 − rate·decay
+        (`keep_fields`), as the step's multi-tensor kernels take operands of one shape. Written in
+        place while the stack keeps its row sets (a captured step reads these tensors)."""
+        shaped = [rates.view(-1, *[1] * (self.params[n].dim() - 1)).expand_as(self.params[n]) for n in self.trained]
+        rate, keep = [r.contiguous() for r in shaped], [(1 - r * self.decay).contiguous() for r in shaped]
+        if self.rate_fields and self.rate_fields[0].shape == rate[0].shape:
+            for mine, given in zip(self.rate_fields + self.keep_fields, rate + keep):
+                mine.copy_(given)
+        else:
+            self.rate_fields, self.keep_fields = rate, keep
 
     def keep(self, kept: list[int]) -> None:
         """Go on with the row sets at positions `kept` only (the others stopped or failed): a graphed
@@ -239,11 +267,7 @@ class _Stack:
 
     def refresh_rates(self) -> None:
         """The rates for the next epoch, written where the step reads them."""
-        rates = self.learning_rates()
-        if rates.shape == self.rates.shape:
-            self.rates.copy_(rates)
-        else:
-            self.rates = rates
+        self.set_rates(self.learning_rates())
 
 
 class _StepGraphs:
@@ -386,6 +410,8 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
     rng = np.random.default_rng(config.seed)
     graphed = device.split(":")[0] in GRAPHED_DEVICES
     stacks = [_Stack(members, results, config, graphed) for members in groups]
+    streams = SideStreams(len(stacks) if device.split(":")[0] in CONCURRENT_DEVICES else 0, device)
+    lane = {id(s): k for k, s in enumerate(stacks)}
     courses = [c for s in stacks for c in s.courses]
     starts = {id(j): state for s in stacks for j, state in zip(s.jobs, s.starting_states())}
     failed: list[list[ProbeJob]] = [[] for _ in inputs]
@@ -407,17 +433,20 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
             stacked: dict[tuple[int, ...], torch.Tensor] = {}  # most stacks hold the same row sets: stacked once
             for s in list(stacks):
                 try:
-                    target, cond, prior = _codes(s.jobs[0], "train", index, device, held)
                     sets = tuple(s.sets)
                     if sets not in stacked:
                         stacked[sets] = torch.stack([x[i] for i in sets])
-                    s.train(stacked[sets], target, cond, prior, device)
+                    with streams.lane(lane[id(s)], stacked[sets], index):
+                        target, cond, prior = _codes(s.jobs[0], "train", index, device, held)
+                        s.train(stacked[sets], target, cond, prior, device)
                 except Exception:  # noqa: BLE001 — its row sets are fitted alone instead
+                    streams.join()
                     stacks.remove(s)
                     for k in s.live:
                         s.jobs[k].model.load_state_dict(starts[id(s.jobs[k])])
                         failed[s.sets[k]].append(s.jobs[k])
         n_sets = len({s.sets[k] for s in stacks for k in s.live})
+        streams.join()
         stacks = _validate(stacks, val, config, device, active, epoch, n_train)
         if progress:
             progress(n_sets)
