@@ -34,7 +34,7 @@ from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_
 from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
 from evaluators.fitting.scoring import _fail, _guard, saving_and_se
-from evaluators.fitting.stacked import gradient_stages, score_sets
+from evaluators.fitting.stacked import gradient_stages, score_sets, trains_stacked
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
            "fit_probes", "fit_row_sets", "resolve_device", "row_sets_per_stack", "saving_and_se", "stacks_row_sets",
@@ -111,6 +111,8 @@ def fit_row_sets(
     sized_for = device if all(j.optim.device_batches for j in every) else "cpu"
     steps = max((j.optim.cpu_steps for j in every), default=ProbeOptim.cpu_steps)
     config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for, steps))
+    if trains_stacked(device):
+        row_sets = _read_once(row_sets, stack_budget(config, "cpu"))
     states = [_RowSet(jobs, inputs, device) for jobs, inputs in row_sets]
     for one, scored in zip(states, score_sets([(one.jobs, one.inputs["val"]) for one in states], "val", device,
                                                config.batch_size)):
@@ -195,6 +197,18 @@ class _RowSet:
                 _fail(self.results[name], _non_finite_test(scored[0]), {}, name)
             else:
                 self.results[name].scene_bits, self.results[name].bits_correct = scored
+
+
+def _read_once(row_sets: Sequence[tuple[Sequence[ProbeJob], dict[str, RowReader]]], budget: int
+               ) -> list[tuple[Sequence[ProbeJob], dict[str, RowReader]]]:
+    """The row sets with their training rows read into memory once (float32), where all of them fit
+    `budget` bytes; else as given. The stages read a row set's training split some 25 times
+    (statistics, the linear stage, the moment stage's passes per target, the gradient stage), each
+    time from its file and from float16: 0.6 s of an H200's 26-row-set fit, on its host."""
+    if sum(len(inputs["train"]) * inputs["train"].float_row_bytes for _, inputs in row_sets) > budget:
+        return list(row_sets)
+    return [(jobs, {**inputs, "train": RowReader(inputs["train"].take(np.arange(len(inputs["train"]))))})
+            for jobs, inputs in row_sets]
 
 
 def _copied_states(models: Sequence[torch.nn.Module]) -> list[dict[str, torch.Tensor]]:
