@@ -282,3 +282,25 @@ def test_a_graphed_stack_keeps_stopped_row_sets_without_moving_the_others(task, 
     epochs = [{t: len(fit.history) for t, fit in r["dnn"].fits.items()} for r in kept]
     assert epochs == [{t: len(fit.history) for t, fit in r["dnn"].fits.items()} for r in shrinking]
     assert len({n for mine in epochs for n in mine.values()}) > 1  # they stopped at different epochs
+
+
+@pytest.mark.parametrize("budget, reads", [(None, 1), (1, None)])
+def test_a_stacked_fit_reads_each_training_file_once_where_the_budget_holds_them(task, monkeypatch, budget, reads):
+    """Where the row sets' training rows fit the budget, each row set's training file is read once
+    (its stages read the copy in memory); where they do not, the stages read the file as before."""
+    monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
+    sets = _row_sets(task, 2)
+    takes: list[int] = []
+    for inputs in sets:
+        reader, counter = inputs["train"], len(takes)
+        takes.append(0)
+
+        def take(idx, reader=reader, counter=counter, original=reader.take):  # noqa: ANN001
+            takes[counter] += 1
+            return original(idx)
+        monkeypatch.setattr(reader, "take", take)
+    evaluate_binding_sets(sets, task, ["quadratic"], train=replace(CONFIG, stack_bytes=budget), n_boot=20)
+    if reads is None:
+        assert min(takes) > 5, takes
+    else:
+        assert takes == [reads] * len(sets), takes
