@@ -75,7 +75,8 @@ class TrainConfig:
     #: The weights' moving-average decay for every probe (None: each job's own, `ProbeOptim.ema`).
     ema: float | None = None
     #: Bytes the row sets fitted together may take (`row_sets_per_stack`); None: one row set per
-    #: stack on a CPU, a quarter of the GPU's free memory on CUDA.
+    #: stack on a CPU, a quarter of the GPU's free memory on CUDA. Also the host memory in which a
+    #: stacked fit keeps its row sets' training rows read once (None: `STACK_BYTES`).
     stack_bytes: int | None = None
 
 
