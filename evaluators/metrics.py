@@ -302,11 +302,24 @@ def _bootstrap_means(matrix: np.ndarray, n_boot: int, seed: int, groups: np.ndar
     and an interval over scenes alone would ignore which F codes the test split happened
     to hold.
     """
-    rng = np.random.default_rng(seed)
     labels = group_labels(groups, len(matrix))
     g = int(labels.max()) + 1 if len(labels) else 0
     out = []
-    for start in range(0, n_boot, chunk):
-        weights = rng.multinomial(g, np.full(g, 1.0 / g), size=min(chunk, n_boot - start))[:, labels].astype(np.float64)
+    for draws in _group_draws(g, n_boot, seed, chunk):
+        weights = draws[:, labels].astype(np.float64)
         out.append(weights @ matrix / weights.sum(axis=1, keepdims=True))
     return np.concatenate(out)
+
+
+@functools.lru_cache(maxsize=4)
+def _group_draws(g: int, n_boot: int, seed: int, chunk: int) -> tuple[np.ndarray, ...]:
+    """How often each of `g` groups is drawn in each of `n_boot` resamples (chunks of resamples x
+    groups, read-only): the same for every probe, family and row set of a run (one seed, one test
+    split), drawn once (drawn per call, 26 row sets' 156 draws took 0.2 s of an H200's fit)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for start in range(0, n_boot, chunk):
+        draws = rng.multinomial(g, np.full(g, 1.0 / g), size=min(chunk, n_boot - start)).astype(np.int32)
+        draws.flags.writeable = False
+        out.append(draws)
+    return tuple(out)
