@@ -146,8 +146,8 @@ def test_stacked_adamw_steps_as_torchs_adamw():
     stack.params, stack.trained, stack.decay, stack.average = {"w": start.clone()}, ["w"], 0.1, None
     stack.steps = torch.zeros((), dtype=torch.float64)
     stack.moments = {"w": (torch.zeros_like(start), torch.zeros_like(start))}
-    stack.rate_fields = []
-    stack.set_rates(lrs)
+    stack.rate_fields, stack.train_sum = [], torch.zeros(2)
+    stack.set_rates(lrs.tolist())
     for g in grads:
         stack.params["w"].grad = g.clone()
         stack.step()

@@ -130,12 +130,11 @@ class _Stack:
         self.improved: list[int] = []
         self.graphs = _StepGraphs(self) if graphed else None
 
-    def learning_rates(self) -> torch.Tensor:
-        """Each row set's learning rate, on the device (its schedule changes it only between epochs;
-        0 for a row set that stopped and stays in the stack)."""
+    def learning_rates(self) -> list[float]:
+        """Each row set's learning rate (its schedule changes it only between epochs; 0 for a row set
+        that stopped and stays in the stack)."""
         live = set(self.live)
-        return torch.tensor([c.lr if k in live else 0.0 for k, c in enumerate(self.courses)],
-                            device=self.train_sum.device)
+        return [c.lr if k in live else 0.0 for k, c in enumerate(self.courses)]
 
     def losses(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None,
                prior: torch.Tensor | None, device: str) -> torch.Tensor:
@@ -236,12 +235,15 @@ class _Stack:
         if self.average is not None:  # WeightAverage's warm-up, min(decay, (1 + n) / (10 + n)), counted here
             self.average.fold((1 - torch.clamp((1 + t) / (10 + t), max=self.average.decay)).float())
 
-    def set_rates(self, rates: torch.Tensor) -> None:
-        """Each row set's learning rate (`rates`, on the device) where the step reads it: at each
+    def set_rates(self, rates: list[float]) -> None:
+        """Each row set's learning rate (`rates`) where the step reads it, on the device: at each
         trained tensor's shape (`rate_fields`), and as the weight decay's factor 1 − rate·decay
         (`keep_fields`), as the step's multi-tensor kernels take operands of one shape. Written in
         place while the stack keeps its row sets (a captured step reads these tensors)."""
-        shaped = [rates.view(-1, *[1] * (self.params[n].dim() - 1)).expand_as(self.params[n]) for n in self.trained]
+        self.rates = list(rates)
+        on_device = torch.tensor(self.rates, device=self.train_sum.device)
+        shaped = [on_device.view(-1, *[1] * (self.params[n].dim() - 1)).expand_as(self.params[n])
+                  for n in self.trained]
         rate, keep = [r.contiguous() for r in shaped], [(1 - r * self.decay).contiguous() for r in shaped]
         if self.rate_fields and self.rate_fields[0].shape == rate[0].shape:
             for mine, given in zip(self.rate_fields + self.keep_fields, rate + keep):
@@ -269,8 +271,12 @@ class _Stack:
             self.average.select([self.params[n] for n in self.trained], index)
 
     def refresh_rates(self) -> None:
-        """The rates for the next epoch, written where the step reads them."""
-        self.set_rates(self.learning_rates())
+        """The rates for the next epoch, written where the step reads them where one changed (a
+        rate drops or a row set stops a few times a stage; rewritten every epoch, the fields were
+        a quarter of the stage's launches from Python)."""
+        rates = self.learning_rates()
+        if rates != self.rates:
+            self.set_rates(rates)
 
 
 class _StepGraphs:
