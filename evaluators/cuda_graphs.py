@@ -120,6 +120,6 @@ class SideStreams:
             yield
 
     def join(self) -> None:
-        """The current stream waits for all the lanes have queued (before anything reads what they wrote)."""
+        """The current stream waits for all that the lanes have queued (before anything reads what they wrote)."""
         for side in self.streams:
             torch.cuda.current_stream().wait_stream(side)

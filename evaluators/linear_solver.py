@@ -189,7 +189,7 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vecdot(a, b)
 
 
-def principal_axes(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _principal_axes(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues and eigenvectors of covariances (R x D x D), in their type. On CUDA solved in
     float64: cuSOLVER solves a float32 matrix 32 to 512 wide by Jacobi sweeps, one matrix after
     another (9 ms a 384-wide one on an H200, 0.7 s of a 26-row-set fit), a float64 one by divide
@@ -215,7 +215,7 @@ def solve_path(x_train: torch.Tensor, x_val: torch.Tensor, train: list[LinearPro
     batch, vbatch = _Batch(train), _Batch(val)
     r, n, d = x_train.shape
     cov = x_train.transpose(1, 2) @ x_train / n
-    evals, evecs = principal_axes(cov)  # R x D, R x D x D
+    evals, evecs = _principal_axes(cov)  # R x D, R x D x D
     evals = evals.clamp_min(0)
     xt, xv = x_train @ evecs, x_val @ evecs
     # each (row set, bit)'s parameters in one tensor: the weights w (D, in the principal axes) then v (Qmax)
