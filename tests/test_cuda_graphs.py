@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -171,3 +172,23 @@ def test_the_stacks_of_a_stage_step_on_lanes_of_their_own_joined_before_validati
     evaluate_binding_sets(_row_sets(task, 2), task, ["quadratic", "dnn"], train=CONFIG, n_boot=20)
     assert len(lanes_of) >= 4 and all(len(lanes) == 1 for lanes in lanes_of.values())
     assert len({next(iter(lanes)) for lanes in lanes_of.values()}) >= 4  # stacks of a stage on different lanes
+
+
+def test_host_arrays_go_to_cuda_through_pinned_memory_without_waiting(monkeypatch):
+    """`to_device`: to CUDA a pinned copy queued with non_blocking (a copy from pageable memory
+    waits for everything the stream has queued); elsewhere a plain copy."""
+    from evaluators.fitting.data import to_device
+
+    calls: list = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: calls.append("pinned") or t.clone())
+    real_to = torch.Tensor.to
+
+    def to(t, device, *args, **kwargs):  # noqa: ANN001
+        calls.append((str(device), kwargs.get("non_blocking", False)))
+        return real_to(t, "cpu")
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    out = to_device(np.arange(3.0), "cuda:0")
+    assert calls == ["pinned", ("cuda:0", True)] and out.tolist() == [0.0, 1.0, 2.0]
+    calls.clear()
+    to_device(torch.ones(2), "cpu")
+    assert calls == [("cpu", False)]

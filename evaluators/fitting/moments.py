@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
 from evaluators.fitting.scoring import _fail
 
 #: Rows per chunk of the moment stage (its K x n x m products stay a few hundred MB at most).
@@ -131,7 +131,7 @@ def principal_basis(reader: RowReader, mu: torch.Tensor, sigma: torch.Tensor, di
     d = reader.row_shape[-1]
     cov = torch.zeros(d, d, dtype=torch.float64, device=device)
     for _, rows in reader.chunks(_MOMENT_CHUNK):
-        x = (torch.from_numpy(rows).to(device).double() - mu64) / sigma64
+        x = (to_device(rows, device).double() - mu64) / sigma64
         cov += x.T @ x
     return torch.linalg.eigh(cov).eigenvectors[:, -min(dims, d):].float()
 
@@ -159,7 +159,7 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
     delta = torch.zeros(2, k, m, m, device=device)  # half x K x m x m
     if device.split(":")[0] in DENSE_DEVICES:
         for idx, rows in reader.chunks(_MOMENT_CHUNK):
-            y = ((torch.from_numpy(rows).to(device) - mu) / sigma) @ basis
+            y = ((to_device(rows, device) - mu) / sigma) @ basis
             _add_dense(delta, y, [(weights[c][idx] > 0) for c in (0, 1)], half[idx], scale)
         return basis, delta, weights, mu, sigma
     whole = np.stack([(counts[h, 0] + counts[h, 1]) == (half == h).sum() for h in (0, 1)])  # half, K: free everywhere
@@ -202,7 +202,7 @@ def _add_dense(delta: torch.Tensor, y: torch.Tensor, counted: list[np.ndarray], 
     for h in (0, 1):
         mine = (half == h)[:, None]
         coef = (counted[1] & mine) * scale[h, 1][None, :] - (counted[0] & mine) * scale[h, 0][None, :]
-        c = torch.from_numpy(coef.astype(np.float32)).to(y.device)
+        c = to_device(coef.astype(np.float32), str(y.device))
         delta[h] += ((c[:, :, None] * y[:, None, :]).reshape(n, k * m).T @ y).reshape(k, m, m)
 
 
@@ -252,7 +252,7 @@ def _top_eigenvectors(delta: torch.Tensor, rank: int, start: torch.Tensor | None
     width = min(m, rank + EIGEN_OVERSAMPLE)
     if start is None:
         gen = torch.Generator().manual_seed(0)
-        start = torch.randn(m, width, generator=gen, dtype=delta.dtype).to(delta.device).expand(k, -1, -1)
+        start = to_device(torch.randn(m, width, generator=gen, dtype=delta.dtype), str(delta.device)).expand(k, -1, -1)
     q = _orthonormal(start)
     for _ in range(iterations):
         q = _orthonormal(delta @ q)
@@ -308,12 +308,12 @@ def _confirmed(reader: RowReader, weights: tuple[np.ndarray, np.ndarray], mu: to
     s1 = torch.zeros(2, k, r, dtype=torch.float64, device=dev)
     s2 = torch.zeros(2, k, r, dtype=torch.float64, device=dev)
     cnt = torch.zeros(2, k, dtype=torch.float64, device=dev)
-    held = [torch.from_numpy(w).to(dev) for w in weights]  # once: each copy from the host waits for a GPU
+    held = [to_device(w, str(dev)) for w in weights]  # once
     for idx, rows in reader.chunks(_MOMENT_CHUNK):
         odd = idx % 2 == 1
-        y = ((torch.from_numpy(rows[odd]).to(dev) - mu) / sigma) @ basis
+        y = ((to_device(rows[odd], str(dev)) - mu) / sigma) @ basis
         sq = torch.einsum("nm,kmr->nkr", y, candidates).square().double()  # n x K x rank
-        mine = torch.from_numpy(idx[odd]).to(dev)
+        mine = to_device(idx[odd], str(dev))
         for c in (0, 1):
             wc = held[c][mine]
             s1[c] += (wc[:, :, None] * sq).sum(0)

@@ -33,7 +33,7 @@ from torch.func import functional_call, vmap
 
 from evaluators.cuda_graphs import GraphedStep, SideStreams
 from evaluators.early_stopping import WeightAverage
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget, to_device
 from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained
 from evaluators.fitting.scoring import _SCORE_BYTES, HeldCodes, HeldSplit, _codes, _fail, _score_sets
 from evaluators.probes import anchor, scene_bits
@@ -543,7 +543,7 @@ def _stacked_chunks(readers: Sequence[RowReader | HeldSplit], batch: int, device
     size = max(batch, _SCORE_BYTES // max(len(readers) * readers[0].float_row_bytes, 1))
     for parts in zip(*(r.chunks(size) for r in readers)):
         idx = parts[0][0]
-        rows = [x if isinstance(x, torch.Tensor) else torch.from_numpy(x).to(device) for _, x in parts]
+        rows = [x if isinstance(x, torch.Tensor) else to_device(x, device) for _, x in parts]
         yield idx, torch.stack(rows)
 
 
