@@ -1,6 +1,7 @@
-"""`GraphedStep`'s bookkeeping, on a machine without CUDA: torch.cuda's graph API is replaced by a
-stand-in whose capture records the step (running nothing) and whose replay runs what it recorded,
-so that what runs eagerly, what is captured and what is replayed can be counted."""
+"""What keeps a GPU busy, checked on a machine without CUDA: torch.cuda's graph and stream API is
+replaced by stand-ins. A stand-in graph's capture records the step (running nothing) and its replay
+runs what it recorded, so that what runs eagerly, what is captured and what is replayed can be
+counted (`GraphedStep`); a stand-in stream logs what waits on what (`SideStreams`)."""
 
 from __future__ import annotations
 
@@ -29,18 +30,48 @@ class _Graph:
         self.step()
 
 
-class _Stream:
-    def wait_stream(self, other) -> None:  # noqa: ANN001
-        pass
+class _Lane:
+    """A stand-in CUDA stream that logs what waits on what (`wait_stream`) and which stream is current."""
+
+    current: "_Lane"
+    log: list = []
+    made = 0
+
+    def __init__(self, device=None, name: str | None = None) -> None:  # noqa: ANN001
+        if name is None:
+            name, _Lane.made = f"side{_Lane.made}", _Lane.made + 1
+        self.name = name
+
+    def wait_stream(self, other: "_Lane") -> None:
+        _Lane.log.append(("wait", self.name, other.name))
+
+
+@contextlib.contextmanager
+def _on(stream: _Lane):
+    before, _Lane.current = _Lane.current, stream
+    try:
+        yield
+    finally:
+        _Lane.current = before
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
+def fake_streams(monkeypatch):
+    _Lane.log, _Lane.made = [], 0
+    _Lane.current = _Lane(name="main")
+    monkeypatch.setattr(torch.cuda, "Stream", _Lane)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Lane.current)
+    monkeypatch.setattr(torch.cuda, "stream", _on)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: _Lane.log.append(("keep", tuple(t.shape), s.name)))
+    return _Lane
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch, fake_streams):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
-    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", _Stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool",))
+
+
 
 
 def _step(log: list, name: str, fails: bool = False):
@@ -84,42 +115,6 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_from_then_on(fake_cuda):
         graphed.run("a", _step(log, "a", fails=True), on_fail=lambda: undone.append(True))
     assert log == [("eager", "a")] * 4  # the failed capture's step ran eagerly too
     assert undone == [True] and "capturing" in str(graphed.broken) and not graphed.graphs
-
-
-class _Lane:
-    """A stand-in CUDA stream that logs what waits on what (`wait_stream`) and which stream is current."""
-
-    current: "_Lane"
-    log: list = []
-    made = 0
-
-    def __init__(self, device=None, name: str | None = None) -> None:  # noqa: ANN001
-        if name is None:
-            name, _Lane.made = f"side{_Lane.made}", _Lane.made + 1
-        self.name = name
-
-    def wait_stream(self, other: "_Lane") -> None:
-        _Lane.log.append(("wait", self.name, other.name))
-
-
-@contextlib.contextmanager
-def _on(stream: _Lane):
-    before, _Lane.current = _Lane.current, stream
-    try:
-        yield
-    finally:
-        _Lane.current = before
-
-
-@pytest.fixture
-def fake_streams(monkeypatch):
-    _Lane.log, _Lane.made = [], 0
-    _Lane.current = _Lane(name="main")
-    monkeypatch.setattr(torch.cuda, "Stream", _Lane)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Lane.current)
-    monkeypatch.setattr(torch.cuda, "stream", _on)
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: _Lane.log.append(("keep", tuple(t.shape), s.name)))
-    return _Lane
 
 
 def test_side_streams_queue_each_lane_after_the_current_stream_and_join_back(fake_streams):

@@ -177,6 +177,10 @@ class RowReader:
             pos += size
         return np.frombuffer(buf, dtype=self.dtype).reshape(len(idx), *self.row_shape).astype(np.float32)
 
+    def read_all(self) -> np.ndarray:
+        """Every row (the first `n`) as one float32 array."""
+        return self.take(np.arange(self.n))
+
     def chunks(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(indices, rows) in order, `size` rows at a time."""
         for start in range(0, self.n, size):
@@ -184,14 +188,14 @@ class RowReader:
             yield idx, self.take(idx)
 
 
-def to_device(values: np.ndarray | torch.Tensor, device: str) -> torch.Tensor:
+def to_device(values: np.ndarray | torch.Tensor, device: str | torch.device) -> torch.Tensor:
     """Host `values` on `device`, to CUDA without waiting for it: copied from pageable memory, a
     transfer waits until the stream has run everything queued before it (CUDA's rule), and the
     moment stage made ~1,500 transfers for 26 row sets, each leaving the GPU idle while the host
     prepared the next; through pinned memory (`pin_memory`, whose block the allocator keeps until
     the transfer is done) it is queued like a kernel."""
     t = torch.from_numpy(values) if isinstance(values, np.ndarray) else values
-    if not device.startswith("cuda"):
+    if not str(device).startswith("cuda"):
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 

@@ -255,7 +255,7 @@ def _held_on_device(jobs: Sequence[ProbeJob], train: RowReader, device: str, con
         return None, None
     budget = stack_budget(config, device)
     fits = len(train) * train.float_row_bytes <= budget
-    rows = torch.from_numpy(train.take(np.arange(len(train)))).to(device) if fits else None
+    rows = torch.from_numpy(train.read_all()).to(device) if fits else None
     return rows, HeldCodes(jobs, "train", device)
 
 

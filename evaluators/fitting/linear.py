@@ -87,7 +87,7 @@ def _row_set_problems(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], de
     keyed: dict[str, list[ProbeJob]] = {}
     for job in jobs:
         keyed.setdefault(job.linear_key if job.linear_key is not None else "\0" + job.name, []).append(job)
-    raw = {s: torch.from_numpy(inputs[s].take(np.arange(len(inputs[s])))).to(device) for s in ("train", "val")}
+    raw = {s: torch.from_numpy(inputs[s].read_all()).to(device) for s in ("train", "val")}
     groups: list[_Group] = []
     for members in keyed.values():
         try:

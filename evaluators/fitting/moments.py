@@ -202,7 +202,7 @@ def _add_dense(delta: torch.Tensor, y: torch.Tensor, counted: list[np.ndarray], 
     for h in (0, 1):
         mine = (half == h)[:, None]
         coef = (counted[1] & mine) * scale[h, 1][None, :] - (counted[0] & mine) * scale[h, 0][None, :]
-        c = to_device(coef.astype(np.float32), str(y.device))
+        c = to_device(coef.astype(np.float32), y.device)
         delta[h] += ((c[:, :, None] * y[:, None, :]).reshape(n, k * m).T @ y).reshape(k, m, m)
 
 
@@ -252,7 +252,7 @@ def _top_eigenvectors(delta: torch.Tensor, rank: int, start: torch.Tensor | None
     width = min(m, rank + EIGEN_OVERSAMPLE)
     if start is None:
         gen = torch.Generator().manual_seed(0)
-        start = to_device(torch.randn(m, width, generator=gen, dtype=delta.dtype), str(delta.device)).expand(k, -1, -1)
+        start = to_device(torch.randn(m, width, generator=gen, dtype=delta.dtype), delta.device).expand(k, -1, -1)
     q = _orthonormal(start)
     for _ in range(iterations):
         q = _orthonormal(delta @ q)
@@ -308,12 +308,12 @@ def _confirmed(reader: RowReader, weights: tuple[np.ndarray, np.ndarray], mu: to
     s1 = torch.zeros(2, k, r, dtype=torch.float64, device=dev)
     s2 = torch.zeros(2, k, r, dtype=torch.float64, device=dev)
     cnt = torch.zeros(2, k, dtype=torch.float64, device=dev)
-    held = [to_device(w, str(dev)) for w in weights]  # once
+    held = [to_device(w, dev) for w in weights]  # once
     for idx, rows in reader.chunks(_MOMENT_CHUNK):
         odd = idx % 2 == 1
-        y = ((to_device(rows[odd], str(dev)) - mu) / sigma) @ basis
+        y = ((to_device(rows[odd], dev) - mu) / sigma) @ basis
         sq = torch.einsum("nm,kmr->nkr", y, candidates).square().double()  # n x K x rank
-        mine = to_device(idx[odd], str(dev))
+        mine = to_device(idx[odd], dev)
         for c in (0, 1):
             wc = held[c][mine]
             s1[c] += (wc[:, :, None] * sq).sum(0)

@@ -96,7 +96,7 @@ class HeldSplit:
 
     def __init__(self, reader: RowReader, jobs: Sequence[ProbeJob], split: str, device: str) -> None:
         self.n, self.row_shape, self.float_row_bytes = reader.n, reader.row_shape, reader.float_row_bytes
-        self.rows = torch.from_numpy(reader.take(np.arange(reader.n))).to(device)
+        self.rows = torch.from_numpy(reader.read_all()).to(device)
         self.codes = HeldCodes(jobs, split, device)
 
     def __len__(self) -> int:

@@ -82,12 +82,10 @@ def gradient_stages(jobs_per_set: Sequence[Sequence[ProbeJob]], inputs: Sequence
 
 
 def _signature(job: ProbeJob, config: TrainConfig) -> tuple:
-    """What jobs must share to be stacked: name, every tensor's name and shape, what is frozen, the
-    weight decay and the moving average (the learning rate may differ: it is one per row set)."""
-    model = job.model
-    return (job.name, _optim_settings(job, config)[1:], frozenset(getattr(model, "frozen_names", ())),
-            tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
-            tuple((n, tuple(b.shape), b.dtype) for n, b in model.named_buffers()))
+    """What jobs must share to be stacked: what they must share to be scored as one (`_shapes`),
+    what is frozen, the weight decay and the moving average (the learning rate may differ: it is
+    one per row set)."""
+    return (_shapes(job), _optim_settings(job, config)[1:], frozenset(getattr(job.model, "frozen_names", ())))
 
 
 class _Stack:
@@ -559,6 +557,6 @@ def _held_rows(stacks: list[_Stack], inputs: Sequence[dict[str, RowReader]], dev
     held = HeldCodes(jobs, "train", device)
     if size > stack_budget(config, device):
         return None, held, readers
-    rows = {i: torch.from_numpy(inputs[i]["train"].take(np.arange(len(inputs[i]["train"])))).to(device) for i in sets}
+    rows = {i: torch.from_numpy(inputs[i]["train"].read_all()).to(device) for i in sets}
     val = [HeldSplit(reader, jobs, "val", device) if i in sets else reader for i, reader in enumerate(readers)]
     return rows, held, val
