@@ -129,16 +129,22 @@ def binding_metrics(
     matrix = np.stack([np.asarray(per_scene[k], dtype=np.float64) for k in present], axis=1)
     point = _derived(priors, _columns(matrix.mean(axis=0), present))
     boot = _derived(priors, _columns(_bootstrap_means(matrix, n_boot, seed, groups), present))
-    out: dict[str, float | None] = {}
     tail = (1 - level) / 2 * 100
+    # every metric's bounds in one call: one np.percentile per metric and side was 3,276 calls
+    # (0.16 s) of a 26-row-set fit's host work
+    sampled = [name for name, samples in boot.items() if samples is not None and not name.startswith("H_")]
+    bounds = dict(zip(sampled, np.percentile(
+        np.stack([np.broadcast_to(boot[name], (n_boot,)) for name in sampled], axis=1), [tail, 100 - tail], axis=0
+    ).T)) if sampled else {}
+    out: dict[str, float | None] = {}
     for name, value in point.items():
         if name.startswith("H_"):  # references: no interval
             out[name] = float(value)
             continue
         out[name] = None if value is None else float(value)
-        samples = boot[name]
-        out[f"{name}_lo"] = None if samples is None else float(np.percentile(samples, tail))
-        out[f"{name}_hi"] = None if samples is None else float(np.percentile(samples, 100 - tail))
+        lo, hi = bounds.get(name, (None, None))
+        out[f"{name}_lo"] = None if lo is None else float(lo)
+        out[f"{name}_hi"] = None if hi is None else float(hi)
     return out
 
 
