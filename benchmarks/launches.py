@@ -88,7 +88,7 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
         for m, n, stage in patches:
             setattr(m, n, mode.tagged(stage, getattr(m, n)))
         linear_solver._LBFGS.iterate = keyed(
-            "iteration", lambda s, kind: (id(s), kind, s.head % s.settings.memory), linear_solver._LBFGS.iterate)
+            "iteration", lambda s, kind: (id(s), kind), linear_solver._LBFGS.iterate)
         stacked._Stack.train_eagerly = keyed(
             "step", lambda s, x, *rest: (id(s), tuple(x.shape)), stacked._Stack.train_eagerly)
         for m, n in devices:
@@ -106,9 +106,9 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
         for m, n, v in saved:
             setattr(m, n, v)
     out = {"row_sets": len(row_sets), "stages": dict(mode.counts)}
-    for kind, runs in graphs.items():  # on CUDA, WARMUP eager runs per warm key (an iteration's: its solver and
-        # penalty kind; a step's: its graph), then a capture per graph (launched from Python, run by its replay)
-        warm = {key[:2] if kind == "iteration" else key for key in runs}
+    for kind, runs in graphs.items():  # on CUDA, WARMUP eager runs per graph (an iteration's: its solver and
+        # penalty kind; a step's: its stack and shapes), then its capture (launched from Python, run by its replay)
+        warm = set(runs)
         total = sum(runs.values())
         warmups = min(cuda_graphs.WARMUP * len(warm), total)
         per_run = mode.counts[kind] / total if total else 0

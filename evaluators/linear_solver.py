@@ -398,15 +398,15 @@ class _LBFGS:
         for _ in range(iterations):
             if self.graphs is None:
                 self.iterate(kind)
-            else:  # the ring's slot is Python's: one graph per kind and slot
-                self.graphs.run((kind, self.head % self.settings.memory), partial(self.iterate, kind), warm_key=kind)
-            self.head += 1
+                self.head += 1
+            else:  # one graph per kind: the head stays, the pairs move (`_slot`)
+                self.graphs.run(kind, partial(self.iterate, kind))
         return (self.theta.clone(), tuple(t.clone() for t in self.data),
                 self.remaining(self.g, self.h, self.settings.tolerance))
 
     def iterate(self, kind: str) -> None:
         """One iteration of every problem from the solver's point (`theta`, `data`, `f`, `g`, `h`,
-        `step`), which it moves in place, storing its curvature pair in slot `head` of the ring."""
+        `step`), which it moves in place, storing its curvature pair in the ring (`_slot`)."""
         theta, data, f, g, h, step = self.theta, self.data, self.f, self.g, self.h, self.step
         active = g.abs().amax(-1) > self.settings.tolerance
         d = self.direction(g, h)
@@ -426,7 +426,7 @@ class _LBFGS:
         sy = _dot(sk, yk)
         # a pair whose curvature float32 cannot resolve would send the next direction anywhere
         keep = ok & (sy > 1e-6 * (_dot(sk, sk) * _dot(yk, yk)).sqrt())
-        j = self.head % self.settings.memory
+        j = self._slot()
         torch.mul(sk, keep[..., None], out=self.s[j])
         torch.mul(yk, keep[..., None], out=self.y[j])
         self.rho[j] = torch.where(keep, 1.0 / sy.clamp_min(1e-12), torch.zeros_like(sy))
@@ -437,6 +437,18 @@ class _LBFGS:
         torch.where(okx, g_new, g, out=g)
         torch.where(okx, h_new, h, out=h)
         torch.where(ok, (step * 2).clamp_max(1.0), torch.where(active, step * 0.25, step), out=step)
+
+    def _slot(self) -> int:
+        """The ring's slot for the newest curvature pair. Graphed, the head stays at 0 and the pairs
+        move down a slot each iteration instead, the newest into the last: a graph fixes the slot it
+        writes and the order in which the recursion reads, and a moving head needed a graph per kind
+        and slot (40 captures of a 26-row-set fit, ~5 ms each on an H200). The recursion reads the same
+        pairs in the same order either way, so the numbers are the same."""
+        if self.graphs is None:
+            return self.head % self.settings.memory
+        for ring in (self.s, self.y, self.rho):
+            ring.copy_(torch.roll(ring, -1, 0))
+        return self.settings.memory - 1
 
     def remaining(self, g: torch.Tensor, h: torch.Tensor, tol: float) -> torch.Tensor:
         """Per (row set, bit), the decrease of the loss (nats per scene) that the quasi-Newton model

@@ -187,3 +187,40 @@ def test_host_arrays_go_to_cuda_through_pinned_memory_without_waiting(monkeypatc
     calls.clear()
     to_device(torch.ones(2), "cpu")
     assert calls == [("cpu", False)]
+
+
+def test_the_linear_path_replays_one_graph_per_penalty_kind_with_the_numbers_of_eager_runs(fake_streams,
+                                                                                           monkeypatch):
+    """Graphed, an L-BFGS iteration is one graph per penalty kind (the curvature pairs move down the
+    ring; the head, which a graph would fix, stays), and the path's numbers are those of the eager
+    ring. The stand-in capture keeps the step and each replay runs it again, which is what a graph
+    does as long as nothing the step's Python reads changes between replays: the head is the one
+    such thing, and it must not move."""
+    from evaluators import linear_solver
+    from tests.test_training import D, K, _splits
+    from evaluators.probes import build_probe, probe_optim
+    from evaluators.training import ProbeJob, fit_probes
+
+    inputs, targets, prior = _splits(informative=True)
+
+    def fit() -> tuple[dict, list]:
+        solvers: list = []
+        init = linear_solver._LBFGS.__init__
+
+        def kept(self, *args, **kwargs):  # noqa: ANN001
+            init(self, *args, **kwargs)
+            solvers.append(self)
+        with monkeypatch.context() as m:
+            m.setattr(linear_solver._LBFGS, "__init__", kept)
+            job = ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))
+            res = fit_probes([job], inputs)["l"]
+        return {"val": res.val_scene_bits.copy(), **{k: v.clone() for k, v in job.model.state_dict().items()}}, solvers
+
+    eager, _ = fit()
+    monkeypatch.setattr(linear_solver, "GRAPHED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(cuda_graphs.GraphedStep, "_capture", lambda self, step, on_fail: type("G", (), {
+        "replay": staticmethod(step)})())
+    graphed, solvers = fit()
+    assert solvers and all(set(s.graphs.graphs) == {"l2", "l1"} and s.head == 0 for s in solvers)
+    assert graphed.keys() == eager.keys()
+    assert all(np.array_equal(np.asarray(graphed[k]), np.asarray(eager[k])) for k in eager)
