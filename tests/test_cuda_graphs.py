@@ -224,3 +224,40 @@ def test_the_linear_path_replays_one_graph_per_penalty_kind_with_the_numbers_of_
     assert solvers and all(set(s.graphs.graphs) == {"l2", "l1"} and s.head == 0 for s in solvers)
     assert graphed.keys() == eager.keys()
     assert all(np.array_equal(np.asarray(graphed[k]), np.asarray(eager[k])) for k in eager)
+
+
+def test_modules_go_to_cuda_in_one_transfer_per_module_and_type(monkeypatch):
+    """`modules_to_device`: to CUDA each module's tensors of one type in one transfer (`to_device`),
+    the parameters the same objects (tied ones still tied, requires_grad kept) and equal; each module
+    its own transfer, so that copying one module's state copies only its own."""
+    from evaluators.fitting import data
+
+    moved: list = []
+
+    def to_device(t, device):  # noqa: ANN001
+        moved.append((str(device), t.dtype, t.numel()))
+        return t.clone()
+    monkeypatch.setattr(data, "to_device", to_device)
+
+    def model() -> torch.nn.Module:
+        m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 3, bias=False))
+        m[1].weight = torch.nn.Parameter(m[0].weight.detach().T.clone())
+        m.extra = torch.nn.Linear(4, 3, bias=False)
+        m.extra.weight = m[1].weight  # tied
+        m.register_buffer("mask", torch.tensor([True, False]))
+        m.register_buffer("count", torch.zeros(2, dtype=torch.long))
+        m[0].weight.requires_grad_(False)
+        return m
+
+    models = [model(), model()]
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in models]
+    params = [[id(p) for p in m.parameters()] for m in models]
+    data.modules_to_device(models, "cuda")
+    one = [("cuda", torch.bool, 2), ("cuda", torch.int64, 2), ("cuda", torch.float32, 12 + 4 + 12)]  # tied: once
+    assert moved == one * 2
+    for m, state, ids in zip(models, before, params):
+        assert [id(p) for p in m.parameters()] == ids and m.extra.weight is m[1].weight
+        assert not m[0].weight.requires_grad and m[0].bias.requires_grad
+        assert all(torch.equal(m.state_dict()[k], v) for k, v in state.items())
+        assert len({p.untyped_storage().data_ptr() for p in m.parameters()}) == 1  # views of its transfer
+    assert models[0][0].weight.untyped_storage().data_ptr() != models[1][0].weight.untyped_storage().data_ptr()

@@ -29,6 +29,7 @@ import torch
 
 from evaluators.families import ProbeOptim
 from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size, feature_stats,
+                                    modules_to_device,
                                      resolve_device, row_sets_per_stack, stack_budget, stacks_row_sets)
 from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
 from evaluators.fitting.linear import _linear_stage
@@ -166,7 +167,7 @@ class _RowSet:
         self.active = {j.name: j for j in jobs}
         for j in jobs:
             j.model.set_standardization(mean, std)
-            j.model.to(device)
+        modules_to_device([j.model for j in jobs], device)
         anchored = [j for j in jobs if j.prior is not None]
         self.prior_states = dict(zip((j.name for j in anchored), _copied_states([j.model for j in anchored])))
         self.prior_val: dict[str, np.ndarray] = {}

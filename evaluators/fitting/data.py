@@ -7,7 +7,7 @@ import math
 import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -198,6 +198,39 @@ def to_device(values: np.ndarray | torch.Tensor, device: str | torch.device) -> 
     if not str(device).startswith("cuda"):
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def modules_to_device(modules: Sequence[torch.nn.Module], device: str | torch.device) -> None:
+    """`Module.to(device)` of each module, in place; to CUDA, a module's tensors of one type in one
+    transfer (`to_device`), of which they become views (each module its own: a deep copy of one
+    module's state copies only its own). `Module.to` transfers tensor by tensor, each from pageable
+    memory and so waiting for all the stream has queued: a row set's probes hold ~150 tensors, 3,900
+    transfers for 26 row sets at ~44 µs each on an H200's host. A module whose parameters hold
+    gradients is moved by `Module.to` (it moves those too)."""
+    target = torch.device(device)
+    for module in modules:
+        if target.type != "cuda" or any(p.grad is not None for p in module.parameters()):
+            module.to(target)
+            continue
+        places: dict[int, tuple[torch.Tensor, list[tuple[torch.nn.Module, str]]]] = {}  # tied tensors once
+        for owner in module.modules():
+            for t in owner._parameters.values():
+                if t is not None and t.device != target:
+                    places.setdefault(id(t), (t, []))
+            for name, t in owner._buffers.items():
+                if t is not None and t.device != target:
+                    places.setdefault(id(t), (t, []))[1].append((owner, name))
+        by_type: dict[torch.dtype, list[tuple[torch.Tensor, list[tuple[torch.nn.Module, str]]]]] = {}
+        for t, buffers in places.values():
+            by_type.setdefault(t.dtype, []).append((t, buffers))
+        for members in by_type.values():
+            flat = to_device(torch.cat([t.detach().reshape(-1) for t, _ in members]), target)
+            for (t, buffers), piece in zip(members, flat.split([t.numel() for t, _ in members])):
+                moved = piece.view(t.shape)
+                if isinstance(t, torch.nn.Parameter):
+                    t.data = moved  # the same Parameter: what holds it (tied modules, optimisers) sees the move
+                for owner, name in buffers:
+                    owner._buffers[name] = moved
 
 
 def feature_stats(reader: RowReader, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:

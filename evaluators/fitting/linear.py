@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, to_device
 from evaluators.fitting.scoring import _fail
 from evaluators.linear_solver import LinearProblem, PathSettings, PathSolution, solve_path
 from evaluators.probes import strictly_lower
@@ -186,21 +186,21 @@ def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str) -> 
     """(the standardised input the job's linear weights read, its linear problem) on one split."""
     model = job.model
     n = len(x)
-    target = torch.from_numpy(job.targets[split][:n]).to(device).float()
-    cond = torch.from_numpy(job.cond[split][:n]).to(device).float() if job.cond is not None else None
+    target = to_device(job.targets[split][:n], device).float()
+    cond = to_device(job.cond[split][:n], device).float() if job.cond is not None else None
     design, cond_read = model.linear_design(x, cond)
     k = target.shape[1]
     extra, mask = [], []
     if model.trains_context:
         extra.append(target)
-        mask.append(strictly_lower(k).to(device))
+        mask.append(to_device(strictly_lower(k), device))
     if cond_read is not None:
         extra.append(cond_read)
         mask.append(torch.ones(k, cond_read.shape[1], device=device))
     extra.append(torch.ones(n, 1, device=device))
     mask.append(torch.ones(k, 1, device=device))
     if job.prior is not None:
-        prior = torch.from_numpy(job.prior[split][:n]).to(device).float()
+        prior = to_device(job.prior[split][:n], device).float()
         free = torch.isfinite(prior)
         offsets = torch.where(free, prior, torch.zeros_like(prior))
     else:

@@ -10,7 +10,7 @@ import numpy as np
 import scipy.stats
 import torch
 
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
 from evaluators.metrics import group_labels, mean_se
 from evaluators.probes import anchor, scene_bits
 
@@ -64,9 +64,9 @@ def _codes(job: ProbeJob, split: str, idx: np.ndarray | torch.Tensor, device: st
     """(target, condition or None, prior or None) of a job's rows `idx` of a split, on the device."""
     if held is not None:
         return held.rows(job.name, idx)
-    target = torch.from_numpy(job.targets[split][idx]).to(device)
-    cond = torch.from_numpy(job.cond[split][idx]).to(device).float() if job.cond is not None else None
-    prior = torch.from_numpy(job.prior[split][idx]).to(device) if job.prior is not None else None
+    target = to_device(job.targets[split][idx], device)
+    cond = to_device(job.cond[split][idx], device).float() if job.cond is not None else None
+    prior = to_device(job.prior[split][idx], device) if job.prior is not None else None
     return target, cond, prior
 
 
@@ -77,7 +77,7 @@ class HeldCodes:
 
     def __init__(self, jobs: Sequence[ProbeJob], split: str, device: str) -> None:
         def put(a: np.ndarray | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
-            return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device, dtype)
+            return None if a is None else to_device(np.ascontiguousarray(a), device).to(dtype=dtype)
 
         self.device = device
         self.codes = {j.name: (put(j.targets[split]), put(None if j.cond is None else j.cond[split], torch.float32),

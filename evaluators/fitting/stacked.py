@@ -180,7 +180,7 @@ class _Stack:
             return
         mask = torch.zeros(len(self.jobs), dtype=torch.bool)
         mask[self.improved] = True
-        mask = mask.to(self.train_sum.device)
+        mask = to_device(mask, self.train_sum.device)
         read = self.read_params()
         for n, best in self.best.items():
             torch.where(mask.view(-1, *[1] * (best.dim() - 1)), read[n].detach(), best, out=best)
@@ -239,7 +239,7 @@ class _Stack:
         (`keep_fields`), as the step's multi-tensor kernels take operands of one shape. Written in
         place while the stack keeps its row sets (a captured step reads these tensors)."""
         self.rates = list(rates)
-        on_device = torch.tensor(self.rates, device=self.train_sum.device)
+        on_device = to_device(torch.tensor(self.rates), self.train_sum.device)
         shaped = [on_device.view(-1, *[1] * (self.params[n].dim() - 1)).expand_as(self.params[n])
                   for n in self.trained]
         rate, keep = [r.contiguous() for r in shaped], [(1 - r * self.decay).contiguous() for r in shaped]
@@ -432,7 +432,7 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
         perm = rng.permutation(n_train)
         batches = [np.sort(perm[start : start + config.batch_size]) for start in range(0, n_train, config.batch_size)]
         # the epoch's batches in one copy to the device: each copy from the host waits for a GPU
-        on_device = torch.from_numpy(np.concatenate(batches)).to(device).split([len(b) for b in batches]) \
+        on_device = to_device(np.concatenate(batches), device).split([len(b) for b in batches]) \
             if rows is not None else batches
         for idx, index in zip(batches, on_device):
             x = {i: rows[i][index] if rows is not None else torch.from_numpy(inputs[i]["train"].take(idx)).to(device)
