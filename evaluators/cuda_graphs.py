@@ -22,14 +22,28 @@ import torch
 #: runs set up lazily, cuBLAS workspaces and autograd's state, is then in place.
 WARMUP = 2
 
+#: Each device's side streams, made once and reused by every warm-up, capture and lane of a process:
+#: the caching allocator keeps the memory a stream allocated for that stream, and with a new stream
+#: for each (PyTorch hands out its pool of 32 in turn) a process's first fits allocated afresh on each.
+_STREAMS: dict[tuple[str, str, int], "torch.cuda.Stream"] = {}
+
+
+def side_stream(device: str | torch.device, role: str, k: int = 0) -> "torch.cuda.Stream":
+    """Side stream `k` for `role` ("graph": warm-ups and captures; "lane": `SideStreams`) on `device`,
+    the same one at each call."""
+    key = (str(device), role, k)
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(device=device)
+    return _STREAMS[key]
+
 
 class GraphedStep:
     """A step as CUDA graphs, one per `key` (whatever the step's Python code reads that a graph
     would fix: shapes, an index into a ring of buffers), all in one memory pool (they never run
     at once, and a step's outputs live outside the pool)."""
 
-    def __init__(self, warmup: int = WARMUP) -> None:
-        self.warmup = warmup
+    def __init__(self, device: str | torch.device = "cuda", warmup: int = WARMUP) -> None:
+        self.device, self.warmup = device, warmup
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self.warmed: Counter = Counter()
         self.pool: tuple | None = None
@@ -49,7 +63,7 @@ class GraphedStep:
             warm = key if warm_key is None else warm_key
             if self.warmed[warm] < self.warmup:
                 self.warmed[warm] += 1
-                _on_side_stream(step)
+                self._on_side_stream(step)
                 return
             graph = self._capture(step, on_fail)
             if graph is None:
@@ -63,7 +77,7 @@ class GraphedStep:
         where something in it cannot be captured."""
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        graph, side = torch.cuda.CUDAGraph(), side_stream(self.device, "graph")
         side.wait_stream(torch.cuda.current_stream())
         try:  # `torch.cuda.graph` without its synchronize, gc.collect and empty_cache: steps capture often
             with torch.cuda.stream(side):
@@ -81,13 +95,13 @@ class GraphedStep:
             torch.cuda.current_stream().wait_stream(side)
         return graph
 
-
-def _on_side_stream(step: Callable[[], None]) -> None:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
+    def _on_side_stream(self, step: Callable[[], None]) -> None:
+        """A warm-up run, on the stream captures use (as CUDA graphs ask)."""
+        side = side_stream(self.device, "graph")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
 
 
 class SideStreams:
@@ -101,7 +115,7 @@ class SideStreams:
     nothing changes: the work runs where it is."""
 
     def __init__(self, lanes: int, device: str) -> None:
-        self.streams = [torch.cuda.Stream(device=device) for _ in range(lanes)] if lanes > 1 else []
+        self.streams = [side_stream(device, "lane", k) for k in range(lanes)] if lanes > 1 else []
 
     @contextmanager
     def lane(self, k: int, *inputs: object) -> Iterator[None]:

@@ -309,7 +309,7 @@ class _LBFGS:
         self.data = (x.new_zeros(r, b), x.new_zeros(r, b, width), x.new_zeros(r, b, width))
         self.f, self.g, self.h = x.new_zeros(r, b), x.new_zeros(r, b, width), x.new_zeros(r, b, width)
         self.step = x.new_zeros(r, b)
-        self.graphs = GraphedStep() if x.device.type in GRAPHED_DEVICES else None
+        self.graphs = GraphedStep(x.device) if x.device.type in GRAPHED_DEVICES else None
 
     def data_terms(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The training loss's part of the objective at θ: (loss per (row set, bit), its gradient, the

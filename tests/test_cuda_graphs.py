@@ -59,6 +59,7 @@ def _on(stream: _Lane):
 def fake_streams(monkeypatch):
     _Lane.log, _Lane.made = [], 0
     _Lane.current = _Lane(name="main")
+    monkeypatch.setattr(cuda_graphs, "_STREAMS", {})
     monkeypatch.setattr(torch.cuda, "Stream", _Lane)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Lane.current)
     monkeypatch.setattr(torch.cuda, "stream", _on)
@@ -70,6 +71,7 @@ def fake_streams(monkeypatch):
 def fake_cuda(monkeypatch, fake_streams):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool",))
+    return fake_streams
 
 
 
@@ -115,6 +117,18 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_from_then_on(fake_cuda):
         graphed.run("a", _step(log, "a", fails=True), on_fail=lambda: undone.append(True))
     assert log == [("eager", "a")] * 4  # the failed capture's step ran eagerly too
     assert undone == [True] and "capturing" in str(graphed.broken) and not graphed.graphs
+
+
+def test_warm_ups_captures_and_lanes_reuse_the_same_streams(fake_cuda):
+    """One stream for every warm-up and capture of a device, and the same lanes for every stage: the
+    caching allocator keeps memory per stream, so a new stream each time allocated afresh."""
+    for _ in range(2):  # two solvers' graphs, as two fits make
+        graphed = cuda_graphs.GraphedStep(warmup=2)
+        for key in ["a", "a", "a", "b", "b", "b"]:
+            graphed.run(key, _step([], key))
+    assert fake_cuda.made == 1
+    first = cuda_graphs.SideStreams(3, "cuda").streams
+    assert cuda_graphs.SideStreams(2, "cuda").streams == first[:2] and fake_cuda.made == 4
 
 
 def test_side_streams_queue_each_lane_after_the_current_stream_and_join_back(fake_streams):

@@ -286,7 +286,7 @@ class _StepGraphs:
 
     def __init__(self, stack: _Stack) -> None:
         self.stack = stack
-        self.step = GraphedStep()
+        self.step = GraphedStep(stack.params[stack.trained[0]].device)
         self.inputs: dict[tuple, tuple] = {}  # per batch shape, the tensors its graph reads the batch from
 
     def run(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None, prior: torch.Tensor | None,
