@@ -2,12 +2,13 @@
 
 On a GPU the fit of small probes is bound by kernel launches, each a call from Python: an H200
 sat 90 % idle. This runs the fit of linear, quadratic, dnn over the row sets of
-`random:dinov2-small` through the path CUDA takes (stacked gradient stage, graphed stacks' live
-mask, dense class differences), here eagerly on the CPU, and counts every tensor operation that is
-not a view (a GPU launches a kernel or more for each) by stage. The steps CUDA replays from graphs
-(an L-BFGS iteration of the linear stage, a stacked training step) are counted apart: CUDA
-launches their operations only when it warms a graph up or captures it
-(`evaluators.cuda_graphs.WARMUP` runs, then one capture per graph), and one replay per step after.
+`random:dinov2-small` through the path CUDA takes (stacked and graphed, dense class differences,
+Gram–Schmidt), here eagerly on the CPU, and counts every tensor operation that is not a view (a GPU
+launches a kernel or more for each) by stage. The steps CUDA replays from graphs
+(`evaluators.cuda_graphs.GraphedStep`: the linear stage's L-BFGS iterations and each solve's start
+and end, the moment stage's Gram–Schmidt, a stacked training step) are counted apart, by the stage
+that runs them: CUDA launches their operations only when it warms a graph up or captures it
+(`WARMUP` runs, then one capture per graph), and one replay per run after.
 Run it for 2 and 4 row sets: a stage whose count grows with the row sets launches per row set.
 
     PYTHONPATH=. python benchmarks/launches.py --layers 11          # 2 row sets (cls, mean)
@@ -36,7 +37,7 @@ _spec.loader.exec_module(gpu)
 
 import evaluators.fitting as fitting  # noqa: E402
 from evaluators import cuda_graphs, linear_solver  # noqa: E402
-from evaluators.binding import evaluate_binding_sets  # noqa: E402
+from evaluators.binding import columns, evaluate_binding_sets  # noqa: E402
 from evaluators.fitting import moments, stacked  # noqa: E402
 from evaluators.training import RowReader, TrainConfig  # noqa: E402
 
@@ -46,7 +47,7 @@ class Launches(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.counts: Counter = Counter()
-        self.where = ["other"]
+        self.where = ["host"]  # outside the fit: the probes built and copied for each row set, on the CPU
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         if not func.is_view:
@@ -67,30 +68,37 @@ class Launches(TorchDispatchMode):
 def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) -> dict:
     """Launch counts of one fit of every (layer, cls|mean) row set of `n_sets_layers`."""
     mode = Launches()
-    graphs: dict[str, Counter] = {"iteration": Counter(), "step": Counter()}  # runs per graph key
+    graphs: dict[str, Counter] = {}  # per stage, runs per graph (its GraphedStep and key)
+    ops: dict[str, Counter] = {}  # per stage, operations per graph, one run
 
-    def keyed(kind: str, key_of: Callable, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def inner(self, *args, **kwargs):
-            graphs[kind][key_of(self, *args)] += 1
-            return mode.tagged(kind, fn)(self, *args, **kwargs)
-        return inner
+    def graphed_run(self, key, step, warm_key=None, on_fail=None):  # noqa: ANN001 — GraphedStep.run, counted
+        stage, graph = mode.where[-1], (id(self), key)
+        graphs.setdefault(stage, Counter())[graph] += 1
+        before = mode.counts["graphed"]
+        try:
+            mode.tagged("graphed", step)()
+        finally:
+            ops.setdefault(stage, Counter())[graph] = mode.counts["graphed"] - before
 
     patches = [(fitting, name, stage) for stage, name in (("linear", "_linear_stage"), ("moments", "_moment_stage"),
                                                           ("gradient", "_gradient_rounds"), ("scoring", "score_sets"))]
     patches.append((stacked, "_validate", "validation"))
-    saved = [(m, n, getattr(m, n)) for m, n, _ in patches]
-    saved += [(linear_solver._LBFGS, "iterate", linear_solver._LBFGS.iterate),
-              (stacked._Stack, "train_eagerly", stacked._Stack.train_eagerly)]
-    devices = [(stacked, "STACKED_DEVICES"), (stacked, "GRAPHED_DEVICES"), (moments, "DENSE_DEVICES")]
+    patches.append((columns, "fit_row_sets", "other"))  # the fit's work outside its stages (what is outside the fit
+    # runs on the host: CUDA's probes are built and copied on the CPU and moved to the device in the fit)
+    saved = [(m, n, getattr(m, n)) for m, n, _ in patches] + [(cuda_graphs.GraphedStep, "run", cuda_graphs.GraphedStep.run),
+                                                              (stacked._Stack, "train_eagerly", stacked._Stack.train_eagerly)]
+    train = stacked._Stack.train_eagerly
+
+    def train_counted(self, x, *rest):  # noqa: ANN001 — a stack's step is graphed per batch shape on CUDA only
+        graphed_run(self, tuple(x.shape), lambda: train(self, x, *rest))
+    devices = [(stacked, "STACKED_DEVICES"), (stacked, "GRAPHED_DEVICES"), (moments, "DENSE_DEVICES"),
+               (moments, "GRAPHED_DEVICES"), (linear_solver, "GRAPHED_DEVICES")]
     saved += [(m, n, getattr(m, n)) for m, n in devices]
     try:
         for m, n, stage in patches:
             setattr(m, n, mode.tagged(stage, getattr(m, n)))
-        linear_solver._LBFGS.iterate = keyed(
-            "iteration", lambda s, kind: (id(s), kind), linear_solver._LBFGS.iterate)
-        stacked._Stack.train_eagerly = keyed(
-            "step", lambda s, x, *rest: (id(s), tuple(x.shape)), stacked._Stack.train_eagerly)
+        cuda_graphs.GraphedStep.run = graphed_run
+        stacked._Stack.train_eagerly = train_counted
         for m, n in devices:
             setattr(m, n, ("cuda", "cpu"))
         with tempfile.TemporaryDirectory() as tmp:
@@ -105,15 +113,14 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
     finally:
         for m, n, v in saved:
             setattr(m, n, v)
-    out = {"row_sets": len(row_sets), "stages": dict(mode.counts)}
-    for kind, runs in graphs.items():  # on CUDA, WARMUP eager runs per graph (an iteration's: its solver and
-        # penalty kind; a step's: its stack and shapes), then its capture (launched from Python, run by its replay)
-        warm = set(runs)
+    out = {"row_sets": len(row_sets), "stages": dict(mode.counts), "graphs": {}}
+    for stage, runs in graphs.items():  # on CUDA, WARMUP eager runs per graph, then its capture (launched from
+        # Python, run by its replay), then a replay per run
         total = sum(runs.values())
-        warmups = min(cuda_graphs.WARMUP * len(warm), total)
-        per_run = mode.counts[kind] / total if total else 0
-        out[kind] = {"runs": total, "graphs": len(runs), "launches_per_run": round(per_run),
-                     "cuda_eager_launches": round(per_run * (warmups + len(runs))), "cuda_replays": total - warmups}
+        warmups = sum(min(cuda_graphs.WARMUP, n) for n in runs.values())
+        eager = sum(ops[stage][g] * (min(cuda_graphs.WARMUP, n) + (n > cuda_graphs.WARMUP)) for g, n in runs.items())
+        out["graphs"][stage] = {"runs": total, "graphs": len(runs), "operations": sum(ops[stage].values()),
+                                "cuda_eager_launches": eager, "cuda_replays": total - warmups}
     return out
 
 
@@ -131,13 +138,14 @@ def main() -> None:
     for stage in ("linear", "moments", "gradient", "validation", "scoring", "other"):
         print(f"  {stage:<11} {stages.get(stage, 0):>8,}")
     eager = sum(stages.get(s, 0) for s in ("linear", "moments", "gradient", "validation", "scoring", "other"))
-    for kind in ("iteration", "step"):
-        g = got[kind]
-        print(f"  {kind + 's':<11} {g['runs']:>8,} runs of {g['launches_per_run']} operations, {g['graphs']} graphs: "
-              f"on CUDA {g['cuda_eager_launches']:,} launched to warm up and capture, then {g['cuda_replays']:,} replays")
-        eager += g["cuda_eager_launches"]
-    print(f"  CUDA launches from Python, all told: ~{eager:,}")
-
+    print(f"  (on the host, outside the fit: {stages.get('host', 0):,})")
+    print("replayed from CUDA graphs, by stage:")
+    for stage, g in got["graphs"].items():
+        print(f"  {stage:<11} {g['runs']:>8,} runs of {g['graphs']} graphs ({g['operations']:,} operations one run "
+              f"of each): on CUDA {g['cuda_eager_launches']:,} launched to warm up and capture, then "
+              f"{g['cuda_replays']:,} replays")
+        eager += g["cuda_eager_launches"] + g["cuda_replays"]
+    print(f"CUDA launches from Python, all told: ~{eager:,}")
 
 if __name__ == "__main__":
     main()

@@ -206,8 +206,8 @@ def test_host_arrays_go_to_cuda_through_pinned_memory_without_waiting(monkeypatc
 def test_the_linear_path_replays_one_graph_per_penalty_kind_with_the_numbers_of_eager_runs(fake_streams,
                                                                                            monkeypatch):
     """Graphed, an L-BFGS iteration is one graph per penalty kind (the curvature pairs move down the
-    ring; the head, which a graph would fix, stays), and the path's numbers are those of the eager
-    ring. The stand-in capture keeps the step and each replay runs it again, which is what a graph
+    ring; the head, which a graph would fix, stays), as are a solve's start and end, and the path's
+    numbers are those of the eager ring. The stand-in capture keeps the step and each replay runs it again, which is what a graph
     does as long as nothing the step's Python reads changes between replays: the head is the one
     such thing, and it must not move."""
     from evaluators import linear_solver
@@ -235,7 +235,8 @@ def test_the_linear_path_replays_one_graph_per_penalty_kind_with_the_numbers_of_
     monkeypatch.setattr(cuda_graphs.GraphedStep, "_capture", lambda self, step, on_fail: type("G", (), {
         "replay": staticmethod(step)})())
     graphed, solvers = fit()
-    assert solvers and all(set(s.graphs.graphs) == {"l2", "l1"} and s.head == 0 for s in solvers)
+    per_solver = {"l2", "l1", ("start", "l2"), ("start", "l1"), "left"}  # iterations, a solve's start and end
+    assert solvers and all(set(s.graphs.graphs) == per_solver and s.head == 0 for s in solvers)
     assert graphed.keys() == eager.keys()
     assert all(np.array_equal(np.asarray(graphed[k]), np.asarray(eager[k])) for k in eager)
 
@@ -275,3 +276,25 @@ def test_modules_go_to_cuda_in_one_transfer_per_module_and_type(monkeypatch):
         assert all(torch.equal(m.state_dict()[k], v) for k, v in state.items())
         assert len({p.untyped_storage().data_ptr() for p in m.parameters()}) == 1  # views of its transfer
     assert models[0][0].weight.untyped_storage().data_ptr() != models[1][0].weight.untyped_storage().data_ptr()
+
+
+def test_the_subspace_iteration_replays_one_gram_schmidt_graph_per_shape_with_the_eager_numbers(fake_streams,
+                                                                                                monkeypatch):
+    """`GraphedGramSchmidt`: the moment stage's orthonormalisations (22 a target) are one graph per
+    input shape, copied in and out; the directions are those of the eager Gram–Schmidt, bit for bit.
+    The stand-in capture keeps the step and each replay runs it again: nothing its Python reads
+    changes between calls but the input, which is copied into the graph's own."""
+    from evaluators.fitting import moments
+
+    monkeypatch.setattr(cuda_graphs.GraphedStep, "_capture", lambda self, step, on_fail: type("G", (), {
+        "replay": staticmethod(step)})())
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 40, 40, generator=gen)
+    delta = a + a.transpose(1, 2)
+    graphed = moments.GraphedGramSchmidt("cuda")
+    eager = moments._top_eigenvectors(delta, 4, orthonormal=moments.gram_schmidt)
+    replayed = moments._top_eigenvectors(delta, 4, orthonormal=graphed)
+    again = moments._top_eigenvectors(delta[:3], 4, replayed[1][:3], 5, graphed)  # another shape
+    assert all(torch.equal(x, y) for x, y in zip(eager, replayed))
+    assert torch.equal(again[0], moments._top_eigenvectors(delta[:3], 4, eager[1][:3], 5, moments.gram_schmidt)[0])
+    assert set(graphed.graphs.graphs) == {((6, 40, 12), torch.float32), ((3, 40, 12), torch.float32)}

@@ -3,11 +3,12 @@ moments (`evaluators.fitting.fit_probes`, step 1b)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from evaluators.cuda_graphs import GraphedStep
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
 from evaluators.fitting.scoring import _fail
 
@@ -30,6 +31,7 @@ def _moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReade
     directions are those it gets alone. A row set's principal basis is computed once for all of its
     targets (its jobs share their input and its standardisation)."""
     bases: dict[int, torch.Tensor] = {}
+    orthonormal = GraphedGramSchmidt(device) if device.split(":")[0] in GRAPHED_DEVICES else None
 
     def basis(r: int, job: ProbeJob) -> torch.Tensor:
         if r not in bases:
@@ -40,14 +42,15 @@ def _moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReade
         for chunk in _chunks(members, readers[members[0][0]].row_shape[-1], budget):
             try:
                 directions = stacked_directions([readers[r] for r, _ in chunk], [j for _, j in chunk], MOMENT_DIMS,
-                                                device, bases=[basis(r, j) for r, j in chunk])
+                                                device, bases=[basis(r, j) for r, j in chunk], orthonormal=orthonormal)
             except Exception:  # noqa: BLE001 — alone, a failing row set fails only its own probes
                 directions = None
             for i, (r, job) in enumerate(chunk):
                 sharing = [job] if job.linear_key is None else [j for j in jobs[r] if j.linear_key == job.linear_key]
                 try:
                     mine = directions[i] if directions is not None else \
-                        stacked_directions([readers[r]], [job], MOMENT_DIMS, device, bases=[basis(r, job)])[0]
+                        stacked_directions([readers[r]], [job], MOMENT_DIMS, device, bases=[basis(r, job)],
+                                           orthonormal=orthonormal)[0]
                     for other in sharing:
                         other.model.init_from_moments(mine.to(device))
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
@@ -98,21 +101,24 @@ def class_directions(reader: RowReader, job: ProbeJob, dims: int, rank: int, dev
 
 @torch.no_grad()
 def stacked_directions(readers: Sequence[RowReader], jobs: Sequence[ProbeJob], dims: int, device: str = "cpu",
-                       rank: int | None = None, bases: Sequence[torch.Tensor | None] | None = None
-                       ) -> list[torch.Tensor]:
+                       rank: int | None = None, bases: Sequence[torch.Tensor | None] | None = None,
+                       orthonormal: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor]:
     """`class_directions` of several row sets (one job each, all with the same targets and rank),
     their eigen-solves batched. `bases`: each row set's principal basis (`principal_basis`) where
-    the caller has it already (the jobs of a row set share their input and its standardisation)."""
+    the caller has it already (the jobs of a row set share their input and its standardisation);
+    `orthonormal`: the subspace iteration's (default `_orthonormal`; the stage's `GraphedGramSchmidt`)."""
     rank = rank if rank is not None else getattr(jobs[0].model, "rank", 8)
     bases = bases if bases is not None else [None] * len(readers)
     parts = [_class_difference(reader, job, dims, device, basis) for reader, job, basis in zip(readers, jobs, bases)]
     k = parts[0][1].shape[1]
     delta = parts[0][1][None] if len(parts) == 1 else torch.stack([p[1] for p in parts])  # R x half x K x m x m
     r, _, _, m, _ = delta.shape
-    candidates, block = _top_eigenvectors(delta[:, 0].reshape(r * k, m, m), rank)  # the first half
+    candidates, block = _top_eigenvectors(delta[:, 0].reshape(r * k, m, m), rank,  # the first half
+                                          orthonormal=orthonormal)
     candidates = candidates.reshape(r, k, m, -1)
     # both halves: their leading subspace is near the first half's, from which a few iterations reach it
-    top = _top_eigenvectors(delta.mean(1).reshape(r * k, m, m), rank, block, EIGEN_REFINE)[0].reshape(r, k, m, -1)
+    top = _top_eigenvectors(delta.mean(1).reshape(r * k, m, m), rank, block, EIGEN_REFINE,
+                            orthonormal)[0].reshape(r, k, m, -1)
     out = []
     for i, (reader, (basis, _, weights, mu, sigma)) in enumerate(zip(readers, parts)):
         keep = _confirmed(reader, weights, mu, sigma, basis, candidates[i])  # K x rank, on the second half
@@ -242,7 +248,9 @@ EIGEN_OVERSAMPLE = 8
 
 
 def _top_eigenvectors(delta: torch.Tensor, rank: int, start: torch.Tensor | None = None,
-                      iterations: int = EIGEN_ITERATIONS) -> tuple[torch.Tensor, torch.Tensor]:
+                      iterations: int = EIGEN_ITERATIONS,
+                      orthonormal: Callable[[torch.Tensor], torch.Tensor] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per bit, the `rank` eigenvectors of a symmetric K x m x m stack with the largest |eigenvalue|,
     by block subspace iteration with a Rayleigh–Ritz step: only `rank` of m eigenvectors are wanted,
     and a full eigendecomposition of every bit's matrix cost seconds per target. (Those K x m x rank,
@@ -253,9 +261,10 @@ def _top_eigenvectors(delta: torch.Tensor, rank: int, start: torch.Tensor | None
     if start is None:
         gen = torch.Generator().manual_seed(0)
         start = to_device(torch.randn(m, width, generator=gen, dtype=delta.dtype), delta.device).expand(k, -1, -1)
-    q = _orthonormal(start)
+    orthonormal = orthonormal or _orthonormal
+    q = orthonormal(start)
     for _ in range(iterations):
-        q = _orthonormal(delta @ q)
+        q = orthonormal(delta @ q)
     values, vectors = torch.linalg.eigh(q.transpose(1, 2) @ delta @ q)
     order = values.abs().argsort(dim=-1, descending=True)
     ritz = torch.gather(q @ vectors, 2, order[:, None, :].expand(-1, m, -1))  # K x m x width, largest |λ| first
@@ -287,6 +296,30 @@ def gram_schmidt(x: torch.Tensor) -> torch.Tensor:
         keep = norm > 1e-5 * x[..., j : j + 1].norm(dim=-2, keepdim=True)
         q[..., j : j + 1] = torch.where(keep, v / norm.clamp_min(tiny), torch.zeros_like(v))
     return q
+
+
+#: The devices whose Gram–Schmidt is replayed from CUDA graphs (`GraphedGramSchmidt`; CUDA only).
+GRAPHED_DEVICES = ("cuda",)
+
+
+class GraphedGramSchmidt:
+    """`gram_schmidt` replayed from a CUDA graph per input shape: a call is ~300 small kernels (a few
+    per column), and the moment stage makes 22 calls of one shape per target, 27,000 launches from
+    Python a fit; replayed, the same kernels, so the same numbers. The input is copied into the
+    graph's own and the output copied out of it."""
+
+    def __init__(self, device: str) -> None:
+        self.graphs = GraphedStep(device)
+        self.io: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per shape and type, the graph's input and output
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        key = (tuple(x.shape), x.dtype)
+        if key not in self.io:
+            self.io[key] = (torch.empty_like(x), torch.empty_like(x))
+        given, out = self.io[key]
+        given.copy_(x)
+        self.graphs.run(key, lambda: out.copy_(gram_schmidt(given)))
+        return out.clone()
 
 
 #: A direction found on one half of the training rows is kept when the other half's class
