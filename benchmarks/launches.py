@@ -71,8 +71,11 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
     graphs: dict[str, Counter] = {}  # per stage, runs per graph (its GraphedStep and key)
     ops: dict[str, Counter] = {}  # per stage, operations per graph, one run
 
+    owners: dict[int, object] = {}  # every graph's owner kept alive, so that no other reuses its id
+
     def graphed_run(self, key, step, warm_key=None, on_fail=None):  # noqa: ANN001 — GraphedStep.run, counted
         stage, graph = mode.where[-1], (id(self), key)
+        owners[id(self)] = self
         graphs.setdefault(stage, Counter())[graph] += 1
         before = mode.counts["graphed"]
         try:

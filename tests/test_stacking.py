@@ -304,3 +304,19 @@ def test_a_stacked_fit_reads_each_training_file_once_where_the_budget_holds_them
         assert min(takes) > 5, takes
     else:
         assert takes == [reads] * len(sets), takes
+
+
+def test_a_stacks_batch_is_one_gather_of_the_same_rows():
+    """`_TrainRows`: row sets of one shape held in one tensor give each stack's batch (all of them or
+    a subset, as stacks shrink) as a gather per row set and a stack of them would; other shapes are
+    held apart."""
+    rng = np.random.default_rng(0)
+    arrays = {i: rng.normal(size=(10, 3)).astype(np.float32) for i in (2, 5, 7)}
+    index = torch.tensor([0, 3, 4, 9])
+    held = stacked_stage._TrainRows(arrays, "cpu")
+    for sets in [(2, 5, 7), (5, 7), (2, 7), (7,)]:
+        want = torch.stack([torch.from_numpy(arrays[i])[index] for i in sets])
+        assert torch.equal(held.batch(sets, index), want)
+    assert held.block is not None
+    mixed = stacked_stage._TrainRows({**arrays, 9: rng.normal(size=(10, 4)).astype(np.float32)}, "cpu")
+    assert mixed.block is None and torch.equal(mixed.batch((2, 5), index), held.batch((2, 5), index))

@@ -435,14 +435,15 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
         on_device = to_device(np.concatenate(batches), device).split([len(b) for b in batches]) \
             if rows is not None else batches
         for idx, index in zip(batches, on_device):
-            x = {i: rows[i][index] if rows is not None else torch.from_numpy(inputs[i]["train"].take(idx)).to(device)
-                 for i in sorted({i for s in stacks for i in s.sets})}
+            x = None if rows is not None else {i: torch.from_numpy(inputs[i]["train"].take(idx)).to(device)
+                                               for i in sorted({i for s in stacks for i in s.sets})}
             stacked: dict[tuple[int, ...], torch.Tensor] = {}  # most stacks hold the same row sets: stacked once
             for s in list(stacks):
                 try:
                     sets = tuple(s.sets)
                     if sets not in stacked:
-                        stacked[sets] = torch.stack([x[i] for i in sets])
+                        stacked[sets] = rows.batch(sets, index) if rows is not None else \
+                            torch.stack([x[i] for i in sets])
                     with streams.lane(lane[id(s)], stacked[sets], index):
                         target, cond, prior = _codes(s.jobs[0], "train", index, device, held)
                         s.train(stacked[sets], target, cond, prior, device)
@@ -545,8 +546,32 @@ def _stacked_chunks(readers: Sequence[RowReader | HeldSplit], batch: int, device
         yield idx, torch.stack(rows)
 
 
+class _TrainRows:
+    """The stacked row sets' training rows on the device for a stage, in one tensor (row sets x N x ...)
+    where their rows have one shape: a stack's batch is then one gather, where a gather per row set
+    and a stack of them were 27 kernels a batch for 26 row sets (the same rows either way)."""
+
+    def __init__(self, arrays: dict[int, np.ndarray], device: str) -> None:
+        self.position = {i: k for k, i in enumerate(arrays)}
+        shapes = {a.shape for a in arrays.values()}
+        self.block = torch.from_numpy(np.stack(list(arrays.values()))).to(device) if len(shapes) == 1 else None
+        self.each = None if self.block is not None else {i: torch.from_numpy(a).to(device) for i, a in arrays.items()}
+        self.picks: dict[tuple[int, ...], torch.Tensor] = {}  # per subset of the row sets, their positions
+
+    def batch(self, sets: tuple[int, ...], index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` of row sets `sets` (len(sets) x len(index) x ...)."""
+        if self.block is None:
+            return torch.stack([self.each[i][index] for i in sets])
+        positions = [self.position[i] for i in sets]
+        if positions == list(range(len(self.position))):
+            return self.block[:, index]
+        if sets not in self.picks:
+            self.picks[sets] = to_device(torch.tensor(positions), self.block.device)
+        return self.block[self.picks[sets][:, None], index[None, :]]
+
+
 def _held_rows(stacks: list[_Stack], inputs: Sequence[dict[str, RowReader]], device: str, config: TrainConfig
-               ) -> tuple[dict[int, torch.Tensor] | None, HeldCodes | None, list[RowReader | HeldSplit]]:
+               ) -> tuple[_TrainRows | None, HeldCodes | None, list[RowReader | HeldSplit]]:
     """Every row set's training rows and validation split (`HeldSplit`; where all of them fit the
     stack's memory budget, else validation reads its readers) and the stacked jobs' training codes,
     on the device for the whole stage (`gradient._held_on_device`)."""
@@ -557,6 +582,6 @@ def _held_rows(stacks: list[_Stack], inputs: Sequence[dict[str, RowReader]], dev
     held = HeldCodes(jobs, "train", device)
     if size > stack_budget(config, device):
         return None, held, readers
-    rows = {i: torch.from_numpy(inputs[i]["train"].read_all()).to(device) for i in sets}
+    rows = _TrainRows({i: inputs[i]["train"].read_all() for i in sets}, device)
     val = [HeldSplit(reader, jobs, "val", device) if i in sets else reader for i, reader in enumerate(readers)]
     return rows, held, val
