@@ -6,7 +6,7 @@ sat 90 % idle. This runs the fit of linear, quadratic, dnn over the row sets of
 Gram–Schmidt), here eagerly on the CPU, and counts every tensor operation that is not a view (a GPU
 launches a kernel or more for each) by stage. The steps CUDA replays from graphs
 (`evaluators.cuda_graphs.GraphedStep`: the linear stage's L-BFGS iterations and each solve's start
-and end, the moment stage's Gram–Schmidt, a stacked training step) are counted apart, by the stage
+and end, the moment stage's Gram–Schmidt, a stacked training step and validation pass) are counted apart, by the stage
 that runs them: CUDA launches their operations only when it warms a graph up or captures it
 (`WARMUP` runs, then one capture per graph), and one replay per run after.
 Run it for 2 and 4 row sets: a stage whose count grows with the row sets launches per row set.
@@ -89,11 +89,18 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
     patches.append((columns, "fit_row_sets", "other"))  # the fit's work outside its stages (what is outside the fit
     # runs on the host: CUDA's probes are built and copied on the CPU and moved to the device in the fit)
     saved = [(m, n, getattr(m, n)) for m, n, _ in patches] + [(cuda_graphs.GraphedStep, "run", cuda_graphs.GraphedStep.run),
-                                                              (stacked._Stack, "train_eagerly", stacked._Stack.train_eagerly)]
+                                                              (stacked._Stack, "train_eagerly", stacked._Stack.train_eagerly),
+                                                              (stacked._StepGraphs, "validation_bits",
+                                                               stacked._StepGraphs.validation_bits)]
     train = stacked._Stack.train_eagerly
 
     def train_counted(self, x, *rest):  # noqa: ANN001 — a stack's step is graphed per batch shape on CUDA only
         graphed_run(self, tuple(x.shape), lambda: train(self, x, *rest))
+
+    def validation_counted(self, key, bits, x):  # noqa: ANN001 — a validation chunk's pass, graphed on CUDA only
+        out: list = []
+        graphed_run(self, key, lambda: out.append(bits()))
+        return out[0]
     devices = [(stacked, "STACKED_DEVICES"), (stacked, "GRAPHED_DEVICES"), (moments, "DENSE_DEVICES"),
                (moments, "GRAPHED_DEVICES"), (linear_solver, "GRAPHED_DEVICES")]
     saved += [(m, n, getattr(m, n)) for m, n in devices]
@@ -102,6 +109,7 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
             setattr(m, n, mode.tagged(stage, getattr(m, n)))
         cuda_graphs.GraphedStep.run = graphed_run
         stacked._Stack.train_eagerly = train_counted
+        stacked._StepGraphs.validation_bits = validation_counted
         for m, n in devices:
             setattr(m, n, ("cuda", "cpu"))
         with tempfile.TemporaryDirectory() as tmp:

@@ -320,3 +320,39 @@ def test_a_stacks_batch_is_one_gather_of_the_same_rows():
     assert held.block is not None
     mixed = stacked_stage._TrainRows({**arrays, 9: rng.normal(size=(10, 4)).astype(np.float32)}, "cpu")
     assert mixed.block is None and torch.equal(mixed.batch((2, 5), index), held.batch((2, 5), index))
+
+
+def test_validation_reads_the_same_held_tensors_every_epoch(task, monkeypatch):
+    """A graphed stack's validation pass is replayed from a graph per chunk (`_StepGraphs.validation_bits`),
+    which reads the memory its capture saw: with the split held on the device, each stack's chunk
+    rows and indices must be the same tensors at every epoch (stacked once for the stage)."""
+    monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(stacked_stage, "GRAPHED_DEVICES", ("cuda", "cpu"))
+    seen: dict[tuple, list] = {}  # the tensors themselves, kept alive: a new one cannot take an old one's memory
+    chunk_bits = stacked_stage._chunk_bits
+
+    def watched(s, x, idx, device, held):  # noqa: ANN001
+        seen.setdefault((id(s), x.shape), []).append((x, idx))
+        return chunk_bits(s, x, idx, device, held)
+    monkeypatch.setattr(stacked_stage, "_chunk_bits", watched)
+    evaluate_binding_sets(_row_sets(task, 2), task, ["quadratic", "dnn"], train=CONFIG, n_boot=20)
+    assert len(seen) >= 4 and all(len(passes) > 2 for passes in seen.values())  # epochs
+    assert all(x is passes[0][0] and idx is passes[0][1] for passes in seen.values() for x, idx in passes)
+
+
+def test_a_validation_chunk_is_replayed_into_the_tensor_its_first_pass_made(monkeypatch):
+    """`validation_bits`: the first call runs eagerly and its output is the tensor later calls (warm-ups,
+    then replays of the captured pass) write in place, one graph per chunk."""
+    from evaluators import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs.GraphedStep, "_on_side_stream", lambda self, step: step())
+    monkeypatch.setattr(cuda_graphs.GraphedStep, "_capture", lambda self, step, on_fail: type("G", (), {
+        "replay": staticmethod(step)})())
+    stack = type("S", (), {"params": {"w": torch.zeros(1)}, "trained": ["w"]})()
+    graphs = stacked_stage._StepGraphs(stack)
+    value = torch.tensor([1.0, 2.0])
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    outs = [graphs.validation_bits(0, lambda: value * k, value) for k in range(1, 5)]
+    monkeypatch.undo()
+    assert all(o is outs[0] for o in outs) and outs[0].tolist() == [4.0, 8.0]
+    assert set(graphs.validation.graphs) == {0} and graphs.validation.warmed[0] == cuda_graphs.WARMUP

@@ -25,7 +25,7 @@ inputs; four stacked row sets' gradient stage took 87 s, the same four one after
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -288,6 +288,23 @@ class _StepGraphs:
         self.stack = stack
         self.step = GraphedStep(stack.params[stack.trained[0]].device)
         self.inputs: dict[tuple, tuple] = {}  # per batch shape, the tensors its graph reads the batch from
+        self.validation = GraphedStep(stack.params[stack.trained[0]].device)
+        self.outputs: dict[Hashable, torch.Tensor] = {}  # per validation chunk, the tensor its graph writes
+
+    def validation_bits(self, key: Hashable, bits: Callable[[], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """`bits()`, a validation chunk's forward (reading only tensors that stay where they are for
+        the stage: the held split's rows and codes, the stack's weights), replayed from a graph per
+        chunk: ~100 kernels a stack and epoch, launched from Python, otherwise (eagerly off CUDA: `x`,
+        the chunk's rows, says where). The first call runs eagerly and gives the output's shape; each
+        call's output is overwritten by the next."""
+        if not x.is_cuda:
+            return bits()
+        if key not in self.outputs:
+            self.outputs[key] = bits()
+            return self.outputs[key]
+        out = self.outputs[key]
+        self.validation.run(key, lambda: out.copy_(bits()))
+        return out
 
     def run(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None, prior: torch.Tensor | None,
             device: str) -> None:
@@ -423,7 +440,8 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
     starts = {id(j): state for s in stacks for j, state in zip(s.jobs, s.starting_states())}
     failed: list[list[ProbeJob]] = [[] for _ in inputs]
     rows, held, val = _held_rows(stacks, inputs, device, config)
-    stacks = _validate(stacks, val, config, device, active, 0, n_train, starts)
+    chunks: dict[tuple[int, ...], list] = {}  # the held validation split's chunks, stacked once for the stage
+    stacks = _validate(stacks, val, config, device, active, 0, n_train, starts, chunks)
     for epoch in range(1, config.epochs + 1):
         if not stacks:
             break
@@ -455,7 +473,7 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
                         failed[s.sets[k]].append(s.jobs[k])
         n_sets = len({s.sets[k] for s in stacks for k in s.live})
         streams.join()
-        stacks = _validate(stacks, val, config, device, active, epoch, n_train)
+        stacks = _validate(stacks, val, config, device, active, epoch, n_train, chunks=chunks)
         if progress:
             progress(n_sets)
     again = {id(j) for jobs in failed for j in jobs}
@@ -467,16 +485,18 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
 
 def _validate(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], config: TrainConfig, device: str,
               active: Sequence[dict[str, ProbeJob]], epoch: int, n_train: int,
-              starts: dict[int, dict[str, torch.Tensor]] | None = None) -> list[_Stack]:
+              starts: dict[int, dict[str, torch.Tensor]] | None = None,
+              chunks: dict[tuple[int, ...], list] | None = None) -> list[_Stack]:
     """Score every stacked job on its row set's validation split (`val`, per row set) and count the
     epoch in its course (epoch 0: the stage's start, each job's weights there in `starts`, by id);
-    a job that stops or fails leaves its stack, and a stack with none left is dropped."""
+    a job that stops or fails leaves its stack, and a stack with none left is dropped. `chunks`:
+    the stage's held validation chunks (`_stack_bits`)."""
     if epoch:  # every stack's training bits in one read
         sums = torch.cat([s.train_sum for s in stacks]).tolist() if stacks else []
         ends = np.cumsum([0] + [len(s.jobs) for s in stacks])
         train = [sums[a:b] for a, b in zip(ends[:-1], ends[1:])]
     going: list[list[int]] = [[] for _ in stacks]
-    for a, (s, bits) in enumerate(zip(stacks, _stack_bits(stacks, val, config.batch_size, device))):
+    for a, (s, bits) in enumerate(zip(stacks, _stack_bits(stacks, val, config.batch_size, device, chunks))):
         for k in s.live:
             course = s.courses[k]
             if isinstance(bits, Exception):
@@ -498,25 +518,38 @@ def _validate(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], config
     return [s for s in stacks if s.live]
 
 
-def _stack_bits(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], batch: int, device: str
-                ) -> list[np.ndarray | Exception]:
+def _stack_bits(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], batch: int, device: str,
+                chunks: dict[tuple[int, ...], list] | None = None) -> list[np.ndarray | Exception]:
     """Per stack, its row sets' bits per validation scene (row sets x scenes), or the exception its
     forward pass raised: one vmap'd pass per stack and chunk, and one transfer for all of them.
     Scored probe by probe, the 26 row sets' 15 probes of dinov2-small launched ~16,000 small
-    kernels an epoch (2.6 s of a 22 s fit on an H200)."""
-    chunks: dict[tuple[int, ...], list] = {}  # most stacks hold the same row sets: their rows stacked once
+    kernels an epoch (2.6 s of a 22 s fit on an H200). Where the split is held on the device
+    (`HeldSplit`), its chunks are stacked once in `chunks` (the stage's) and a graphed stack's
+    passes are replayed from graphs (`_StepGraphs.validation_bits`)."""
+    mine: dict[tuple[int, ...], list] = {}  # most stacks hold the same row sets: their rows stacked once
     parts: list[torch.Tensor | Exception] = []
     for s in stacks:
         sets = tuple(s.sets)
         try:
-            if sets not in chunks:
-                chunks[sets] = list(_stacked_chunks([val[i] for i in sets], batch, device))
             held = val[sets[0]].codes if isinstance(val[sets[0]], HeldSplit) else None
-            parts.append(torch.cat([s.scene_bits(x, *_codes(s.jobs[0], "val", idx, device, held), device)
-                                    for idx, x in chunks[sets]], dim=1).float())
+            kept = chunks is not None and all(isinstance(val[i], HeldSplit) for i in sets)
+            stacked = chunks if kept else mine
+            if sets not in stacked:
+                stacked[sets] = list(_stacked_chunks([val[i] for i in sets], batch, device))
+            pieces = []
+            for c, (idx, x) in enumerate(stacked[sets]):
+                bits = partial(_chunk_bits, s, x, idx, device, held)
+                pieces.append(s.graphs.validation_bits(c, bits, x) if kept and s.graphs is not None else bits())
+            parts.append(torch.cat(pieces, dim=1).float())
         except Exception as e:  # noqa: BLE001 — the stack's row sets fail, the others go on
             parts.append(e)
     return _on_host(parts)
+
+
+def _chunk_bits(s: _Stack, x: torch.Tensor, idx: np.ndarray | torch.Tensor, device: str,
+                held: HeldCodes | None) -> torch.Tensor:
+    """A stack's row sets' bits per scene on a validation chunk (rows `idx`, stacked inputs `x`)."""
+    return s.scene_bits(x, *_codes(s.jobs[0], "val", idx, device, held), device)
 
 
 def _on_host(parts: Sequence[torch.Tensor | Exception]) -> list[np.ndarray | Exception]:
@@ -573,11 +606,13 @@ class _TrainRows:
 def _held_rows(stacks: list[_Stack], inputs: Sequence[dict[str, RowReader]], device: str, config: TrainConfig
                ) -> tuple[_TrainRows | None, HeldCodes | None, list[RowReader | HeldSplit]]:
     """Every row set's training rows and validation split (`HeldSplit`; where all of them fit the
-    stack's memory budget, else validation reads its readers) and the stacked jobs' training codes,
-    on the device for the whole stage (`gradient._held_on_device`)."""
+    stack's memory budget, the validation split counted twice as `_stack_bits` stacks it once more,
+    else validation reads its readers) and the stacked jobs' training codes, on the device for the
+    whole stage (`gradient._held_on_device`)."""
     readers = [one["val"] for one in inputs]
     sets = sorted({i for s in stacks for i in s.sets})
-    size = sum((len(inputs[i]["train"]) + len(inputs[i]["val"])) * inputs[i]["train"].float_row_bytes for i in sets)
+    size = sum((len(inputs[i]["train"]) + 2 * len(inputs[i]["val"])) * inputs[i]["train"].float_row_bytes
+               for i in sets)
     jobs = [s.jobs[0] for s in stacks]
     held = HeldCodes(jobs, "train", device)
     if size > stack_budget(config, device):
