@@ -491,12 +491,15 @@ def _validate(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], config
     epoch in its course (epoch 0: the stage's start, each job's weights there in `starts`, by id);
     a job that stops or fails leaves its stack, and a stack with none left is dropped. `chunks`:
     the stage's held validation chunks (`_stack_bits`)."""
-    if epoch:  # every stack's training bits in one read
-        sums = torch.cat([s.train_sum for s in stacks]).tolist() if stacks else []
+    # every stack's training bits in the validation bits' read (each read waits for the device)
+    sums = [torch.cat([s.train_sum for s in stacks])] if epoch and stacks else []
+    scored = _stack_bits(stacks, val, config.batch_size, device, chunks, sums)
+    if epoch and stacks:
+        totals = scored[-1].tolist()
         ends = np.cumsum([0] + [len(s.jobs) for s in stacks])
-        train = [sums[a:b] for a, b in zip(ends[:-1], ends[1:])]
+        train = [totals[a:b] for a, b in zip(ends[:-1], ends[1:])]
     going: list[list[int]] = [[] for _ in stacks]
-    for a, (s, bits) in enumerate(zip(stacks, _stack_bits(stacks, val, config.batch_size, device, chunks))):
+    for a, (s, bits) in enumerate(zip(stacks, scored)):
         for k in s.live:
             course = s.courses[k]
             if isinstance(bits, Exception):
@@ -519,13 +522,15 @@ def _validate(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], config
 
 
 def _stack_bits(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], batch: int, device: str,
-                chunks: dict[tuple[int, ...], list] | None = None) -> list[np.ndarray | Exception]:
+                chunks: dict[tuple[int, ...], list] | None = None, extra: Sequence[torch.Tensor] = ()
+                ) -> list[np.ndarray | Exception]:
     """Per stack, its row sets' bits per validation scene (row sets x scenes), or the exception its
     forward pass raised: one vmap'd pass per stack and chunk, and one transfer for all of them.
     Scored probe by probe, the 26 row sets' 15 probes of dinov2-small launched ~16,000 small
     kernels an epoch (2.6 s of a 22 s fit on an H200). Where the split is held on the device
     (`HeldSplit`), its chunks are stacked once in `chunks` (the stage's) and a graphed stack's
-    passes are replayed from graphs (`_StepGraphs.validation_bits`)."""
+    passes are replayed from graphs (`_StepGraphs.validation_bits`). `extra` float tensors come back
+    in the same transfer, after the stacks' bits."""
     mine: dict[tuple[int, ...], list] = {}  # most stacks hold the same row sets: their rows stacked once
     parts: list[torch.Tensor | Exception] = []
     for s in stacks:
@@ -543,7 +548,7 @@ def _stack_bits(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], batc
             parts.append(torch.cat(pieces, dim=1).float())
         except Exception as e:  # noqa: BLE001 — the stack's row sets fail, the others go on
             parts.append(e)
-    return _on_host(parts)
+    return _on_host(parts + list(extra))
 
 
 def _chunk_bits(s: _Stack, x: torch.Tensor, idx: np.ndarray | torch.Tensor, device: str,
