@@ -356,3 +356,25 @@ def test_a_validation_chunk_is_replayed_into_the_tensor_its_first_pass_made(monk
     monkeypatch.undo()
     assert all(o is outs[0] for o in outs) and outs[0].tolist() == [4.0, 8.0]
     assert set(graphs.validation.graphs) == {0} and graphs.validation.warmed[0] == cuda_graphs.WARMUP
+
+
+def test_the_best_weights_of_a_stage_load_in_one_copy_per_type(monkeypatch):
+    """`load_states`: what `load_state_dict` of each module loads, in one multi-tensor copy per
+    (device, type); a state that does not match its module is refused as `load_state_dict` refuses it."""
+    from evaluators.fitting.gradient import load_states
+
+    def model(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+        m.register_buffer("count", torch.full((2,), seed, dtype=torch.long))
+        return m
+    targets, sources = [model(0), model(1)], [model(2), model(3)]
+    calls: list = []
+    copy = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dst, src: calls.append(len(dst)) or copy(dst, src))
+    load_states([(t, {k: v.clone() for k, v in s.state_dict().items()}) for t, s in zip(targets, sources)])
+    assert sorted(calls) == [2, 8]  # the two modules' long buffers, their eight float tensors
+    for t, s in zip(targets, sources):
+        assert all(torch.equal(a, b) for a, b in zip(t.state_dict().values(), s.state_dict().values()))
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_states([(targets[0], {**targets[0].state_dict(), "0.weight": torch.zeros(5, 3)})])

@@ -34,7 +34,7 @@ from torch.func import functional_call, vmap
 from evaluators.cuda_graphs import GraphedStep, SideStreams
 from evaluators.early_stopping import WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget, to_device
-from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained
+from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained, load_states
 from evaluators.fitting.scoring import _SCORE_BYTES, HeldCodes, HeldSplit, _codes, _fail, _score_sets
 from evaluators.probes import anchor, scene_bits
 from evaluators.token_encoder import TokenEncoder
@@ -477,9 +477,10 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
         if progress:
             progress(n_sets)
     again = {id(j) for jobs in failed for j in jobs}
-    for c in courses:
-        if id(c.job) not in again:
-            c.conclude()
+    concluding = [c for c in courses if id(c.job) not in again]
+    load_states([(c.job.model, c.state) for c in concluding if c.result.error is None])
+    for c in concluding:
+        c.conclude(load=False)
     return failed
 
 
