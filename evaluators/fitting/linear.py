@@ -42,22 +42,35 @@ def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str,
                             config.l1_iterations, config.l1_first_iterations)
     found = [(r, group) for r, (mine, rows) in enumerate(zip(jobs, inputs))
              for group in _row_set_problems(mine, rows, device, results[r], active[r])]
-    # one read for every group's check, however many row sets: inputs holding NaN or inf fail their targets
-    finite = torch.stack([torch.isfinite(g[0]).all() & torch.isfinite(g[1]).all() for _, g in found]).tolist() \
-        if found else []
+    # each group is stacked with the first group of its shapes where it poses the same problems; one
+    # read for every group's check (inputs holding NaN or inf fail their targets) and comparison with
+    # its first, however many row sets
+    first: dict[tuple, int] = {}
+    checks: list[tuple[int, torch.Tensor]] = []
+    for i, (_, group) in enumerate(found):
+        lead = first.setdefault(_shapes(group), i)
+        if lead != i:
+            checks.append((i, _equal_problems(found[lead][1], group)))
+    flags = torch.stack([torch.isfinite(g[0]).all() & torch.isfinite(g[1]).all() for _, g in found]
+                        + [c for _, c in checks]).tolist() if found else []
+    finite, equal = flags[:len(found)], dict(zip((i for i, _ in checks), flags[len(found):]))
     stacks: list[list[tuple[int, _Group]]] = []  # the same group of several row sets: [(row set, group)]
-    for (r, group), ok in zip(found, finite):
+    home_of: dict[int, list[tuple[int, _Group]]] = {}  # a first group's stack
+    for i, ((r, group), ok) in enumerate(zip(found, finite)):
         if not ok:
             for members, _, _ in group[2]:
                 for job in members:
                     _fail(results[r][job.name], FloatingPointError("the activations hold NaN or inf"), active[r],
                           job.name)
             continue
-        home = next((st for st in stacks if _stackable(st[0][1], group)), None)
+        lead = first[_shapes(group)]
+        home = home_of.get(lead) if equal.get(i) else None
+        if home is None and i != lead:  # not its first's problems: any other stack's (as rare as it is)
+            home = next((st for st in stacks if _stackable(st[0][1], group)), None)
         if home is None:
-            stacks.append([(r, group)])
-        else:
-            home.append((r, group))
+            home = home_of[i] = []
+            stacks.append(home)
+        home.append((r, group))
     for stack in stacks:
         if len(stack) == 1:
             _linear_stage_alone(stack[0], settings, results, active)
@@ -113,8 +126,22 @@ def _row_set_problems(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], de
 def _stackable(a: _Group, b: _Group) -> bool:
     """Whether two row sets' groups can be solved as one batch: inputs of one shape, and the
     same problems (targets, priors, extra features) in the same order."""
-    return (a[0].shape == b[0].shape and a[1].shape == b[1].shape and len(a[2]) == len(b[2])
-            and all(_same_problem(p[1], q[1]) and _same_problem(p[2], q[2]) for p, q in zip(a[2], b[2])))
+    return _shapes(a) == _shapes(b) and bool(_equal_problems(a, b))
+
+
+def _shapes(group: _Group) -> tuple:
+    """A group's shapes (its inputs', each problem's tensors'): two groups can stack only where these agree."""
+    return (tuple(group[0].shape), tuple(group[1].shape),
+            tuple(tuple(getattr(p[s], f).shape) for p in group[2] for s in (1, 2) for f in _PROBLEM_FIELDS))
+
+
+def _equal_problems(a: _Group, b: _Group) -> torch.Tensor:
+    """Whether two groups of the same shapes (`_shapes`) pose the same problems, on the device (read
+    once by the caller: `torch.equal` reads the device for each tensor, ~50 waits a row set)."""
+    pairs = [(getattr(p[s], f), getattr(q[s], f)) for p, q in zip(a[2], b[2]) for s in (1, 2) for f in _PROBLEM_FIELDS]
+    if not pairs:
+        return torch.ones((), dtype=torch.bool, device=a[0].device)
+    return torch.stack([(x == y).all() for x, y in pairs]).all()
 
 
 def _solve(stack: list[tuple[int, _Group]], settings: PathSettings) -> list[PathSolution]:
@@ -179,7 +206,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _same_problem(a: LinearProblem, b: LinearProblem) -> bool:
     """Whether two targets pose the same problem on the same input: solved once, they get the same
     solution, where two solves could differ in their last bits."""
-    return all(_same(getattr(a, f), getattr(b, f)) for f in ("targets", "offsets", "free", "extra", "extra_mask"))
+    return all(_same(getattr(a, f), getattr(b, f)) for f in _PROBLEM_FIELDS)
+
+
+#: What a `LinearProblem` is: two with these equal are the same problem.
+_PROBLEM_FIELDS = ("targets", "offsets", "free", "extra", "extra_mask")
 
 
 def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str) -> tuple[torch.Tensor, LinearProblem]:
