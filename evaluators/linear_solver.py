@@ -419,6 +419,7 @@ class _LBFGS:
         self.step.fill_(1.0)
 
     def _left(self) -> None:
+        """What each problem still expects to gain at the solve's end (`remaining`), into `left`."""
         self.left.copy_(self.remaining(self.g, self.h, self.settings.tolerance))
 
     def iterate(self, kind: str) -> None:

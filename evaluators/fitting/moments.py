@@ -310,7 +310,7 @@ class GraphedGramSchmidt:
 
     def __init__(self, device: str) -> None:
         self.graphs = GraphedStep(device)
-        self.io: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per shape and type, the graph's input and output
+        self.io: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per shape and type: the graph's input, output
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         key = (tuple(x.shape), x.dtype)
