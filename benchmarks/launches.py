@@ -89,6 +89,8 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
     patches.append((columns, "fit_row_sets", "other"))  # the fit's work outside its stages (what is outside the fit
     # runs on the host: CUDA's probes are built and copied on the CPU and moved to the device in the fit)
     saved = [(m, n, getattr(m, n)) for m, n, _ in patches] + [(cuda_graphs.GraphedStep, "run", cuda_graphs.GraphedStep.run),
+                                                              (cuda_graphs.GraphedStep, "_on_side_stream",
+                                                               cuda_graphs.GraphedStep._on_side_stream),
                                                               (stacked._Stack, "train_eagerly", stacked._Stack.train_eagerly),
                                                               (stacked._StepGraphs, "validation_bits",
                                                                stacked._StepGraphs.validation_bits)]
@@ -108,6 +110,7 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
         for m, n, stage in patches:
             setattr(m, n, mode.tagged(stage, getattr(m, n)))
         cuda_graphs.GraphedStep.run = graphed_run
+        cuda_graphs.GraphedStep._on_side_stream = lambda self, step: step()  # a warm-up (`call`'s first), here
         stacked._Stack.train_eagerly = train_counted
         stacked._StepGraphs.validation_bits = validation_counted
         for m, n in devices:

@@ -45,10 +45,11 @@ def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str,
     # each group is stacked with the first group of its shapes where it poses the same problems; one
     # read for every group's check (inputs holding NaN or inf fail their targets) and comparison with
     # its first, however many row sets
+    shapes = [_shapes(group) for _, group in found]
     first: dict[tuple, int] = {}
     checks: list[tuple[int, torch.Tensor]] = []
     for i, (_, group) in enumerate(found):
-        lead = first.setdefault(_shapes(group), i)
+        lead = first.setdefault(shapes[i], i)
         if lead != i:
             checks.append((i, _equal_problems(found[lead][1], group)))
     flags = torch.stack([torch.isfinite(g[0]).all() & torch.isfinite(g[1]).all() for _, g in found]
@@ -63,7 +64,7 @@ def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str,
                     _fail(results[r][job.name], FloatingPointError("the activations hold NaN or inf"), active[r],
                           job.name)
             continue
-        lead = first[_shapes(group)]
+        lead = first[shapes[i]]
         home = home_of.get(lead) if equal.get(i) else None
         if home is None and i != lead:  # not its first's problems: any other stack's (as rare as it is)
             home = next((st for st in stacks if _stackable(st[0][1], group)), None)

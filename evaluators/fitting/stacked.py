@@ -289,22 +289,13 @@ class _StepGraphs:
         self.step = GraphedStep(stack.params[stack.trained[0]].device)
         self.inputs: dict[tuple, tuple] = {}  # per batch shape, the tensors its graph reads the batch from
         self.validation = GraphedStep(stack.params[stack.trained[0]].device)
-        self.outputs: dict[Hashable, torch.Tensor] = {}  # per validation chunk, the tensor its graph writes
 
     def validation_bits(self, key: Hashable, bits: Callable[[], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """`bits()`, a validation chunk's forward (reading only tensors that stay where they are for
         the stage: the held split's rows and codes, the stack's weights), replayed from a graph per
         chunk: ~100 kernels a stack and epoch, launched from Python, otherwise (eagerly off CUDA: `x`,
-        the chunk's rows, says where). The first call runs eagerly and gives the output's shape; each
-        call's output is overwritten by the next."""
-        if not x.is_cuda:
-            return bits()
-        if key not in self.outputs:
-            self.outputs[key] = bits()
-            return self.outputs[key]
-        out = self.outputs[key]
-        self.validation.run(key, lambda: out.copy_(bits()))
-        return out
+        the chunk's rows, says where). Each call's output is overwritten by the next (`GraphedStep.call`)."""
+        return self.validation.call(key, bits) if x.is_cuda else bits()
 
     def run(self, x: torch.Tensor, target: torch.Tensor, cond: torch.Tensor | None, prior: torch.Tensor | None,
             device: str) -> None:
