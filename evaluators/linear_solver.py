@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
+from evaluators.batched_linalg import eigh
 from evaluators.cuda_graphs import GraphedStep
 
 
@@ -196,7 +197,7 @@ def _principal_axes(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     another (9 ms a 384-wide one on an H200, 0.7 s of a 26-row-set fit), a float64 one by divide
     and conquer (3.5 ms)."""
     if cov.device.type != "cuda":
-        return torch.linalg.eigh(cov)
+        return eigh(cov)
     evals, evecs = torch.linalg.eigh(cov.double())
     return evals.to(cov.dtype), evecs.to(cov.dtype)
 

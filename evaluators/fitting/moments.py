@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from evaluators.batched_linalg import eigh, qr_q
 from evaluators.cuda_graphs import GraphedStep
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
 from evaluators.fitting.scoring import _fail
@@ -265,7 +266,7 @@ def _top_eigenvectors(delta: torch.Tensor, rank: int, start: torch.Tensor | None
     q = orthonormal(start)
     for _ in range(iterations):
         q = orthonormal(delta @ q)
-    values, vectors = torch.linalg.eigh(q.transpose(1, 2) @ delta @ q)
+    values, vectors = eigh(q.transpose(1, 2) @ delta @ q)
     order = values.abs().argsort(dim=-1, descending=True)
     ritz = torch.gather(q @ vectors, 2, order[:, None, :].expand(-1, m, -1))  # K x m x width, largest |λ| first
     return ritz[..., :rank], ritz
@@ -275,7 +276,7 @@ def _orthonormal(x: torch.Tensor) -> torch.Tensor:
     """An orthonormal basis of each matrix's columns (... x m x w, m ≥ w): Householder QR, except on
     CUDA (`gram_schmidt`), where cuSOLVER factors matrices of over 256 rows one at a time: the
     moment stage's R row sets x K bits x 21 iterations a target took 12 s of a 22 s fit on an H200."""
-    return gram_schmidt(x) if x.is_cuda else torch.linalg.qr(x).Q
+    return gram_schmidt(x) if x.is_cuda else qr_q(x)
 
 
 def gram_schmidt(x: torch.Tensor) -> torch.Tensor:
