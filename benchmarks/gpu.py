@@ -17,7 +17,14 @@ generates the colorshape small preset (128 px, 2,000/500/500 scenes, seed 0), th
 3. fits the oracles (objects, features, mix-0.5; cls) on the device, so that the GPU's power is
    read beside its speed (with pixels under attention from step 2);
 4. fits the same row sets and attention on the CPU path (torch threads = every core) for the
-   device/CPU ratio.
+   device/CPU ratio;
+5. with `--profile DIR`, the process's first fit (step 2) runs under `torch.profiler`: each fit
+   stage's wall time beside the time the GPU was busy in it (the union of its kernels' intervals),
+   the CUDA runtime calls' counts and times (launches, graph launches, waits for the device,
+   allocations), the host operations that took most time (DIR/fit_profile.txt), and the whole
+   trace (DIR/fit_trace.json.gz, for Perfetto or chrome://tracing): where the first fit's time
+   goes, read in one run. The profiler's own cost lengthens that fit (it is marked `profiled`, and
+   its SM and ratio are not the benchmark's): time the fits in a run without it.
 
 Everything stops within `--budget` seconds: each fitting phase gets a share of the time left
 (unused time passes on), a row-set loop stops before a row set that would not fit, and a fit
@@ -31,6 +38,7 @@ the checkout's root goes on sys.path, and nothing here imports the 3D renderer.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -62,6 +70,10 @@ try:  # the evaluator's layout moved (evaluators/binding); the entry points kept
     from evaluators.binding import binding_task, evaluate_binding  # noqa: E402
 except ImportError:
     from evaluators.run import binding_task, evaluate_binding  # noqa: E402
+try:  # a fit's stages labelled in profiler traces
+    from evaluators.fitting import STAGE_PREFIX  # noqa: E402
+except ImportError:
+    STAGE_PREFIX = None
 try:  # row sets fitted as one batched problem (issue 37)
     from evaluators.binding import evaluate_binding_sets  # noqa: E402
 except ImportError:
@@ -275,6 +287,93 @@ def fit_attention(acts: dict, task, layer: int, device: str, allowance: float) -
     return {"status": "done", "seconds": round(wall, 2), "beta_star": beta["attention"]}
 
 
+@contextmanager
+def profiled(out_dir: Path | None, device: str) -> Iterator[dict]:
+    """The block under `torch.profiler` where `out_dir` is given: its trace written there (gzip'd
+    Chrome trace) with the host operations that took most time, and `timeline`'s reading of where
+    the device waited put into the dict yielded; nothing where `out_dir` is None."""
+    got: dict = {}
+    if out_dir is None:
+        yield got
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        yield got
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw, packed, table = out_dir / "fit_trace.json", out_dir / "fit_trace.json.gz", out_dir / "fit_profile.txt"
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(packed, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    table.write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    got.update(status="done", **timeline(prof.events()), files=[str(packed), str(table)])
+
+
+#: CUDA runtime calls `timeline` counts: launches from the host, and the calls that wait for the device.
+RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync",
+                 "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent",
+                 "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaGraphInstantiateWithFlags")
+
+
+def timeline(events: Iterable) -> dict:
+    """Where a profiled fit's time went: its wall and the time the device was busy (the union of its
+    kernels' and copies' intervals), in all and per fit stage (the `STAGE_PREFIX` labels; a stage met
+    several times is summed), and the CUDA runtime calls' counts and host seconds (`RUNTIME_CALLS`).
+    A stage whose busy share is low waited on the host: its Python, launches or reads."""
+    device_spans, stages, runtime = [], {}, {}
+    labelled = STAGE_PREFIX or "\0"
+    for e in events:
+        name, span = e.name, (e.time_range.start, e.time_range.end)
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            if not name.startswith(labelled):  # a label's device-side twin spans its kernels: not one
+                device_spans.append(span)
+        elif name.startswith(labelled):
+            stages.setdefault(name[len(labelled):], []).append(span)
+        elif name in RUNTIME_CALLS:
+            calls = runtime.setdefault(name, [0, 0.0])
+            calls[0] += 1
+            calls[1] += (span[1] - span[0]) / 1e6
+    busy = _union(device_spans)
+    every = [span for spans in stages.values() for span in spans]
+    whole = (min(a for a, _ in every), max(b for _, b in every)) if every else \
+        (min((a for a, _ in busy), default=0.0), max((b for _, b in busy), default=0.0))
+    out = {"wall_s": round((whole[1] - whole[0]) / 1e6, 3), "device_busy_s": round(_overlap(busy, [whole]) / 1e6, 3),
+           "stages": {}, "runtime": {k: {"calls": n, "host_s": round(t, 3)} for k, (n, t) in sorted(runtime.items())}}
+    for name, spans in stages.items():
+        wall = sum(b - a for a, b in spans)
+        on = _overlap(busy, _union(spans))
+        out["stages"][name] = {"wall_s": round(wall / 1e6, 3), "device_busy_s": round(on / 1e6, 3),
+                               "busy_pct": round(100 * on / max(wall, 1e-9), 1)}
+    out["busy_pct"] = round(100 * out["device_busy_s"] / max(out["wall_s"], 1e-9), 1)
+    return out
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intervals merged where they overlap, in order."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _overlap(spans: list[tuple[float, float]], windows: list[tuple[float, float]]) -> float:
+    """Length of the disjoint, sorted `spans` that lies within the disjoint, sorted `windows`."""
+    total, i = 0.0, 0
+    for a, b in windows:
+        while i < len(spans) and spans[i][1] <= a:
+            i += 1
+        j = i
+        while j < len(spans) and spans[j][0] < b:
+            total += min(b, spans[j][1]) - max(a, spans[j][0])
+            j += 1
+    return total
+
+
 def power(ds: Dataset, task, families: list[str], device: str, cache: Path, allowance: float) -> dict:
     """β* of each oracle's cls row set (extraction included in its time)."""
     out: dict = {"status": "done", "beta": {}, "seconds": 0.0}
@@ -341,8 +440,13 @@ def run(args: argparse.Namespace) -> dict:
             sampler = SmSampler()
         windows = {}
         start = time.perf_counter()
-        phases["fit_device"] = fit_stack(acts, task, row_sets, families, args.device, clock.share("fit_device"))
+        with profiled(args.profile, args.device) as profile:
+            phases["fit_device"] = fit_stack(acts, task, row_sets, families, args.device, clock.share("fit_device"))
         windows["fit_device"] = (start, time.perf_counter())
+        if args.profile:
+            phases["fit_device"]["profiled"] = True
+            phases["profile"] = profile
+            say(f"its profile: {profile_note(profile)}")
         say(f"fit on {args.device}: {summary_note(phases['fit_device'])}")
         start = time.perf_counter()
         phases["fit_device_again"] = fit_stack(acts, task, row_sets, families, args.device,
@@ -383,11 +487,13 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def ratios(phases: dict) -> dict:
-    """CPU seconds over device seconds, on the row sets both fitted (the process's first device fit,
-    and the warm one where it ran), and attention's if both finished."""
+    """CPU seconds over device seconds, on the row sets both fitted (the process's first device fit
+    unless it was profiled, and the warm one where it ran), and attention's if both finished."""
     cpu = phases["fit_cpu"].get("times", {})
     out: dict = {"status": "done"}
     for phase, name in (("fit_device", "cpu_over_device"), ("fit_device_again", "cpu_over_device_warm")):
+        if phases.get(phase, {}).get("profiled"):  # the profiler's cost is in its time
+            continue
         dev = phases.get(phase, {}).get("times", {})
         both = [k for k in cpu if k in dev]
         if both:
@@ -426,6 +532,13 @@ def summary_note(p: dict) -> str:
     return note + (f"  [{p['reason']}]" if p.get("reason") else "")
 
 
+def profile_note(p: dict) -> str:
+    if p["status"] != "done":
+        return f"{p['status']}: {p.get('reason', '')}"
+    stages = ", ".join(f"{k} {v['wall_s']} s ({v['busy_pct']} % busy)" for k, v in p["stages"].items())
+    return f"{p['wall_s']} s, device busy {p['busy_pct']} %" + (f"; {stages}" if stages else "")
+
+
 def sm_note(sm: dict) -> str:
     if sm["status"] != "done":
         return f"skipped: {sm['reason']}"
@@ -446,6 +559,7 @@ def print_table(report: dict) -> None:
              (f"the same again, warm (device {c['device']})", summary_note(p["fit_device_again"])),
              (f"attention on pixels (device {c['device']})", summary_note(p["attention_device"])),
              ("SM utilisation while fitting", sm_note(p["sm_utilisation"])),
+             *([("its profile (device busy by stage)", profile_note(p["profile"]))] if "profile" in p else []),
              ("β* (power)", summary_note(p["power"])),
              (f"fit {c['families']} (CPU path)", summary_note(p["fit_cpu"])),
              ("attention on pixels (CPU path)", summary_note(p["attention_cpu"])),
@@ -476,6 +590,8 @@ def main() -> None:
     ap.add_argument("--families", default="linear,quadratic,dnn")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the summary here")
+    ap.add_argument("--profile", type=Path, metavar="DIR",
+                    help="the first fit under torch.profiler (its time inflated); its trace and tables go to DIR")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         refuse("no CUDA device here; --device cpu runs the CPU path alone")

@@ -157,3 +157,46 @@ def test_the_launch_count_runs_on_the_cpu_and_counts_every_stage():
     for stage in ("linear", "moments", "gradient"):  # L-BFGS, Gram–Schmidt, stacked steps
         assert int(runs[stage].replace(",", "")) > 0, (stage, proc.stdout)
     assert "2 row sets" in proc.stdout and "CUDA launches from Python, all told" in proc.stdout
+
+
+def test_timeline_reads_device_busy_time_by_stage():
+    """`timeline` on a hand-made trace (µs): kernels overlapping across streams count once, a stage
+    label's device-side twin is no kernel, a stage met twice is summed, runtime calls are counted."""
+    gpu = _gpu_module()
+    from types import SimpleNamespace
+
+    import torch
+
+    cpu, dev = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def ev(name, a, b, device=cpu):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=a, end=b), device_type=device)
+
+    p = gpu.STAGE_PREFIX
+    events = [ev(p + "linear", 0, 1_000_000), ev(p + "gradient", 1_000_000, 2_000_000),
+              ev(p + "gradient", 3_000_000, 4_000_000), ev(p + "linear", 0, 1_000_000, dev),
+              ev("gemm", 100_000, 300_000, dev), ev("gemm", 200_000, 400_000, dev),  # two streams: 0.3 s busy
+              ev("adam", 1_500_000, 3_500_000, dev),  # half in each gradient window, none between them counted there
+              ev("cudaLaunchKernel", 0, 10, cpu), ev("cudaLaunchKernel", 20, 40, cpu), ev("aten::mm", 0, 50, cpu)]
+    got = gpu.timeline(events)
+    assert got["wall_s"] == 4.0 and got["device_busy_s"] == 2.3 and got["busy_pct"] == 57.5
+    assert got["stages"]["linear"] == {"wall_s": 1.0, "device_busy_s": 0.3, "busy_pct": 30.0}
+    assert got["stages"]["gradient"] == {"wall_s": 2.0, "device_busy_s": 1.0, "busy_pct": 50.0}
+    assert got["runtime"] == {"cudaLaunchKernel": {"calls": 2, "host_s": 0.0}}
+
+
+def test_profiled_fit_writes_its_trace_and_stages(tmp_path):
+    """`--profile`: the first fit runs under the profiler, its stages read apart, its files written,
+    and its time left out of the ratio."""
+    out, prof = tmp_path / "gpu.json", tmp_path / "prof"
+    proc = run("--device", "cpu", "--n-train", "60", "--n-eval", "20", "--image-size", "32", "--input-size", "28",
+               "--layers", "12", "--families", "linear", "--budget", "120", "--json", str(out), "--profile", str(prof))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    phases = json.loads(out.read_text())["phases"]
+    p = phases["profile"]
+    assert p["status"] == "done" and phases["fit_device"]["profiled"] is True, p
+    assert {"start", "linear", "test"} <= set(p["stages"]) and p["stages"]["linear"]["wall_s"] > 0
+    assert p["wall_s"] <= phases["fit_device"]["seconds"] + 0.5
+    assert p["device_busy_s"] == 0.0  # the CPU path has no device timeline
+    assert (prof / "fit_trace.json.gz").stat().st_size > 0 and "aten::" in (prof / "fit_profile.txt").read_text()
+    assert "cpu_over_device" not in phases["ratio"] and "its profile" in proc.stdout

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from evaluators.families import ProbeOptim
-from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size, feature_stats,
-                                    modules_to_device,
-                                     resolve_device, row_sets_per_stack, stack_budget, stacks_row_sets)
+from evaluators.fitting.data import (STAGE_PREFIX, FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size,
+                                     feature_stats, modules_to_device, resolve_device, row_sets_per_stack,
+                                     stack_budget, stacks_row_sets, stage_label)
 from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
 from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
@@ -39,7 +39,7 @@ from evaluators.fitting.stacked import gradient_stages, score_sets, trains_stack
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
            "fit_probes", "fit_row_sets", "resolve_device", "row_sets_per_stack", "saving_and_se", "stacks_row_sets",
-           "warm_start_from"]
+           "stage_label", "STAGE_PREFIX", "warm_start_from"]
 
 
 def fit_probes(
@@ -114,22 +114,28 @@ def fit_row_sets(
     config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for, steps))
     if trains_stacked(device):
         row_sets = _read_once(row_sets, stack_budget(config, "cpu"))
-    states = [_RowSet(jobs, inputs, device) for jobs, inputs in row_sets]
-    for one, scored in zip(states, score_sets([(one.jobs, one.inputs["val"]) for one in states], "val", device,
-                                               config.batch_size)):
-        one.start(scored)
-    _linear_stage([[j for j in one.active.values() if _has_linear(j)] for one in states],
-                  [one.inputs for one in states], config, device, [one.results for one in states],
-                  [one.active for one in states])
-    _moment_stage([[j for j in one.active.values() if hasattr(j.model, "init_from_moments")] for one in states],
-                  [one.inputs["train"] for one in states], device, [one.results for one in states],
-                  [one.active for one in states], stack_budget(config, device))
-    _gradient_rounds(states, config, device, progress)
-    finished = [one.guard(config, groups) for one in states]
-    for one, jobs, scored in zip(states, finished, score_sets([(jobs, one.inputs["test"]) for one, jobs
-                                                               in zip(states, finished)], "test", device,
-                                                              config.batch_size)):
-        one.finish(scored)
+    with stage_label("start"):
+        states = [_RowSet(jobs, inputs, device) for jobs, inputs in row_sets]
+        for one, scored in zip(states, score_sets([(one.jobs, one.inputs["val"]) for one in states], "val", device,
+                                                   config.batch_size)):
+            one.start(scored)
+    with stage_label("linear"):
+        _linear_stage([[j for j in one.active.values() if _has_linear(j)] for one in states],
+                      [one.inputs for one in states], config, device, [one.results for one in states],
+                      [one.active for one in states])
+    with stage_label("moments"):
+        _moment_stage([[j for j in one.active.values() if hasattr(j.model, "init_from_moments")] for one in states],
+                      [one.inputs["train"] for one in states], device, [one.results for one in states],
+                      [one.active for one in states], stack_budget(config, device))
+    with stage_label("gradient"):
+        _gradient_rounds(states, config, device, progress)
+    with stage_label("guard"):
+        finished = [one.guard(config, groups) for one in states]
+    with stage_label("test"):
+        for one, jobs, scored in zip(states, finished, score_sets([(jobs, one.inputs["test"]) for one, jobs
+                                                                   in zip(states, finished)], "test", device,
+                                                                  config.batch_size)):
+            one.finish(scored)
     return [one.results for one in states]
 
 

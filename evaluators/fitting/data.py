@@ -310,3 +310,12 @@ class FitResult:
     guard: str | None = None
     setting: dict[str, Any] = field(default_factory=dict)
 
+
+#: What `stage_label` puts before a stage's name.
+STAGE_PREFIX = "bindingbench.fit."
+
+
+def stage_label(name: str) -> torch.profiler.record_function:
+    """A fit stage's label in a profiler's trace (`torch.profiler.record_function`): a trace of a fit
+    reads its stages apart (`benchmarks/gpu.py --profile`); costs nothing measurable unprofiled."""
+    return torch.profiler.record_function(STAGE_PREFIX + name)

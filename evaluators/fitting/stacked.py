@@ -33,7 +33,7 @@ from torch.func import functional_call, vmap
 
 from evaluators.cuda_graphs import GraphedStep, SideStreams
 from evaluators.early_stopping import WeightAverage
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget, to_device
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget, stage_label, to_device
 from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained, load_states
 from evaluators.fitting.scoring import _SCORE_BYTES, HeldCodes, HeldSplit, _codes, _fail, _score_sets
 from evaluators.probes import anchor, scene_bits
@@ -475,6 +475,7 @@ def _stacked_stage(groups: list[list[tuple[int, ProbeJob]]], inputs: Sequence[di
     return failed
 
 
+@stage_label("validation")
 def _validate(stacks: list[_Stack], val: Sequence[RowReader | HeldSplit], config: TrainConfig, device: str,
               active: Sequence[dict[str, ProbeJob]], epoch: int, n_train: int,
               starts: dict[int, dict[str, torch.Tensor]] | None = None,
