@@ -317,12 +317,18 @@ RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "c
                  "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaGraphInstantiateWithFlags")
 
 
+#: How many host operations `timeline` names beside the device's idle time.
+IDLE_TOP = 15
+
+
 def timeline(events: Iterable) -> dict:
     """Where a profiled fit's time went: its wall and the time the device was busy (the union of its
     kernels' and copies' intervals), in all and per fit stage (the `STAGE_PREFIX` labels; a stage met
-    several times is summed), and the CUDA runtime calls' counts and host seconds (`RUNTIME_CALLS`).
-    A stage whose busy share is low waited on the host: its Python, launches or reads."""
-    device_spans, stages, runtime = [], {}, {}
+    several times is summed); the CUDA runtime calls' counts and host seconds (`RUNTIME_CALLS`); and
+    what the host was doing while the device sat idle: the idle time within each host operation
+    (`IDLE_TOP` of them; nested ones each count it) and the idle time within none, the host's Python
+    between operations. A stage whose busy share is low waited on the host."""
+    device_spans, stages, runtime, host = [], {}, {}, {}
     labelled = STAGE_PREFIX or "\0"
     for e in events:
         name, span = e.name, (e.time_range.start, e.time_range.end)
@@ -331,10 +337,12 @@ def timeline(events: Iterable) -> dict:
                 device_spans.append(span)
         elif name.startswith(labelled):
             stages.setdefault(name[len(labelled):], []).append(span)
-        elif name in RUNTIME_CALLS:
-            calls = runtime.setdefault(name, [0, 0.0])
-            calls[0] += 1
-            calls[1] += (span[1] - span[0]) / 1e6
+        else:
+            host.setdefault(name, []).append(span)
+            if name in RUNTIME_CALLS:
+                calls = runtime.setdefault(name, [0, 0.0])
+                calls[0] += 1
+                calls[1] += (span[1] - span[0]) / 1e6
     busy = _union(device_spans)
     every = [span for spans in stages.values() for span in spans]
     whole = (min(a for a, _ in every), max(b for _, b in every)) if every else \
@@ -347,7 +355,27 @@ def timeline(events: Iterable) -> dict:
         out["stages"][name] = {"wall_s": round(wall / 1e6, 3), "device_busy_s": round(on / 1e6, 3),
                                "busy_pct": round(100 * on / max(wall, 1e-9), 1)}
     out["busy_pct"] = round(100 * out["device_busy_s"] / max(out["wall_s"], 1e-9), 1)
+    idle = _gaps(busy, whole)
+    during = sorted(((_overlap(_union(spans), idle), name) for name, spans in host.items()), reverse=True)
+    within_ops = _overlap(_union([span for spans in host.values() for span in spans]), idle)
+    total = sum(b - a for a, b in idle)
+    out["idle"] = {"seconds": round(total / 1e6, 3), "between_host_ops_s": round((total - within_ops) / 1e6, 3),
+                   "within_host_op_s": {name: round(t / 1e6, 3) for t, name in during[:IDLE_TOP] if t > 0}}
     return out
+
+
+def _gaps(spans: list[tuple[float, float]], window: tuple[float, float]) -> list[tuple[float, float]]:
+    """The parts of `window` that the disjoint, sorted `spans` leave uncovered, in order."""
+    out, at = [], window[0]
+    for a, b in spans:
+        if a > at:
+            out.append((at, min(a, window[1])))
+        at = max(at, b)
+        if at >= window[1]:
+            break
+    if at < window[1]:
+        out.append((at, window[1]))
+    return [(a, b) for a, b in out if b > a]
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -536,7 +564,10 @@ def profile_note(p: dict) -> str:
     if p["status"] != "done":
         return f"{p['status']}: {p.get('reason', '')}"
     stages = ", ".join(f"{k} {v['wall_s']} s ({v['busy_pct']} % busy)" for k, v in p["stages"].items())
-    return f"{p['wall_s']} s, device busy {p['busy_pct']} %" + (f"; {stages}" if stages else "")
+    idle = p["idle"]
+    return (f"{p['wall_s']} s, device busy {p['busy_pct']} %" + (f"; {stages}" if stages else "")
+            + f"; device idle {idle['seconds']} s, {idle['between_host_ops_s']} s of it in the host's Python"
+            " between operations")
 
 
 def sm_note(sm: dict) -> str:

@@ -161,7 +161,8 @@ def test_the_launch_count_runs_on_the_cpu_and_counts_every_stage():
 
 def test_timeline_reads_device_busy_time_by_stage():
     """`timeline` on a hand-made trace (µs): kernels overlapping across streams count once, a stage
-    label's device-side twin is no kernel, a stage met twice is summed, runtime calls are counted."""
+    label's device-side twin is no kernel, a stage met twice is summed, runtime calls are counted,
+    and the device's idle time is read within each host operation and between them."""
     gpu = _gpu_module()
     from types import SimpleNamespace
 
@@ -177,12 +178,20 @@ def test_timeline_reads_device_busy_time_by_stage():
               ev(p + "gradient", 3_000_000, 4_000_000), ev(p + "linear", 0, 1_000_000, dev),
               ev("gemm", 100_000, 300_000, dev), ev("gemm", 200_000, 400_000, dev),  # two streams: 0.3 s busy
               ev("adam", 1_500_000, 3_500_000, dev),  # half in each gradient window, none between them counted there
-              ev("cudaLaunchKernel", 0, 10, cpu), ev("cudaLaunchKernel", 20, 40, cpu), ev("aten::mm", 0, 50, cpu)]
+              ev("cudaLaunchKernel", 0, 10_000), ev("cudaLaunchKernel", 20_000, 40_000), ev("aten::mm", 0, 50_000),
+              ev("aten::item", 500_000, 900_000), ev("cudaStreamSynchronize", 600_000, 700_000)]
     got = gpu.timeline(events)
     assert got["wall_s"] == 4.0 and got["device_busy_s"] == 2.3 and got["busy_pct"] == 57.5
     assert got["stages"]["linear"] == {"wall_s": 1.0, "device_busy_s": 0.3, "busy_pct": 30.0}
     assert got["stages"]["gradient"] == {"wall_s": 2.0, "device_busy_s": 1.0, "busy_pct": 50.0}
-    assert got["runtime"] == {"cudaLaunchKernel": {"calls": 2, "host_s": 0.0}}
+    assert got["runtime"] == {"cudaLaunchKernel": {"calls": 2, "host_s": 0.03},
+                              "cudaStreamSynchronize": {"calls": 1, "host_s": 0.1}}
+    # idle: [0, 0.1], [0.4, 1.5] and [3.5, 4] s; the host ops cover 0.05 + 0.4 s of it
+    assert got["idle"] == {"seconds": 1.7, "between_host_ops_s": 1.25,
+                           "within_host_op_s": {"aten::item": 0.4, "cudaStreamSynchronize": 0.1, "aten::mm": 0.05,
+                                                "cudaLaunchKernel": 0.03}}
+    assert list(got["idle"]["within_host_op_s"]) == ["aten::item", "cudaStreamSynchronize", "aten::mm",
+                                                     "cudaLaunchKernel"]
 
 
 def test_profiled_fit_writes_its_trace_and_stages(tmp_path):
