@@ -106,7 +106,8 @@ def measure() -> dict[str, Any]:
     """`golden`, measured in a fresh process on the portable code paths (`PORTABLE`)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "golden.json"
-        env = {**os.environ, **PORTABLE, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        path = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = {**os.environ, **PORTABLE, "PYTHONPATH": os.pathsep.join(path)}
         subprocess.run([sys.executable, str(Path(__file__).resolve()), "--measure-here", str(out)], env=env, check=True)
         return json.loads(out.read_text())
 
