@@ -20,8 +20,9 @@ generates the colorshape small preset (128 px, 2,000/500/500 scenes, seed 0), th
    device/CPU ratio;
 5. with `--profile DIR`, the process's first fit (step 2) runs under `torch.profiler`: each fit
    stage's wall time beside the time the GPU was busy in it (the union of its kernels' intervals),
-   the CUDA runtime calls' counts and times (launches, graph launches, waits for the device,
-   allocations), the host operations that took most time (DIR/fit_profile.txt), and the whole
+   the GPU's idle time split by what the host did meanwhile (within which operations, or in Python
+   between them), the CUDA runtime calls' counts and times (launches, graph launches, waits for the
+   device, allocations), the host operations that took most time (DIR/fit_profile.txt), and the whole
    trace (DIR/fit_trace.json.gz, for Perfetto or chrome://tracing): where the first fit's time
    goes, read in one run. The profiler's own cost lengthens that fit (it is marked `profiled`, and
    its SM and ratio are not the benchmark's): time the fits in a run without it.
