@@ -18,14 +18,18 @@ generates the colorshape small preset (128 px, 2,000/500/500 scenes, seed 0), th
    read beside its speed (with pixels under attention from step 2);
 4. fits the same row sets and attention on the CPU path (torch threads = every core) for the
    device/CPU ratio;
-5. with `--profile DIR`, the process's first fit (step 2) runs under `torch.profiler`: each fit
-   stage's wall time beside the time the GPU was busy in it (the union of its kernels' intervals),
-   the GPU's idle time split by what the host did meanwhile (within which operations, or in Python
-   between them), the CUDA runtime calls' counts and times (launches, graph launches, waits for the
-   device, allocations), the host operations that took most time (DIR/fit_profile.txt), and the whole
-   trace (DIR/fit_trace.json.gz, for Perfetto or chrome://tracing): where the first fit's time
-   goes, read in one run. The profiler's own cost lengthens that fit (it is marked `profiled`, and
-   its SM and ratio are not the benchmark's): time the fits in a run without it.
+5. with `--profile DIR`, last: a fresh process (spawned; CUDA started and the activations read back
+   from the run's cache before anything is timed) fits the same row sets twice under
+   `torch.profiler`, its first fit and then warm, so that what a process's first fit spends beyond a
+   warm one is read apart in one run: for each fit, each fit stage's wall time beside the time the
+   GPU was busy in it (the union of its kernels' intervals), the GPU's idle time split by what the
+   host did meanwhile (within which operations, or in Python between them), the CUDA runtime calls'
+   counts and times (launches, graph launches, waits for the device, allocations), and the
+   difference, first less warm, by stage and by runtime call; the host operations that took most
+   time (DIR/fit_profile_first.txt, DIR/fit_profile_warm.txt) and the first fit's whole trace
+   (DIR/fit_trace.json.gz, for Perfetto or chrome://tracing). Its summary is written
+   (DIR/profile.json) before its traces, which are the slowest part. The profiled fits are not the
+   benchmark's timed ones: steps 2-4 run as without `--profile`, on a smaller share of the budget.
 
 Everything stops within `--budget` seconds: each fitting phase gets a share of the time left
 (unused time passes on), a row-set loop stops before a row set that would not fit, and a fit
@@ -41,6 +45,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -86,7 +91,7 @@ ORACLES = ("oracle:objects", "oracle:features", "oracle:mix-0.5")
 #: Weights of the fitting phases in the time left after extraction; a phase gets
 #: left × its weight / the weights of the phases still to run, so time one leaves passes on.
 SHARES = {"fit_device": 0.35, "fit_device_again": 0.15, "attention_device": 0.2, "power": 0.15, "fit_cpu": 0.2,
-          "attention_cpu": 0.1}
+          "attention_cpu": 0.1, "profile": 0.35}
 #: bf16 extraction is skipped when, by the fp32 time, it would leave less than this part of
 #: the budget to the fits.
 FIT_RESERVE = 0.6
@@ -115,9 +120,9 @@ def deadline(seconds: float) -> Iterator[None]:
 class Clock:
     """The run's budget: what is left, and each fitting phase's share of it."""
 
-    def __init__(self, budget: float) -> None:
+    def __init__(self, budget: float, phases: Iterable[str] = SHARES) -> None:
         self.budget, self.t0 = budget, time.perf_counter()
-        self.pending = dict(SHARES)
+        self.pending = {phase: SHARES[phase] for phase in phases}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -289,29 +294,108 @@ def fit_attention(acts: dict, task, layer: int, device: str, allowance: float) -
 
 
 @contextmanager
-def profiled(out_dir: Path | None, device: str) -> Iterator[dict]:
-    """The block under `torch.profiler` where `out_dir` is given: its trace written there (gzip'd
-    Chrome trace) with the host operations that took most time, and `timeline`'s reading of where
-    the device waited put into the dict yielded; nothing where `out_dir` is None."""
-    got: dict = {}
-    if out_dir is None:
-        yield got
-        return
+def profiled(device: str) -> Iterator[dict]:
+    """The block under `torch.profiler`; the dict yielded gets `timeline`'s reading of it, and the
+    profile itself under "profile" (for its tables and trace, written later: they are slow)."""
     from torch.profiler import ProfilerActivity, profile
 
+    got: dict = {}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         yield got
-    # the summary first, the trace (the largest, slowest part: every kernel of every graph replay) last
-    got.update(status="done", **timeline(prof.events()))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    raw, packed, table = out_dir / "fit_trace.json", out_dir / "fit_trace.json.gz", out_dir / "fit_profile.txt"
-    table.write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
-    prof.export_chrome_trace(str(raw))
-    with raw.open("rb") as src, gzip.open(packed, "wb") as dst:
+    got.update(status="done", **timeline(prof.events()), profile=prof)
+
+
+def profile_fits(root: str, cache: str, layers: str, input_size: int | None, families: list[str], device: str,
+                 threads: int, out_dir: str) -> None:
+    """The fresh process of `--profile`: CUDA started and the row sets read back from `cache`, then
+    the stack fitted twice under the profiler; DIR/profile.json is rewritten as each part is read,
+    so that a process stopped for the budget leaves what it had."""
+    torch.set_num_threads(threads)
+    out, report = Path(out_dir), {"status": "started"}
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(**update) -> None:
+        report.update(update)
+        (out / "profile.json").write_text(json.dumps(report, indent=1))
+
+    t0 = time.perf_counter()
+    if device == "cuda":
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize()
+    save(cuda_start_s=round(time.perf_counter() - t0, 2))
+    t0 = time.perf_counter()
+    ds = Dataset(Path(root) / "small")
+    task = binding_task(ds)
+    acts, _ = extract(MODEL, ds, layers, ["cls", "mean"], device, "fp32", Path(cache), input_size)
+    inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()}
+              for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
+    save(read_back_s=round(time.perf_counter() - t0, 2), row_sets=len(inputs))
+    profiles = {}
+    for name in ("first", "warm"):
+        with profiled(device) as got:
+            evaluate_binding_sets(inputs, task, families, train=TrainConfig(device=device), n_boot=200)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        profiles[name] = got.pop("profile")
+        save(**{name: got})
+    save(status="done", first_less_warm=first_less_warm(report["first"], report["warm"]))
+    for name, prof in profiles.items():  # the slow part last
+        (out / f"fit_profile_{name}.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                                               row_limit=40))
+    raw = out / "fit_trace.json"
+    profiles["first"].export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(out / "fit_trace.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     raw.unlink()
-    got["files"] = [str(packed), str(table)]
+    save(files=sorted(str(f) for f in out.iterdir() if f.name != "profile.json"))
+
+
+def first_less_warm(first: dict, warm: dict) -> dict:
+    """What the first fit spent beyond the warm one: wall and device-busy seconds, in all and per
+    stage, and host seconds per CUDA runtime call (calls as `first/warm` where their counts differ)."""
+    def less(a: dict, b: dict, key: str) -> float:
+        return round(a.get(key, 0.0) - b.get(key, 0.0), 3)
+
+    out = {"wall_s": less(first, warm, "wall_s"), "device_busy_s": less(first, warm, "device_busy_s"),
+           "stages": {k: {"wall_s": less(v, warm["stages"].get(k, {}), "wall_s"),
+                          "device_busy_s": less(v, warm["stages"].get(k, {}), "device_busy_s")}
+                      for k, v in first["stages"].items()},
+           "runtime_host_s": {}}
+    for k in sorted(set(first["runtime"]) | set(warm["runtime"])):
+        a, b = first["runtime"].get(k, {"calls": 0, "host_s": 0.0}), warm["runtime"].get(k, {"calls": 0, "host_s": 0.0})
+        out["runtime_host_s"][k] = less(a, b, "host_s") if a["calls"] == b["calls"] else \
+            {"host_s": less(a, b, "host_s"), "calls": f"{a['calls']}/{b['calls']}"}
+    return out
+
+
+def profile_fresh_process(root: Path, cache: Path, args: argparse.Namespace, threads: int, allowance: float) -> dict:
+    """`profile_fits` in a spawned process (a fresh CUDA context, nothing set up by this one), stopped
+    at `allowance` s; its summary as far as it got."""
+    if allowance <= 0:
+        return {"status": "skipped", "reason": "budget spent"}
+    if evaluate_binding_sets is None or STAGE_PREFIX is None:
+        return {"status": "skipped", "reason": "this checkout has no stacked fit with labelled stages"}
+    summary = args.profile / "profile.json"
+    summary.unlink(missing_ok=True)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=profile_fits, args=(str(root), str(cache), args.layers, args.input_size, args.families.split(","),
+                                   args.device, threads, str(args.profile)))
+    proc.start()
+    proc.join(allowance)
+    stopped = proc.is_alive()
+    if stopped:
+        proc.kill()
+        proc.join()
+    got = json.loads(summary.read_text()) if summary.exists() else {}
+    why = (f"the profiling process was stopped at this phase's {allowance:.0f} s" if stopped
+           else f"the profiling process failed (exit code {proc.exitcode})" if proc.exitcode else None)
+    if got.get("status") == "done":  # the summary is whole: a stop or failure cut its files only
+        if why:
+            got["reason"] = f"{why} while writing its tables and trace"
+    elif why:
+        got.update(status="partial" if "first" in got else "stopped" if stopped else "skipped", reason=why)
+    return got
 
 
 #: CUDA runtime calls `timeline` counts: launches from the host, and the calls that wait for the device.
@@ -427,7 +511,7 @@ def power(ds: Dataset, task, families: list[str], device: str, cache: Path, allo
 
 
 def run(args: argparse.Namespace) -> dict:
-    clock = Clock(args.budget)
+    clock = Clock(args.budget, [k for k in SHARES if k != "profile" or args.profile])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(cores)
     families = args.families.split(",")
@@ -436,7 +520,8 @@ def run(args: argparse.Namespace) -> dict:
                     "phases": {}}
     phases = report["phases"]
     root = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    sampler = None
+    # sampling from the start: dmon's first readings (it starts in about a second) fall before the fits
+    sampler = SmSampler() if args.device == "cuda" and shutil.which("nvidia-smi") else None
     try:
         cache = root / "cache"
         t0 = time.perf_counter()
@@ -467,17 +552,10 @@ def run(args: argparse.Namespace) -> dict:
         acts = fp32[MODEL]
         row_sets = [(layer, view) for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
         pixel_layer = fp32[PIXELS]["train"].layers[-1]
-        if args.device == "cuda" and shutil.which("nvidia-smi"):
-            sampler = SmSampler()
         windows = {}
         start = time.perf_counter()
-        with profiled(args.profile, args.device) as profile:
-            phases["fit_device"] = fit_stack(acts, task, row_sets, families, args.device, clock.share("fit_device"))
+        phases["fit_device"] = fit_stack(acts, task, row_sets, families, args.device, clock.share("fit_device"))
         windows["fit_device"] = (start, time.perf_counter())
-        if args.profile:
-            phases["fit_device"]["profiled"] = True
-            phases["profile"] = profile
-            say(f"its profile: {profile_note(profile)}")
         say(f"fit on {args.device}: {summary_note(phases['fit_device'])}")
         start = time.perf_counter()
         phases["fit_device_again"] = fit_stack(acts, task, row_sets, families, args.device,
@@ -506,6 +584,9 @@ def run(args: argparse.Namespace) -> dict:
         phases["fit_cpu"] = cpu_rows
         phases["attention_cpu"] = fit_attention(fp32[PIXELS], task, pixel_layer, "cpu", clock.share("attention_cpu"))
         phases["ratio"] = ratios(phases)
+        if args.profile:
+            phases["profile"] = profile_fresh_process(root, cache, args, cores, clock.share("profile"))
+            say(f"profile of a fresh process's fits: {profile_note(phases['profile'])}")
     finally:
         if sampler is not None:
             sampler.stop()
@@ -519,12 +600,10 @@ def run(args: argparse.Namespace) -> dict:
 
 def ratios(phases: dict) -> dict:
     """CPU seconds over device seconds, on the row sets both fitted (the process's first device fit
-    unless it was profiled, and the warm one where it ran), and attention's if both finished."""
+    and the warm one where it ran), and attention's if both finished."""
     cpu = phases["fit_cpu"].get("times", {})
     out: dict = {"status": "done"}
     for phase, name in (("fit_device", "cpu_over_device"), ("fit_device_again", "cpu_over_device_warm")):
-        if phases.get(phase, {}).get("profiled"):  # the profiler's cost is in its time
-            continue
         dev = phases.get(phase, {}).get("times", {})
         both = [k for k in cpu if k in dev]
         if both:
@@ -564,12 +643,26 @@ def summary_note(p: dict) -> str:
 
 
 def profile_note(p: dict) -> str:
-    if p["status"] != "done":
+    fits = [name for name in ("first", "warm") if name in p]
+    if not fits:
         return f"{p['status']}: {p.get('reason', '')}"
-    stages = ", ".join(f"{k} {v['wall_s']} s ({v['busy_pct']} % busy)" for k, v in p["stages"].items())
-    idle = p["idle"]
-    return (f"{p['wall_s']} s, device busy {p['busy_pct']} %" + (f"; {stages}" if stages else "")
-            + f"; device idle {idle['seconds']} s, {idle['between_host_ops_s']} s of it in the host's Python"
+    note = "; ".join(f"{name} fit {fit_note(p[name])}" for name in fits)
+    if "first_less_warm" in p:
+        d = p["first_less_warm"]
+        stages = ", ".join(f"{k} {v['wall_s']:+} s" for k, v in d["stages"].items())
+        calls = sorted(((v if isinstance(v, float) else v["host_s"], k) for k, v in d["runtime_host_s"].items()),
+                       reverse=True)[:3]
+        note += f"; first less warm: {d['wall_s']:+} s ({stages})" + (
+            "; host s in runtime calls " + ", ".join(f"{k} {t:+}" for t, k in calls) if calls else "")
+    return note + (f"  [{p['reason']}]" if p.get("reason") else "")
+
+
+def fit_note(t: dict) -> str:
+    """One profiled fit: wall, device busy in all and by stage, and what the device waited on."""
+    stages = ", ".join(f"{k} {v['wall_s']} s ({v['busy_pct']} % busy)" for k, v in t["stages"].items())
+    idle = t["idle"]
+    return (f"{t['wall_s']} s, device busy {t['busy_pct']} %" + (f" ({stages})" if stages else "")
+            + f", device idle {idle['seconds']} s, {idle['between_host_ops_s']} s of it in the host's Python"
             " between operations")
 
 
@@ -593,12 +686,12 @@ def print_table(report: dict) -> None:
              (f"the same again, warm (device {c['device']})", summary_note(p["fit_device_again"])),
              (f"attention on pixels (device {c['device']})", summary_note(p["attention_device"])),
              ("SM utilisation while fitting", sm_note(p["sm_utilisation"])),
-             *([("its profile (device busy by stage)", profile_note(p["profile"]))] if "profile" in p else []),
              ("β* (power)", summary_note(p["power"])),
              (f"fit {c['families']} (CPU path)", summary_note(p["fit_cpu"])),
              ("attention on pixels (CPU path)", summary_note(p["attention_cpu"])),
              ("cpu / device", summary_note(p["ratio"]) if p["ratio"]["status"] == "skipped" else
-              "; ".join(f"{k} {v}" for k, v in p["ratio"].items() if k != "status"))]
+              "; ".join(f"{k} {v}" for k, v in p["ratio"].items() if k != "status")),
+             *([("profile of a fresh process's fits", profile_note(p["profile"]))] if "profile" in p else [])]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
@@ -625,7 +718,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the summary here")
     ap.add_argument("--profile", type=Path, metavar="DIR",
-                    help="the first fit under torch.profiler (its time inflated); its trace and tables go to DIR")
+                    help="last, a fresh process's first and warm fits under torch.profiler; "
+                         "its summary, tables and trace go to DIR")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         refuse("no CUDA device here; --device cpu runs the CPU path alone")

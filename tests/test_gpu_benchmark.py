@@ -194,18 +194,49 @@ def test_timeline_reads_device_busy_time_by_stage():
                                                      "cudaLaunchKernel"]
 
 
-def test_profiled_fit_writes_its_trace_and_stages(tmp_path):
-    """`--profile`: the first fit runs under the profiler, its stages read apart, its files written,
-    and its time left out of the ratio."""
+def test_profile_reads_a_fresh_process_first_and_warm_fits(tmp_path):
+    """`--profile`, last: a spawned process fits the row sets twice under the profiler, each fit's
+    stages read apart, the difference first less warm, its files written; the timed fits stay
+    unprofiled and both count in the ratio."""
     out, prof = tmp_path / "gpu.json", tmp_path / "prof"
     proc = run("--device", "cpu", "--n-train", "60", "--n-eval", "20", "--image-size", "32", "--input-size", "28",
                "--layers", "12", "--families", "linear", "--budget", "120", "--json", str(out), "--profile", str(prof))
     assert proc.returncode == 0, proc.stderr[-2000:]
     phases = json.loads(out.read_text())["phases"]
     p = phases["profile"]
-    assert p["status"] == "done" and phases["fit_device"]["profiled"] is True, p
-    assert {"start", "linear", "test"} <= set(p["stages"]) and p["stages"]["linear"]["wall_s"] > 0
-    assert p["wall_s"] <= phases["fit_device"]["seconds"] + 0.5
-    assert p["device_busy_s"] == 0.0  # the CPU path has no device timeline
-    assert (prof / "fit_trace.json.gz").stat().st_size > 0 and "aten::" in (prof / "fit_profile.txt").read_text()
-    assert "cpu_over_device" not in phases["ratio"] and "its profile" in proc.stdout
+    assert p["status"] == "done" and p["row_sets"] == 2 and "reason" not in p, p
+    for fit in ("first", "warm"):
+        assert {"start", "linear", "test"} <= set(p[fit]["stages"]) and p[fit]["stages"]["linear"]["wall_s"] > 0
+        assert p[fit]["device_busy_s"] == 0.0  # the CPU path has no device timeline
+    d = p["first_less_warm"]
+    assert d["wall_s"] == pytest.approx(p["first"]["wall_s"] - p["warm"]["wall_s"], abs=0.002)
+    assert d["stages"]["linear"]["wall_s"] == pytest.approx(
+        p["first"]["stages"]["linear"]["wall_s"] - p["warm"]["stages"]["linear"]["wall_s"], abs=0.002)
+    assert json.loads((prof / "profile.json").read_text())["first_less_warm"] == d
+    assert (prof / "fit_trace.json.gz").stat().st_size > 0
+    assert all("aten::" in (prof / f"fit_profile_{fit}.txt").read_text() for fit in ("first", "warm"))
+    assert {"cpu_over_device", "cpu_over_device_warm"} <= set(phases["ratio"])
+    assert "profile of a fresh process's fits" in proc.stdout and "first less warm" in proc.stdout
+
+
+def test_first_less_warm_names_calls_whose_counts_differ():
+    gpu = _gpu_module()
+    fit = {"wall_s": 5.0, "device_busy_s": 2.0, "stages": {"linear": {"wall_s": 2.0, "device_busy_s": 1.0}},
+           "runtime": {"cudaMalloc": {"calls": 40, "host_s": 0.9}, "cudaLaunchKernel": {"calls": 9, "host_s": 0.5}}}
+    warm = {"wall_s": 3.5, "device_busy_s": 2.0, "stages": {"linear": {"wall_s": 1.25, "device_busy_s": 1.0}},
+            "runtime": {"cudaLaunchKernel": {"calls": 9, "host_s": 0.1}}}
+    assert gpu.first_less_warm(fit, warm) == {
+        "wall_s": 1.5, "device_busy_s": 0.0, "stages": {"linear": {"wall_s": 0.75, "device_busy_s": 0.0}},
+        "runtime_host_s": {"cudaLaunchKernel": 0.4, "cudaMalloc": {"host_s": 0.9, "calls": "40/0"}}}
+
+
+def test_a_profiling_process_past_its_share_is_stopped_and_says_so(tmp_path):
+    """A share too short for the spawned process to start: it is killed, and the phase says why."""
+    gpu = _gpu_module()
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(profile=tmp_path / "prof", layers="12", input_size=28, families="linear", device="cpu")
+    got = gpu.profile_fresh_process(tmp_path, tmp_path / "cache", args, 1, allowance=0.3)
+    assert got == {"status": "stopped", "reason": "the profiling process was stopped at this phase's 0 s"}
+    assert gpu.profile_fresh_process(tmp_path, tmp_path / "cache", args, 1, allowance=0) == \
+        {"status": "skipped", "reason": "budget spent"}
