@@ -115,11 +115,41 @@ def test_row_set_loop_stops_before_a_row_set_that_would_pass_its_share(monkeypat
     t0 = time.perf_counter()
     stopped = gpu.fit_attention({}, None, 0, "cpu", 0.3)
     assert time.perf_counter() - t0 < 2 and stopped["status"] == "stopped" and stopped["seconds_at_least"] >= 0.25
-    ratio = gpu.ratios({"fit_device": {"times": {"12/cls": 0.5, "12/mean": 0.5}},
-                        "fit_cpu": {"times": {"12/cls": 10.0}},
+    # the ratio of all row sets' times, a partial phase's extrapolated and said so
+    ratio = gpu.ratios({"fit_device": {"all_row_sets_s": 1.0, "all_row_sets_extrapolated": False},
+                        "fit_cpu": {"all_row_sets_s": 20.0, "all_row_sets_extrapolated": True},
                         "attention_device": {"status": "done", "seconds": 2.0}, "attention_cpu": stopped})
-    assert ratio["row_sets_compared"] == 1 and ratio["cpu_over_device"] == 20.0
+    assert ratio["cpu_over_device"] == 20.0 and ratio["extrapolated"] is True and "cpu_over_device_warm" not in ratio
     assert ratio["attention_ratio_is_lower_bound"] is True
+
+
+def test_the_cpu_path_fits_row_sets_side_by_side_and_stops_at_its_share(monkeypatch):
+    """Four row sets of 1 s each on two worker processes: about 2 s of wall, each row set's own
+    time and β* kept; in a 1.5 s share only two finish, and the whole is extrapolated from them."""
+    gpu = _gpu_module()
+    monkeypatch.setattr(gpu, "fit_one_on_cpu", _sleepy_fit)
+    acts = {s: _Split() for s in ("train", "val", "test")}
+    rows = [(layer, view) for layer in (12, 0) for view in ("cls", "mean")]
+    out = gpu.fit_side_by_side(acts, None, rows, ["linear"], 2, 30)
+    assert (out["status"], out["row_sets_done"], out["workers"]) == ("done", 4, 2)
+    assert 1.9 <= out["seconds"] < 3.5 and out["all_row_sets_s"] == out["seconds"]
+    assert out["times"] == {k: 1.0 for k in ("12/cls", "12/mean", "0/cls", "0/mean")}
+    assert out["beta"]["0/mean"] == {"linear": 0.25}
+    cut = gpu.fit_side_by_side(acts, None, rows, ["linear"], 2, 1.5)
+    assert (cut["status"], cut["row_sets_done"]) == ("partial", 2) and cut["all_row_sets_extrapolated"]
+    assert cut["all_row_sets_s"] == pytest.approx(2 * cut["seconds"], abs=0.011) and "still fitting" in cut["reason"]
+
+
+class _Split:
+    def get(self, layer, view):
+        return [[0.0]]
+
+
+def _sleepy_fit(arrays, task, families):
+    import time
+
+    time.sleep(1.0)
+    return 1.0, {f: 0.25 for f in families}
 
 
 def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):

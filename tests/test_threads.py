@@ -63,3 +63,34 @@ def test_evaluate_says_its_thread_count_once_and_restores_it(tmp_path, capsys, m
     assert "threads: must be ≥ 1, got 0" in err and len(err.strip().splitlines()) == 1
     assert main([*args, "--model", "nosuch:thing"]) == 2  # bad input: its one line, no thread line before it
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_row_set_gets_the_same_numbers_on_any_thread_count(tmp_path):
+    """A probe fit on a CPU runs on one torch thread whatever the caller set (torch splits large
+    reductions between its threads, and their rounding moved a row set's numbers): fitted at one
+    thread and at three, every metric, test bit and chosen setting is the same."""
+    import numpy as np
+
+    from bench.core.dataset import Dataset
+    from evaluators.binding import binding_task, evaluate_binding
+    from evaluators.binding.task import SPLITS
+    from evaluators.training import RowReader, TrainConfig
+    from tests.test_stacking import _numbers
+
+    task = binding_task(Dataset(make_dataset(tmp_path / "ds", n_train=300, n_val=100, n_test=100, image_size=64,
+                                             object_size=8, margin=2)))
+    rng = np.random.default_rng(0)
+    mix = rng.normal(size=(task.codes["train"][1].shape[1], 384)).astype(np.float32)
+    inputs = {s: RowReader(task.codes[s][1].astype(np.float32) @ mix
+                           + 3 * rng.normal(size=(len(task.codes[s][1]), 384)).astype(np.float32)) for s in SPLITS}
+    before = torch.get_num_threads()
+    got = {}
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            got[n] = _numbers(evaluate_binding(inputs, task, ["linear", "quadratic"], train=TrainConfig(epochs=6),
+                                               n_boot=50))
+            assert torch.get_num_threads() == n  # the caller's count is restored
+    finally:
+        torch.set_num_threads(before)
+    assert got[1] == got[3]

@@ -21,6 +21,7 @@ machine has no bf16 matrix units).
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Callable, Sequence
 
@@ -36,6 +37,7 @@ from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
 from evaluators.fitting.scoring import _fail, _guard, saving_and_se
 from evaluators.fitting.stacked import gradient_stages, score_sets, trains_stacked
+from evaluators.threads import torch_threads
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
            "fit_probes", "fit_row_sets", "resolve_device", "row_sets_per_stack", "saving_and_se", "stacks_row_sets",
@@ -103,8 +105,24 @@ def fit_row_sets(
     A job that raises is dropped and reported through `FitResult.error`; the others go on, in
     its row set and in the others. `progress(n)` is called once per gradient epoch with the number of
     row sets that trained in it.
+
+    On a CPU every stage runs on one torch thread, whatever the caller set: torch splits a reduction
+    of more than ~32,000 numbers (a full-batch loss, an L-BFGS dot product, a validation score)
+    between its threads, so its rounding, and through the strength and epoch that validation picks
+    a row set's numbers, depended on the thread count (dinov2-small at 300 training scenes: the
+    paper columns ~1e-6 apart between one thread and two, the sensitivity 3e-4). The same config and
+    seed give the same bytes on any thread count; two threads fitted a row set only ~1.2x faster on
+    2 cores, and a machine's other cores can fit other row sets (`--executor ray`: one-thread tasks).
     """
     device = resolve_device(config.device)
+    with torch_threads(1) if device == "cpu" else nullcontext():
+        return _fit_stages(row_sets, config, progress, groups, device)
+
+
+def _fit_stages(row_sets: Sequence[tuple[Sequence[ProbeJob], dict[str, RowReader]]], config: TrainConfig,
+                progress: Callable[[int], None] | None, groups: np.ndarray | None,
+                device: str) -> list[dict[str, FitResult]]:
+    """`fit_row_sets`'s stages, on `device`."""
     n_train = len(row_sets[0][1]["train"])
     # one batch size for the shared batches: the device's only where every family takes it, else as
     # many steps an epoch as the family that asks for most
