@@ -646,8 +646,9 @@ def run(args: argparse.Namespace) -> dict:
 
 def ratios(phases: dict) -> dict:
     """CPU seconds over device seconds for all the row sets (the process's first device fit, and
-    the warm one where it ran; a partial phase's total is its extrapolation), and attention's if
-    both finished."""
+    the warm one where it ran; a partial phase's total is its extrapolation): every core's (the
+    row sets side by side) and one core's (`one_core_over_device`: each row set's own time, summed,
+    what one CPU thread would take); and attention's if both finished."""
     cpu = phases["fit_cpu"]
     out: dict = {"status": "done"}
     for phase, name in (("fit_device", "cpu_over_device"), ("fit_device_again", "cpu_over_device_warm")):
@@ -656,6 +657,9 @@ def ratios(phases: dict) -> dict:
             out[name] = round(cpu["all_row_sets_s"] / max(dev["all_row_sets_s"], 1e-9), 2)
             out["extrapolated"] = out.get("extrapolated", False) or cpu["all_row_sets_extrapolated"] \
                 or dev["all_row_sets_extrapolated"]
+            if cpu.get("workers") and cpu.get("times"):  # one core's: each row set's own time, summed
+                one_core = sum(cpu["times"].values()) * cpu["row_sets_total"] / len(cpu["times"])
+                out[name.replace("cpu_", "one_core_")] = round(one_core / max(dev["all_row_sets_s"], 1e-9), 2)
     att_d, att_c = phases["attention_device"], phases["attention_cpu"]
     if att_d.get("status") == "done" and att_c.get("status") in ("done", "stopped"):
         c = att_c.get("seconds", att_c.get("seconds_at_least"))
