@@ -89,7 +89,8 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
                            base_train=base_train, device=plan.device, dtype=plan.dtype, limit=limit,
                            results_dir=plan.results_dir, run_id=run_id, progress=progress, address=plan.address,
                            gpus_per_task=plan.gpus_per_task, control=plan.control)
-    with _local_threads(plan.threads, progress, plans):
+    fits_on_one = "; probes fit on one (the same numbers on any count)" if base_train.device == "cpu" else ""
+    with _local_threads(plan.threads, progress, plans, note=fits_on_one):
         rows: list[dict[str, Any]] = []
         path = None
         for one in plans:
@@ -189,12 +190,12 @@ def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
 
 
 def _local_threads(threads: int | None, progress: bool, plans: Sequence[BackbonePlan],
-                   local: bool = True) -> ContextManager[Any]:
+                   local: bool = True, note: str = "") -> ContextManager[Any]:
     """The torch threads of the in-process work: `threads`, or the default `evaluators.threads`
-    picks (None), chosen once the run has work and said once; Ray tasks pin their own (one)."""
+    picks (None), chosen once the run has work and said once (with `note`); Ray tasks pin their own (one)."""
     if not local or not any(p.todo for p in plans):
         return nullcontext()
-    return chosen_threads(threads, say=lambda text: say(progress, text))
+    return chosen_threads(threads, say=lambda text: say(progress, text + note))
 
 
 def _run_start(ds: Dataset, limit: int | None, results_dir: Path, overwrite: bool, device: str,
