@@ -267,8 +267,13 @@ def fit_side_by_side(acts: dict, task, row_sets: list[tuple[int, str]], families
         return {"status": "skipped", "reason": "budget spent", "row_sets_total": len(row_sets)}
     out: dict = {"row_sets_total": len(row_sets), "row_sets_done": 0, "workers": workers, "times": {}, "beta": {}}
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(workers) as pool:
-        pool.map(abs, range(4 * workers))  # every worker started and its imports done, outside the time
+    started = ctx.Barrier(workers + 1)
+    with ctx.Pool(workers, initializer=_started, initargs=(started,)) as pool:
+        try:  # every worker started and its imports done, outside the time
+            started.wait(timeout=max(allowance, 60))
+        except threading.BrokenBarrierError:
+            return {"status": "skipped", "reason": f"the {workers} worker processes did not start",
+                    "row_sets_total": len(row_sets)}
         t0 = time.perf_counter()
         pending = {f"{layer}/{view}": pool.apply_async(fit_one_on_cpu, (
             {s: np.asarray(a.get(layer, view)) for s, a in acts.items()}, task, families)) for layer, view in row_sets}
@@ -289,6 +294,14 @@ def fit_side_by_side(acts: dict, task, row_sets: list[tuple[int, str]], families
                per_row_set_s=round(wall / done, 3), all_row_sets_s=round(wall * len(row_sets) / done, 2),
                all_row_sets_extrapolated=done < len(row_sets))
     return out
+
+
+def _started(barrier: threading.Barrier) -> None:
+    """A worker of `fit_side_by_side`, its imports done: say so (once every worker has, the clock starts)."""
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:  # the parent gave up waiting: a worker started later just works
+        pass
 
 
 def fit_one_on_cpu(arrays: dict, task, families: list[str]) -> tuple[float, dict]:
