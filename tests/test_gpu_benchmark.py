@@ -126,6 +126,126 @@ def test_row_set_loop_stops_before_a_row_set_that_would_pass_its_share(monkeypat
     assert ratio["attention_ratio_is_lower_bound"] is True
 
 
+def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):
+    """The sampler runs `nvidia-smi dmon` in the background and means the samples in a window
+    (here a stand-in nvidia-smi that prints a reading every 0.1 s)."""
+    gpu = _gpu_module()
+    import time
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '# gpu sm mem'\necho '# Idx % %'\n"
+                    "while true; do echo '    0 40 1'; sleep 0.1; echo '    0 60 1'; sleep 0.1; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    t0 = time.perf_counter()
+    sampler = gpu.SmSampler()
+    time.sleep(1.0)
+    sampler.stop()
+    window = sampler.mean(t0, time.perf_counter())
+    assert window["status"] == "done" and window["samples"] >= 4 and 40 <= window["mean_sm_pct"] <= 60
+    assert sampler.mean(t0 - 10, t0 - 5)["status"] == "skipped"
+    gpu_sm = {**window, "fit_device": window, "attention_device": sampler.mean(t0 - 10, t0 - 5)}
+    assert gpu.sm_note(gpu_sm).startswith(f"{window['mean_sm_pct']} % mean over {window['samples']} s (fit_device")
+
+
+def test_the_launch_count_runs_on_the_cpu_and_counts_every_stage():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launches.py"), "--layers", "11", "--n-train", "60",
+                           "--n-eval", "20"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    eager, graphed = proc.stdout.split("replayed from CUDA graphs, by stage:")
+    counts = {line.split()[0]: line.split()[1] for line in eager.splitlines()[1:] if line.startswith("  ")}
+    for stage in ("linear", "moments", "gradient", "validation", "scoring"):
+        assert int(counts[stage].replace(",", "")) > 0, (stage, proc.stdout)
+    runs = {line.split()[0]: line.split()[1] for line in graphed.splitlines() if line.startswith("  ")}
+    for stage in ("linear", "moments", "gradient"):  # L-BFGS, Gram–Schmidt, stacked steps
+        assert int(runs[stage].replace(",", "")) > 0, (stage, proc.stdout)
+    assert "2 row sets" in proc.stdout and "CUDA launches from Python, all told" in proc.stdout
+
+
+def test_timeline_reads_device_busy_time_by_stage():
+    """`timeline` on a hand-made trace (µs): kernels overlapping across streams count once, a stage
+    label's device-side twin is no kernel, a stage met twice is summed, runtime calls are counted,
+    and the device's idle time is read within each host operation and between them."""
+    gpu = _gpu_module()
+    from types import SimpleNamespace
+
+    import torch
+
+    cpu, dev = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def ev(name, a, b, device=cpu):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=a, end=b), device_type=device)
+
+    p = gpu.STAGE_PREFIX
+    events = [ev(p + "linear", 0, 1_000_000), ev(p + "gradient", 1_000_000, 2_000_000),
+              ev(p + "gradient", 3_000_000, 4_000_000), ev(p + "linear", 0, 1_000_000, dev),
+              ev("gemm", 100_000, 300_000, dev), ev("gemm", 200_000, 400_000, dev),  # two streams: 0.3 s busy
+              ev("adam", 1_500_000, 3_500_000, dev),  # half in each gradient window, none between them counted there
+              ev("cudaLaunchKernel", 0, 10_000), ev("cudaLaunchKernel", 20_000, 40_000), ev("aten::mm", 0, 50_000),
+              ev("aten::item", 500_000, 900_000), ev("cudaStreamSynchronize", 600_000, 700_000)]
+    got = gpu.timeline(events)
+    assert got["wall_s"] == 4.0 and got["device_busy_s"] == 2.3 and got["busy_pct"] == 57.5
+    assert got["stages"]["linear"] == {"wall_s": 1.0, "device_busy_s": 0.3, "busy_pct": 30.0}
+    assert got["stages"]["gradient"] == {"wall_s": 2.0, "device_busy_s": 1.0, "busy_pct": 50.0}
+    assert got["runtime"] == {"cudaLaunchKernel": {"calls": 2, "host_s": 0.03},
+                              "cudaStreamSynchronize": {"calls": 1, "host_s": 0.1}}
+    # idle: [0, 0.1], [0.4, 1.5] and [3.5, 4] s; the host ops cover 0.05 + 0.4 s of it
+    assert got["idle"] == {"seconds": 1.7, "between_host_ops_s": 1.25,
+                           "within_host_op_s": {"aten::item": 0.4, "cudaStreamSynchronize": 0.1, "aten::mm": 0.05,
+                                                "cudaLaunchKernel": 0.03}}
+    assert list(got["idle"]["within_host_op_s"]) == ["aten::item", "cudaStreamSynchronize", "aten::mm",
+                                                     "cudaLaunchKernel"]
+
+
+def test_profile_reads_a_fresh_process_first_and_warm_fits(tmp_path):
+    """`--profile`, last: a spawned process fits the row sets twice under the profiler, each fit's
+    stages read apart, the difference first less warm, its files written; the timed fits stay
+    unprofiled and both count in the ratio."""
+    out, prof = tmp_path / "gpu.json", tmp_path / "prof"
+    proc = run("--device", "cpu", "--n-train", "60", "--n-eval", "20", "--image-size", "32", "--input-size", "28",
+               "--layers", "12", "--families", "linear", "--budget", "120", "--json", str(out), "--profile", str(prof))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    phases = json.loads(out.read_text())["phases"]
+    p = phases["profile"]
+    assert p["status"] == "done" and p["row_sets"] == 2 and "reason" not in p, p
+    for fit in ("first", "warm"):
+        assert {"start", "linear", "test"} <= set(p[fit]["stages"]) and p[fit]["stages"]["linear"]["wall_s"] > 0
+        assert p[fit]["device_busy_s"] == 0.0  # the CPU path has no device timeline
+    d = p["first_less_warm"]
+    assert d["wall_s"] == pytest.approx(p["first"]["wall_s"] - p["warm"]["wall_s"], abs=0.002)
+    assert d["stages"]["linear"]["wall_s"] == pytest.approx(
+        p["first"]["stages"]["linear"]["wall_s"] - p["warm"]["stages"]["linear"]["wall_s"], abs=0.002)
+    assert json.loads((prof / "profile.json").read_text())["first_less_warm"] == d
+    assert (prof / "fit_trace.json.gz").stat().st_size > 0
+    assert all("aten::" in (prof / f"fit_profile_{fit}.txt").read_text() for fit in ("first", "warm"))
+    assert {"cpu_over_device", "cpu_over_device_warm"} <= set(phases["ratio"])
+    assert "profile of a fresh process's fits" in proc.stdout and "first less warm" in proc.stdout
+
+
+def test_first_less_warm_names_calls_whose_counts_differ():
+    gpu = _gpu_module()
+    fit = {"wall_s": 5.0, "device_busy_s": 2.0, "stages": {"linear": {"wall_s": 2.0, "device_busy_s": 1.0}},
+           "runtime": {"cudaMalloc": {"calls": 40, "host_s": 0.9}, "cudaLaunchKernel": {"calls": 9, "host_s": 0.5}}}
+    warm = {"wall_s": 3.5, "device_busy_s": 2.0, "stages": {"linear": {"wall_s": 1.25, "device_busy_s": 1.0}},
+            "runtime": {"cudaLaunchKernel": {"calls": 9, "host_s": 0.1}}}
+    assert gpu.first_less_warm(fit, warm) == {
+        "wall_s": 1.5, "device_busy_s": 0.0, "stages": {"linear": {"wall_s": 0.75, "device_busy_s": 0.0}},
+        "runtime_host_s": {"cudaLaunchKernel": 0.4, "cudaMalloc": {"host_s": 0.9, "calls": "40/0"}}}
+
+
+def test_a_profiling_process_past_its_share_is_stopped_and_says_so(tmp_path):
+    """A share too short for the spawned process to start: it is killed, and the phase says why."""
+    gpu = _gpu_module()
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(profile=tmp_path / "prof", layers="12", input_size=28, families="linear", device="cpu")
+    got = gpu.profile_fresh_process(tmp_path, tmp_path / "cache", args, 1, allowance=0.3)
+    assert got == {"status": "stopped", "reason": "the profiling process was stopped at this phase's 0 s"}
+    assert gpu.profile_fresh_process(tmp_path, tmp_path / "cache", args, 1, allowance=0) == \
+        {"status": "skipped", "reason": "budget spent"}
+
+
 def test_the_cpu_path_fits_row_sets_side_by_side_and_stops_at_its_share(monkeypatch):
     """Four row sets of 1 s each on two worker processes: about 2 s of wall, each row set's own
     time and β* kept; where layer 0's row sets would take 30 s, a 3 s share stops them, and the
