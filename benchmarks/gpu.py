@@ -279,14 +279,19 @@ def fit_side_by_side(acts: dict, task, row_sets: list[tuple[int, str]], families
             {s: np.asarray(a.get(layer, view)) for s, a in acts.items()}, task, families)) for layer, view in row_sets}
         while pending and time.perf_counter() - t0 < allowance:
             for key in [k for k, r in pending.items() if r.ready()]:
-                out["times"][key], out["beta"][key] = (round(x, 2) if isinstance(x, float) else x
-                                                       for x in pending.pop(key).get())
+                try:
+                    seconds, out["beta"][key] = pending.pop(key).get()
+                    out["times"][key] = round(seconds, 2)
+                except Exception as e:  # noqa: BLE001 — a row set that fails is said, the others go on
+                    out.setdefault("errors", {})[key] = f"{type(e).__name__}: {e}".splitlines()[0]
             time.sleep(0.02)
         wall = time.perf_counter() - t0
         pool.terminate()
     done = out["row_sets_done"] = len(out["times"])
-    if pending:
-        out["reason"] = f"{len(pending)} row set(s) still fitting at this phase's {allowance:.0f} s"
+    if pending or out.get("errors"):
+        out["reason"] = "; ".join(filter(None, (
+            f"{len(pending)} row set(s) still fitting at this phase's {allowance:.0f} s" if pending else "",
+            f"{len(out['errors'])} row set(s) failed" if out.get("errors") else "")))
     if not done:
         return {"status": "stopped", "reason": out["reason"], "seconds_at_least": round(wall, 2),
                 "row_sets_total": len(row_sets)}

@@ -265,6 +265,10 @@ def test_the_cpu_path_fits_row_sets_side_by_side_and_stops_at_its_share(monkeypa
     assert (cut["status"], cut["row_sets_done"]) == ("partial", 2) and set(cut["times"]) == {"12/cls", "12/mean"}
     assert cut["all_row_sets_extrapolated"] and "2 row set(s) still fitting" in cut["reason"]
     assert cut["all_row_sets_s"] == pytest.approx(2 * cut["seconds"], abs=0.011)
+    failed = gpu.fit_side_by_side(acts, None, rows, ["boom"], 2, 30)  # layer 0's fits raise
+    assert (failed["status"], set(failed["times"])) == ("partial", {"12/cls", "12/mean"})
+    assert failed["errors"] == {"0/cls": "ValueError: boom", "0/mean": "ValueError: boom"}
+    assert failed["reason"] == "2 row set(s) failed"
 
 
 class _Split:
@@ -275,6 +279,8 @@ class _Split:
 
 
 def _sleepy_fit(arrays, task, families):
-    """A row set's fit that takes 1 s, or 30 s for layer 0 where the family is "slow"."""
+    """A row set's fit that takes 1 s, or for layer 0 30 s where the family is "slow" and raises where it is "boom"."""
+    if families == ["boom"] and arrays["train"][0][0] == 0:
+        raise ValueError("boom")
     time.sleep(30 if families == ["slow"] and arrays["train"][0][0] == 0 else 1.0)
     return 1.0, {f: 0.25 for f in families}
