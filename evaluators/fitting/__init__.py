@@ -110,7 +110,7 @@ def fit_row_sets(
     of more than ~32,000 numbers (a full-batch loss, an L-BFGS dot product, a validation score)
     between its threads, so its rounding, and through the strength and epoch that validation picks
     a row set's numbers, depended on the thread count (dinov2-small at 300 training scenes: the
-    paper columns ~1e-6 apart between one thread and two, the sensitivity 3e-4). The same config and
+    paper columns up to 5e-6 apart between one thread and two, the sensitivity 5e-4). The same config and
     seed give the same bytes on any thread count. Two threads fitted a row set 1.3-1.5x faster on 2
     cores; a machine's cores fit a study's row sets side by side instead (`--executor ray`: one-thread
     tasks).
