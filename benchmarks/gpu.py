@@ -30,8 +30,9 @@ generates the colorshape small preset (128 px, 2,000/500/500 scenes, seed 0), th
    difference, first less warm, by stage and by runtime call; the host operations that took most
    time (DIR/fit_profile_first.txt, DIR/fit_profile_warm.txt) and the first fit's whole trace
    (DIR/fit_trace.json.gz, for Perfetto or chrome://tracing). Its summary is written
-   (DIR/profile.json) before its traces, which are the slowest part. The profiled fits are not the
-   benchmark's timed ones: steps 2-4 run as without `--profile`, on a smaller share of the budget.
+   (DIR/profile.json) before its trace and tables, which are the slowest part. The profiled fits
+   are not the benchmark's timed ones: steps 2-4 run as without `--profile`, on a smaller share of
+   the budget.
 
 Everything stops within `--budget` seconds: each fitting phase gets a share of the time left
 (unused time passes on), a row-set loop stops before a row set that would not fit, and a fit
@@ -419,14 +420,14 @@ def profile_fits(root: str, cache: str, layers: str, input_size: int | None, fam
         profiles[name] = got.pop("profile")
         save(**{name: got})
     save(status="done", first_less_warm=first_less_warm(report["first"], report["warm"]))
-    for name, prof in profiles.items():  # the slow part last
-        (out / f"fit_profile_{name}.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total",
-                                                                               row_limit=40))
-    raw = out / "fit_trace.json"
-    profiles["first"].export_chrome_trace(str(raw))
+    raw = out / "fit_trace.json"  # the trace is written by kineto (a second); the tables need
+    profiles["first"].export_chrome_trace(str(raw))  # `prof.events()`' Python tree (most of a minute)
     with raw.open("rb") as src, gzip.open(out / "fit_trace.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     raw.unlink()
+    for name, prof in profiles.items():
+        (out / f"fit_profile_{name}.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                                               row_limit=40))
     save(files=sorted(str(f) for f in out.iterdir() if f.name != "profile.json"))
 
 
@@ -471,7 +472,7 @@ def profile_fresh_process(root: Path, cache: Path, args: argparse.Namespace, thr
            else f"the profiling process failed (exit code {proc.exitcode})" if proc.exitcode else None)
     if got.get("status") == "done":  # the summary is whole: a stop or failure cut its files only
         if why:
-            got["reason"] = f"{why} while writing its tables and trace"
+            got["reason"] = f"{why} while writing its trace and tables"
     elif why:
         got.update(status="partial" if "first" in got else "stopped" if stopped else "skipped", reason=why)
     return got
