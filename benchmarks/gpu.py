@@ -211,7 +211,11 @@ def extract(spec: str | Backbone, ds: Dataset, layers: str, views: list[str], de
 
 def fit(acts: dict, task, layer: int, view: str, families: list[str], device: str) -> tuple[float, dict]:
     """(wall s, β* per family) of one row set, at the evaluator's default settings on `device`."""
-    inputs = {s: RowReader(a.get(layer, view)) for s, a in acts.items()}
+    return fit_inputs({s: RowReader(a.get(layer, view)) for s, a in acts.items()}, task, families, device)
+
+
+def fit_inputs(inputs: dict, task, families: list[str], device: str) -> tuple[float, dict]:
+    """`fit` of a row set's readers."""
     t0 = time.perf_counter()
     res = evaluate_binding(inputs, task, families, train=TrainConfig(device=device), n_boot=200)
     if device == "cuda":
@@ -312,10 +316,7 @@ def _started(barrier: threading.Barrier) -> None:
 
 def fit_one_on_cpu(arrays: dict, task, families: list[str]) -> tuple[float, dict]:
     """A worker of `fit_side_by_side`: one row set's (wall s, β* per family) on the CPU."""
-    t0 = time.perf_counter()
-    res = evaluate_binding({s: RowReader(a) for s, a in arrays.items()}, task, families,
-                           train=TrainConfig(device="cpu"), n_boot=200)
-    return time.perf_counter() - t0, {f: _num(r.metrics.get("beta_star")) for f, r in res.items()}
+    return fit_inputs({s: RowReader(a) for s, a in arrays.items()}, task, families, "cpu")
 
 
 def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[str], device: str,
@@ -491,7 +492,8 @@ IDLE_TOP = 15
 def timeline(events: Iterable[tuple[str, float, float, bool]]) -> dict:
     """Where a profiled fit's time went (`spans_of` its profile, times in µs): its wall and the time
     the device was busy (the union of its kernels' and copies' intervals), in all and per fit stage
-    (the `STAGE_PREFIX` labels; a stage met several times is summed); the CUDA runtime calls' counts and host seconds (`RUNTIME_CALLS`); and
+    (the `STAGE_PREFIX` labels; a stage met several times is summed); the CUDA runtime calls'
+    counts and host seconds (`RUNTIME_CALLS`); and
     what the host was doing while the device sat idle: the idle time within each host operation
     (`IDLE_TOP` of them; nested ones each count it) and the idle time within none, the host's Python
     between operations. A stage whose busy share is low waited on the host."""
