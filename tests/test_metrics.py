@@ -159,3 +159,24 @@ def test_checks_read_results_rows_with_missing_columns():
     assert metric_checks({"B_F_hi": None, "B_star_hi": float("nan")}) == []
     assert metric_checks({"beta_star_paper_lo": 1.2}, "beta_star_paper") == ["L_O < L_F"]
     assert metric_checks({"converged": None}) == []
+
+
+def test_intervals_are_the_same_bytes_whatever_numpy_blas_threads():
+    """A BLAS splits a product between its threads and rounds it by the split: the bootstrap's
+    products run on one thread, so a row's intervals do not depend on the machine's cores (nor
+    on whether a worker process or the run's own fitted it)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from evaluators.metrics import _bootstrap_means, _group_draws
+
+    blas = threadpoolctl.ThreadpoolController()
+    if max((lib["num_threads"] for lib in blas.info() if lib["user_api"] == "blas"), default=1) < 2:
+        pytest.skip("numpy's BLAS has one thread here")
+    bits = np.random.default_rng(0).random((500, 24)) * 30
+    weights = _group_draws(500, 256, 0, 256)[0].astype(np.float64)
+    with blas.limit(limits=1, user_api="blas"):
+        one = weights @ bits
+    with blas.limit(limits=2, user_api="blas"):
+        assert not np.array_equal(weights @ bits, one)  # the rounding this test is about
+        two = _bootstrap_means(bits, 1000, 0)
+    with blas.limit(limits=1, user_api="blas"):
+        assert np.array_equal(_bootstrap_means(bits, 1000, 0), two)
