@@ -20,12 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
+import torch
+
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import check_writable, existing_keys, new_run_id, provenance, write_run
-from evaluators.binding.rows import (binding_common, binding_rows, common_columns, extraction_error_rows,
-                                     extraction_failure, stack_size, stacks)
+from evaluators.binding.rows import (binding_common, common_columns, extraction_error_rows,
+                                     extraction_failure, stack_bytes, stack_size, stacks)
 from evaluators.binding.task import SPLITS, BindingTask, binding_task, check_control, check_priors, open_dataset
+from evaluators.binding.workers import StackWorkers
 from evaluators.extract import extract_activations, split_fingerprint
 from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
 from evaluators.issameobject import evaluate_issameobject
@@ -80,7 +83,8 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
         together = stacks_row_sets(base_train.device, base_train.stack_bytes)
         say(progress, f"to fit: {len(work)} row set(s), {fits} family fit(s) "
                       f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}), a backbone's row sets "
-                      + ("in stacks fitted together" if together else "one after another")
+                      + ("in stacks fitted together" if together else "one after another (or, on a CPU given "
+                         "several threads, side by side in worker processes where that is sooner)")
                       + "; each stack's bar counts its row sets' gradient epochs (at most)")
     if plan.executor == "ray":
         from evaluators.ray_executor import run_binding
@@ -90,7 +94,8 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
                            results_dir=plan.results_dir, run_id=run_id, progress=progress, address=plan.address,
                            gpus_per_task=plan.gpus_per_task, control=plan.control)
     fits_on_one = "; probes fit on one (the same numbers on any count)" if base_train.device == "cpu" else ""
-    with _local_threads(plan.threads, progress, plans, note=fits_on_one):
+    with _local_threads(plan.threads, progress, plans, note=fits_on_one), \
+            StackWorkers(torch.get_num_threads() if base_train.device == "cpu" else 1) as workers:
         rows: list[dict[str, Any]] = []
         path = None
         for one in plans:
@@ -108,12 +113,14 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
                 rows += one.stamp(extraction_error_rows(common, one, one.todo, e))
                 path = write_run(rows, plan.results_dir, run_id)
                 continue
+            per_stack = stack_size(acts["train"], one.todo, task_data, base_train, limit)
+            todo = stacks(one.todo, per_stack)
+            calls = [(common, acts, task_data, [(w.layer, one.shown(w.view)) for w in stack], stack[0].seed,
+                      stack[0].families, replace(base_train, seed=stack[0].seed), plan.dtype, limit) for stack in todo]
             started, fitted = time.perf_counter(), 0
-            for stack in stacks(one.todo, stack_size(acts["train"], one.todo, task_data, base_train, limit)):
-                first = stack[0]
-                rows += one.stamp(binding_rows(common, acts, task_data, [(w.layer, one.shown(w.view)) for w in stack],
-                                               first.seed, first.families, replace(base_train, seed=first.seed),
-                                               plan.dtype, limit, progress))
+            held = stack_bytes(acts["train"], one.todo, task_data, limit, per_stack)
+            for stack, new in zip(todo, workers.fitted(calls, progress, one.name, held)):
+                rows += one.stamp(new)
                 path = write_run(rows, plan.results_dir, run_id)  # after every stack: a crash keeps what finished
                 fitted += len(stack)
                 if fitted < len(one.todo):  # the ETA from the stacks fitted so far

@@ -46,10 +46,10 @@ def test_evaluate_says_its_thread_count_once_and_restores_it(tmp_path, capsys, m
                         val_fraction=0.25, test_fraction=0.25)
     before = torch.get_num_threads()
     seen = []
-    import evaluators.run as run
+    import evaluators.binding.workers as workers
 
-    real = run.binding_rows  # where the probes train
-    monkeypatch.setattr(run, "binding_rows", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
+    real = workers.binding_rows  # where the probes train in this process
+    monkeypatch.setattr(workers, "binding_rows", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
     args = ["evaluate", "--dataset", str(data), "--model", "oracle:objects", "--probes", "linear", "--epochs", "1",
             "--results", str(tmp_path / "r")]
     assert main([*args, "--threads", "3"]) == 0

@@ -16,7 +16,7 @@ from bench.core.resources import disk_full
 from evaluators.backbones.base import BackboneInfo
 from evaluators.binding.columns import evaluate_binding_sets, result_columns
 from evaluators.binding.task import SPLITS, BindingTask
-from evaluators.fitting import RowReader, TrainConfig, row_sets_per_stack
+from evaluators.fitting import RowReader, TrainConfig, row_set_bytes, row_sets_per_stack
 from evaluators.planning import BackbonePlan, Work
 
 
@@ -80,14 +80,25 @@ def binding_rows(common: dict[str, Any], acts: dict[str, Any], task_data: Bindin
 
 def stack_size(train_acts: Any, todo: Sequence[Work], task_data: BindingTask, cfg: TrainConfig,
                limit: int | None) -> int:
-    """Row sets per stack for a backbone's activations (`fitting.row_sets_per_stack`): its
-    training and validation rows, the largest row among the views of `todo`, and the bits of
-    every target."""
+    """Row sets per stack for a backbone's activations (`fitting.row_sets_per_stack`)."""
+    return row_sets_per_stack(*_row_set_shape(train_acts, todo, task_data, limit), cfg.device, cfg.stack_bytes)
+
+
+def stack_bytes(train_acts: Any, todo: Sequence[Work], task_data: BindingTask, limit: int | None,
+                per_stack: int) -> int:
+    """About the bytes a stack of `per_stack` of a backbone's row sets holds (`fitting.row_set_bytes`)."""
+    return per_stack * row_set_bytes(*_row_set_shape(train_acts, todo, task_data, limit))
+
+
+def _row_set_shape(train_acts: Any, todo: Sequence[Work], task_data: BindingTask,
+                   limit: int | None) -> tuple[int, tuple[int, ...], int]:
+    """What a backbone's row sets' memory depends on: their training and validation rows, the largest
+    row among the views of `todo`, and the bits of every target."""
     shapes = [tuple(train_acts.get(w.layer, w.view).shape) for w in todo]
     n_rows = min(shapes[0][0], limit or shapes[0][0]) + len(task_data.codes["val"][1])
     space = task_data.space
-    return row_sets_per_stack(n_rows, max((s[1:] for s in shapes), key=lambda s: int(np.prod(s))),
-                              2 * space.n_features + 3 * space.n_conjunctions, cfg.device, cfg.stack_bytes)
+    return (n_rows, max((s[1:] for s in shapes), key=lambda s: int(np.prod(s))),
+            2 * space.n_features + 3 * space.n_conjunctions)
 
 
 def stacks(todo: Sequence[Work], per_stack: int) -> list[list[Work]]:

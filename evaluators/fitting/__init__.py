@@ -30,8 +30,8 @@ import torch
 
 from evaluators.families import ProbeOptim
 from evaluators.fitting.data import (STAGE_PREFIX, FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size,
-                                     feature_stats, modules_to_device, resolve_device, row_sets_per_stack,
-                                     stack_budget, stacks_row_sets, stage_label)
+                                     feature_stats, modules_to_device, resolve_device, row_set_bytes,
+                                     row_sets_per_stack, stack_budget, stacks_row_sets, stage_label)
 from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
 from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
@@ -40,7 +40,7 @@ from evaluators.fitting.stacked import gradient_stages, score_sets, trains_stack
 from evaluators.threads import torch_threads
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
-           "fit_probes", "fit_row_sets", "resolve_device", "row_sets_per_stack", "saving_and_se", "stacks_row_sets",
+           "fit_probes", "fit_row_sets", "resolve_device", "row_set_bytes", "row_sets_per_stack", "saving_and_se", "stacks_row_sets",
            "stage_label", "STAGE_PREFIX", "warm_start_from"]
 
 
@@ -112,8 +112,8 @@ def fit_row_sets(
     a row set's numbers, depended on the thread count (dinov2-small at 300 training scenes: the
     paper columns up to 5e-6 apart between one thread and two, the sensitivity 5e-4). The same config and
     seed give the same bytes on any thread count. Two threads fitted a row set 1.3-1.5x faster on 2
-    cores; a machine's cores fit a study's row sets side by side instead (`--executor ray`: one-thread
-    tasks).
+    cores; a machine's cores fit a backbone's row sets side by side instead, a one-thread process
+    each (`evaluators.binding.workers`; `--executor ray`: one-thread tasks, a backbone each).
     """
     device = resolve_device(config.device)
     with torch_threads(1) if device == "cpu" else nullcontext():

@@ -111,8 +111,12 @@ def row_sets_per_stack(n_rows: int, row_shape: tuple[int, ...], n_bits: int, dev
     if not stacks_row_sets(device, budget):
         return 1
     budget = budget if budget is not None else stack_budget(TrainConfig(), device)
-    per_row_set = 4 * n_rows * (3 * int(np.prod(row_shape)) + 6 * n_bits)
-    return max(1, int(budget // max(per_row_set, 1)))
+    return max(1, int(budget // max(row_set_bytes(n_rows, row_shape, n_bits), 1)))
+
+
+def row_set_bytes(n_rows: int, row_shape: tuple[int, ...], n_bits: int) -> int:
+    """About the bytes a row set's batched linear solve holds (`row_sets_per_stack`)."""
+    return 4 * n_rows * (3 * int(np.prod(row_shape)) + 6 * n_bits)
 
 
 def auto_batch_size(n_train: int, device: str = "cpu", steps: int = ProbeOptim.cpu_steps) -> int:
