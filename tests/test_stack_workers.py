@@ -41,6 +41,13 @@ def test_workers_are_started_only_where_they_finish_sooner(monkeypatch, first_s,
     assert workers.worth_workers(first_s, remaining, n, started) is expected
 
 
+@pytest.mark.parametrize("free_gib, stack_gib, expected", [(64, 1, 4), (7, 1, 3), (3, 2, 1), (0.5, 0, 1)])
+def test_workers_are_as_many_as_the_free_memory_holds(monkeypatch, free_gib, stack_gib, expected):
+    """Each worker holds its imports (`WORKER_BYTES`, 1 GiB) and a stack: 4 threads asked."""
+    monkeypatch.setattr(workers, "available_memory", lambda: int(free_gib * 2**30))
+    assert workers.affordable_workers(4, int(stack_gib * 2**30)) == expected
+
+
 def rows_of(results: Path) -> list[dict]:
     [path] = results.glob("*.parquet")
     return [{k: v for k, v in r.items() if k not in RUN_COLUMNS} for r in pq.read_table(path).to_pylist()]
