@@ -22,7 +22,7 @@ from bench.cli import main
 from evaluators import cache_inventory
 from evaluators.plan import EvaluationPlan
 from evaluators.run import run_evaluation
-from tests.conftest import make_dataset
+from tests.conftest import TINY_SCENES, make_dataset
 
 ray = pytest.importorskip("ray")
 
@@ -40,9 +40,7 @@ def run_plan(models: list[str], data: Path, **options) -> Path | None:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("ray") / "ds", n_train=96, n_val=32, n_test=32, image_size=64,
-                        n_colors=3, n_shapes=3, colors_per_scene=2, shapes_per_scene=2, n_objects=3,
-                        object_size=12, margin=2, val_fraction=0.25, test_fraction=0.25)
+    return make_dataset(tmp_path_factory.mktemp("ray") / "ds", n_train=96, n_val=32, n_test=32, **TINY_SCENES)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 
 from bench.cli import main
 from evaluators.binding import workers
-from tests.conftest import make_dataset
+from tests.conftest import TINY_SCENES, make_dataset
 
 #: Columns that differ between any two runs of the same request.
 RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "command"}
@@ -55,9 +55,7 @@ def rows_of(results: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("workers") / "ds", n_train=48, n_val=16, n_test=16, image_size=64,
-                        n_colors=3, n_shapes=3, colors_per_scene=2, shapes_per_scene=2, n_objects=3,
-                        object_size=12, margin=2, val_fraction=0.25, test_fraction=0.25)
+    return make_dataset(tmp_path_factory.mktemp("workers") / "ds", n_train=48, n_val=16, n_test=16, **TINY_SCENES)
 
 
 @pytest.fixture(scope="module")

@@ -88,14 +88,12 @@ def rows_of(results: Path) -> dict[tuple, dict]:
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory) -> Path:
     """The grid study's folder: a tiny DINOv2 checkpoint (./vit) and a second dataset beside it."""
-    from tests.conftest import make_dataset
+    from tests.conftest import TINY_SCENES, make_dataset
     from tests.test_backbones import tiny_checkpoint
 
     root = tmp_path_factory.mktemp("grid")
     tiny_checkpoint("dinov2", root / "vit")
-    make_dataset(root / "data-b", n_train=32, n_val=12, n_test=12, image_size=64, n_colors=3, n_shapes=3,
-                 colors_per_scene=2, shapes_per_scene=2, n_objects=3, object_size=12, margin=2, val_fraction=0.25,
-                 test_fraction=0.25, seed=5)
+    make_dataset(root / "data-b", n_train=32, n_val=12, n_test=12, seed=5, **TINY_SCENES)
     return root
 
 

@@ -9,7 +9,7 @@ import torch
 from bench.cli import main
 from bench.core.errors import BenchError
 from evaluators import threads
-from tests.conftest import make_dataset
+from tests.conftest import TINY_SCENES, make_dataset
 
 
 @pytest.mark.parametrize("busy, expected", [(0.05, 2), (0.3, 1), (1.0, 1), (1.2, 1), (6.0, 1)])
@@ -41,9 +41,7 @@ def test_threads_asked_for_are_used_and_bad_counts_refused():
 
 def test_evaluate_says_its_thread_count_once_and_restores_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
-    data = make_dataset(tmp_path / "d", n_train=24, n_val=8, n_test=8, image_size=64, n_colors=3, n_shapes=3,
-                        colors_per_scene=2, shapes_per_scene=2, n_objects=3, object_size=12, margin=2,
-                        val_fraction=0.25, test_fraction=0.25)
+    data = make_dataset(tmp_path / "d", n_train=24, n_val=8, n_test=8, **TINY_SCENES)
     before = torch.get_num_threads()
     seen = []
     import evaluators.binding.workers as workers

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from bench.core.environ import environment
 from bench.core.errors import BenchError
 from bench.studies.planning import MANIFEST, DatasetStep, StudyPlan, generator_config, plan_study
 from bench.studies.spec import EvaluateBlock, Study
@@ -186,18 +187,9 @@ def _environment(study: Study, folder: Path) -> Iterator[None]:
         return
     from evaluators.zoo import ZOO_ENV, zoo_root
 
-    pinned = {ZOO_ENV: str(zoo_root()),
-              "BINDINGBENCH_CACHE": os.environ.get("BINDINGBENCH_CACHE") or str(folder / "cache")}
-    before = {k: os.environ.get(k) for k in pinned}
-    os.environ.update(pinned)
-    try:
+    with environment({ZOO_ENV: str(zoo_root()),
+                      "BINDINGBENCH_CACHE": os.environ.get("BINDINGBENCH_CACHE") or str(folder / "cache")}):
         yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def study_report(study: Study, results: Path, fmt: Any) -> tuple[str, str | None]:

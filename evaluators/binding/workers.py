@@ -19,11 +19,11 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from multiprocessing import connection, get_context, parent_process
 from types import TracebackType
 from typing import Any, Iterator, Sequence
 
+from bench.core.environ import environment
 from bench.core.resources import available_memory
 from evaluators.binding.rows import binding_rows
 from evaluators.planning import say
@@ -109,7 +109,7 @@ class StackWorkers:
         if self._pool is None:
             self._pool, self._size = ProcessPoolExecutor(max_workers=size, mp_context=get_context("spawn"),
                                                          initializer=_end_with_parent), size
-        with _one_thread_env():  # the workers spawned by these submits inherit it
+        with environment(dict.fromkeys(ONE_THREAD_ENV, "1")):  # the workers spawned by these submits inherit it
             futures: list[Future] = [self._pool.submit(_fit, call) for call in calls]
         say(progress, f"{label}: the other {len(calls)} stack(s) side by side on {min(size, len(calls))} worker "
                       "processes (one thread each, the same numbers)")
@@ -128,20 +128,4 @@ def _end_with_parent() -> None:
 def _fit(call: StackCall) -> list[dict[str, Any]]:
     """A worker's stack: `binding_rows` as the loop runs it, without bars."""
     return binding_rows(*call, progress=False)
-
-
-@contextmanager
-def _one_thread_env() -> Iterator[None]:
-    """`ONE_THREAD_ENV` at one in this process's environment for the block (processes spawned in it
-    inherit it), then as before."""
-    before = {k: os.environ.get(k) for k in ONE_THREAD_ENV}
-    os.environ.update({k: "1" for k in ONE_THREAD_ENV})
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
