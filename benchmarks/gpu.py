@@ -68,13 +68,18 @@ sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pa
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench.core.dataset import Dataset  # noqa: E402
-from bench.core.errors import BenchError  # noqa: E402
-from evaluators.backbones import Backbone, resolve_backbone  # noqa: E402
-from evaluators.extract import extract_activations  # noqa: E402
-from evaluators.training import RowReader, TrainConfig  # noqa: E402
-from generators.base import build_config, get_generator  # noqa: E402
-from generators.engine import generate  # noqa: E402
+try:
+    from bench.core.dataset import Dataset  # noqa: E402
+    from bench.core.errors import BenchError  # noqa: E402
+    from evaluators.backbones import Backbone, resolve_backbone  # noqa: E402
+    from evaluators.extract import extract_activations  # noqa: E402
+    from evaluators.training import RowReader, TrainConfig  # noqa: E402
+    from generators.base import build_config, get_generator  # noqa: E402
+    from generators.engine import generate  # noqa: E402
+except ModuleNotFoundError as missing:  # run from a checkout, where not all the project's dependencies are installed
+    print(f"gpu.py: the project needs the module {missing.name!r}, which is not installed here "
+          f"(pip install {missing.name}, or pip install -e . for all its dependencies)", file=sys.stderr)
+    sys.exit(2)
 
 try:  # the evaluator's layout moved (evaluators/binding); the entry points kept their names
     from evaluators.binding import binding_task, evaluate_binding  # noqa: E402

@@ -69,6 +69,18 @@ def test_bad_sizes_exit_2_in_one_line(args):
     assert proc.stderr.strip().count("\n") == 0 and "must be positive" in proc.stderr
 
 
+def test_a_missing_dependency_exits_2_naming_it(tmp_path):
+    """Run from a checkout (as on a GPU machine's image), a dependency that is not installed is
+    named in one line, not a traceback."""
+    (tmp_path / "threadpoolctl.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'threadpoolctl'\", name='threadpoolctl')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu"], capture_output=True, text=True,
+                          env=env, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "'threadpoolctl'" in proc.stderr and "pip install" in proc.stderr
+
+
 def test_dmon_sm_column_is_read_from_its_header():
     sys.path.insert(0, str(ROOT))
     from benchmarks.gpu import read_dmon
