@@ -156,7 +156,8 @@ class EvaluationPlan:
     line that asked for the run, goes into every row's provenance. `image_size`, `mean` and
     `std` (R, G, B) replace the input side and normalisation of every spec given (as
     `resolve_backbone` does; a source without them refuses in one line), e.g. for a
-    `save_pretrained` folder without preprocessor_config.json; with the local executor only.
+    `save_pretrained` folder without preprocessor_config.json; Ray workers build each backbone
+    with them as the driver does (`planning.build_backbone`).
     """
 
     models: tuple[Model, ...]
@@ -222,9 +223,6 @@ class EvaluationPlan:
         if self.preprocessing and objects:
             raise BenchError(f"{', '.join(self.preprocessing)}: {objects[0]} is a Python object with its own input "
                              "settings (set them on it, e.g. ModuleAdapter(image_size=..., mean=..., std=...))")
-        if self.preprocessing and self.executor == "ray":
-            raise BenchError(f"{', '.join(self.preprocessing)}: Ray workers build each backbone from its spec alone; "
-                             "evaluate with the local executor")
         if self.task not in TASKS:
             raise BenchError(f"task: unknown {self.task!r}; allowed: {', '.join(TASKS)}")
         if not self.models:

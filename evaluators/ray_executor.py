@@ -6,8 +6,11 @@ shards' writers fill at once through the cache's own locked, resumable protocol:
 is written last, by whichever shard completes the entry, so an attempt killed mid-shard
 leaves rows that the retry resumes from and that nothing reads as done; shards start on
 batch boundaries, so every image goes through the model in the local path's batch). Binding
-training: one task per backbone, its batched fit: `binding.rows.binding_rows` on each stack of
-its row sets, as the local loop fits them (`binding.rows.stacks`). IsSameObject: one task
+training: where row sets are stacked (a GPU), one task per backbone, its batched fit:
+`binding.rows.binding_rows` on each stack of its row sets, as the local loop fits them
+(`binding.rows.stacks`); on a CPU, whose stacks hold one row set, one task per row set, so that a
+backbone's row sets are fitted side by side on the cluster's cores, as the local path's worker
+processes fit them (`training_units`). IsSameObject: one task
 per (backbone, layer) calling `issameobject.evaluate_activations` on that layer. Training
 tasks take the extraction results as arguments, so Ray starts them as soon as their
 backbone's shards are cached.
@@ -32,7 +35,7 @@ from evaluators import cache
 from evaluators.binding.rows import binding_common, binding_rows, extraction_error_rows, stack_size, stacks
 from evaluators.binding.task import SPLITS, binding_task
 from evaluators.extract import BATCH_SIZE, extract_activations, is_complete, row_shards
-from evaluators.fitting import TrainConfig
+from evaluators.fitting import TrainConfig, stacks_row_sets
 from evaluators.plan import Model
 from evaluators.planning import Work, build_backbone
 from evaluators.ray_tasks import Cluster, arm_fault, cluster, die, gather, in_task, slots
@@ -80,11 +83,21 @@ def _backbone(model: Model, preprocessing: Mapping[str, object] | None, run_id: 
     return _BUILT[model.spec, run_id]
 
 
+def training_units(todo: Sequence[Work], together: bool) -> list[tuple[str, list[Work]]]:
+    """A backbone's work as training tasks, each with its name: all of it in one where row sets are
+    stacked (`together`; the task sizes the stacks from the activations' shapes, which exist only
+    once extraction is done), else a task per stack of one row set, in the local loop's order. A
+    row set's rows do not depend on its stack, so the rows are the local path's either way."""
+    if together:
+        return [("", list(todo))]
+    return [(f"-L{w.layer}-{w.view}-seed{w.seed}-{'+'.join(w.families)}", [w]) for (w,) in stacks(todo, 1)]
+
+
 def _train(common: dict[str, Any], task_data: Any, todo: list[tuple[int, list[str], int, list[str]]],
            base_train: TrainConfig, dtype: str, limit: int | None, gpus: float, n_shards: list[int],
            *shard_acts: Any) -> tuple[list[dict[str, Any]], str]:
-    """One training unit: a backbone's batched fit, every (layer, views, seed, families) of `todo`
-    in stacks as the local loop fits them (`binding.rows.stacks`). `shard_acts` are the splits'
+    """One training unit (`training_units`): every (layer, views, seed, families) of `todo` in
+    stacks as the local loop fits them (`binding.rows.stacks`). `shard_acts` are the splits'
     shard results in SPLITS order (`n_shards` each): Ray starts this task only when all of them
     are done, so each split's entry is complete."""
     acts = _entries(n_shards, shard_acts)
@@ -105,7 +118,8 @@ def _train(common: dict[str, Any], task_data: Any, todo: list[tuple[int, list[st
                 die()
         return rows
 
-    return in_task(f"train {common['backbone']}", gpus, body)
+    where = f" layer {work[0].layer} {work[0].view} seed {work[0].seed}" if len(work) == 1 else ""
+    return in_task(f"train {common['backbone']}{where}", gpus, body)
 
 
 def _entries(n_shards: list[int], shard_acts: Sequence[Any]) -> dict[str, Any]:
@@ -183,13 +197,15 @@ def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: di
         units: dict[Any, tuple[Any, dict, list]] = {}  # ref -> (plan, common, todo), in the local row order
         shards = {s: shard_plan(len(task_data.codes[s][1]), slots(c.gpus)) for s in SPLITS}
         extracted = _submit_extraction(c, plans, run_id, shards, dtype, limit)
+        together = stacks_row_sets(base_train.device, base_train.stack_bytes)
         for plan in plans:
             common = binding_common(prov, plan, ds, test_fp, limit, task_data)
-            todo = [(w.layer, plan.shown(w.view), w.seed, w.families) for w in plan.todo]
-            ref = train.remote(common, data_ref, todo, base_train, dtype, limit, c.gpus,
-                               [len(shards[s]) for s in SPLITS], *extracted[plan.spec])
-            c.tasks[ref] = (f"train-{plan.spec}", plan.spec)
-            units[ref] = (plan, common, plan.todo)
+            for name, part in training_units(plan.todo, together):
+                todo = [(w.layer, plan.shown(w.view), w.seed, w.families) for w in part]
+                ref = train.remote(common, data_ref, todo, base_train, dtype, limit, c.gpus,
+                                   [len(shards[s]) for s in SPLITS], *extracted[plan.spec])
+                c.tasks[ref] = (f"train-{plan.spec}{name}", plan.spec)
+                units[ref] = (plan, common, part)
         rows_of: dict[Any, list[dict[str, Any]]] = {}
 
         def arrived(ref: Any, rows: list[dict[str, Any]] | None, error: BaseException | None) -> int:

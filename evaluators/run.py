@@ -81,11 +81,14 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
     if work:
         fits = sum(len(w.families) for w in work)
         together = stacks_row_sets(base_train.device, base_train.stack_bytes)
+        how = ("in stacks fitted together" if together else
+               "side by side, a Ray task each" if plan.executor == "ray" else
+               "one after another (or, on a CPU given several threads, side by side in worker processes where "
+               "that is sooner)")
+        bars = "" if plan.executor == "ray" else "; each stack's bar counts its row sets' gradient epochs (at most)"
         say(progress, f"to fit: {len(work)} row set(s), {fits} family fit(s) "
                       f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}), a backbone's row sets "
-                      + ("in stacks fitted together" if together else "one after another (or, on a CPU given "
-                         "several threads, side by side in worker processes where that is sooner)")
-                      + "; each stack's bar counts its row sets' gradient epochs (at most)")
+                      f"{how}{bars}")
     if plan.executor == "ray":
         from evaluators.ray_executor import run_binding
 

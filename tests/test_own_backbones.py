@@ -263,7 +263,6 @@ def test_evaluate_takes_the_input_settings_of_a_folder_without_preprocessor_conf
     (["--image-size", "0"], "image_size: a positive number of pixels, got 0"),
     (["--mean", "a,b,c"], "mean: comma-separated numbers"),
     (["-m", "pixels", "--mean", "0.5,0.5,0.5"], "model: pixels brings its own input handling; mean apply to"),
-    (["--executor", "ray", "--mean", "0.5,0.5,0.5"], "mean: Ray workers build each backbone from its spec alone"),
 ])
 def test_bad_input_settings_on_evaluate_are_one_line(scenes, tmp_path, capsys, extra, message):
     _, path = _tiny_vit_folder(tmp_path / "mine")

@@ -83,11 +83,14 @@ def test_ray_rows_equal_local_rows_and_logs_every_task(data, local_rows, local_r
     assert_same_rows(rows, local_rows)
     assert {r["status"] for r in rows} == {"ok"} and {r["layer"] for r in rows} == {0, 6, 12}
     logs = sorted(p.name for p in (results / "logs" / rows[0]["run_id"]).iterdir())
-    # 5 backbones x 5 row shards (3 of train's 96 rows, 1 each of val and test); training units, one per
-    # backbone: its batched fit
-    assert sum(n.startswith("extract-") for n in logs) == 25 and len(logs) == 1 + 25 + 5 and sum(n.startswith("train-") for n in logs) == 5 and "driver.log" in logs
-    # train-random:...: its two row sets, one stack each (a CPU's stacks hold one row set)
-    assert (results / "logs" / rows[0]["run_id"] / logs[-1]).read_text().count("trained on 1 row set(s)") == 2
+    # 5 backbones x 5 row shards (3 of train's 96 rows, 1 each of val and test); training units on a CPU,
+    # whose stacks hold one row set: a task per row set (layers 0 and 12 of random:dinov2-small, one
+    # layer of the others)
+    assert len({(r["backbone"], r["layer"]) for r in rows}) == 6
+    assert sum(n.startswith("extract-") for n in logs) == 25 and len(logs) == 1 + 25 + 6 and "driver.log" in logs
+    train_logs = [n for n in logs if n.startswith("train-")]
+    assert len(train_logs) == 6 and all("trained on 1 row set(s)" in (results / "logs" / rows[0]["run_id"] / n)
+                                         .read_text() for n in train_logs)
     # a second run skips every finished row, as locally
     assert run_plan(MODELS, data, results_dir=results, executor="ray", **GRID) is None
 
@@ -159,6 +162,25 @@ def test_the_local_path_does_not_import_ray():
     code = ("import sys, bench.cli, evaluators.run, bench.commands.evaluate; "
             "sys.exit('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
+
+
+def test_input_settings_reach_the_ray_workers(data, local_rows, local_ray, tmp_path):
+    """--image-size/--mean/--std: each worker builds the backbone with them, as the driver does."""
+    grid = dict(layers="last", probes=["linear"], seeds=[0], epochs=3, image_size=28, mean=(0.5, 0.5, 0.5))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = pq.read_table(run_plan(["random:dinov2-small"], data, results_dir=tmp_path / "local", threads=1,
+                                       **grid)).to_pylist()
+    finally:
+        torch.set_num_threads(threads)
+    got = pq.read_table(run_plan(["random:dinov2-small"], data, results_dir=tmp_path / "ray", executor="ray",
+                                 **grid)).to_pylist()
+    assert_same_rows(got, local)
+    # the settings did reach the model: the same row without them reads other numbers
+    (default,) = [r for r in local_rows if r["backbone"] == "random:dinov2-small" and r["layer"] == 12
+                  and r["probe"] == "linear"]
+    assert got[0]["L_O_paper"] != pytest.approx(default["L_O_paper"], abs=1e-6)
 
 
 def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
