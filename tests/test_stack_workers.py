@@ -33,6 +33,7 @@ REQUEST = ["--model", "random:dinov2-small", "--image-size", "28", "--layers", "
     (3.0, 4, 2, False, True),     # 4 + 3 * 2 = 10 s on workers against 12 s here
     (3.0, 3, 2, False, False),    # 4 + 3 * 2 = 10 s on workers against 9 s here
     (0.3, 3, 2, True, True),      # workers already running: any two stacks gain
+    (0.0, 2, 2, True, True),      # ... even before a stack of this backbone was timed
     (10.0, 1, 2, True, False),    # one stack left: nothing to share
     (10.0, 25, 1, True, False),   # one thread: no workers
 ])
@@ -77,6 +78,23 @@ def test_stacks_fitted_on_workers_give_the_rows_of_one_process(data, one_process
     err = capsys.readouterr().err
     assert "the other 3 stack(s) side by side on 2 worker processes" in err
     assert rows_of(tmp_path / "r") == one_process and len(one_process) == 8
+
+
+def test_a_later_backbone_goes_to_the_running_workers_whole(data, tmp_path, monkeypatch, capsys):
+    """Once the first backbone started the workers, the second's stacks all go to them (none fitted
+    in the run's process first), and the rows are those of one process."""
+    two = ["--model", "random:dinov2-small-reg", *REQUEST]
+    results = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setattr(workers, "WORKER_START_S", 0.0)
+        assert main(["evaluate", "--dataset", str(data), *two, "--threads", threads, "--results",
+                     str(tmp_path / threads)]) == 0
+        results[threads] = rows_of(tmp_path / threads)
+    err = capsys.readouterr().err
+    assert "random:dinov2-small-reg: the other 3 stack(s) side by side on 2 worker processes" in err
+    assert "random:dinov2-small: its 4 stack(s) side by side on 2 worker processes" in err
+    assert results["2"] == results["1"] and len(results["1"]) == 16
 
 
 def test_a_worker_killed_mid_run_loses_no_rows(data, one_process, tmp_path, monkeypatch, capsys):

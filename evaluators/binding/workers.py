@@ -4,7 +4,8 @@ A CPU fit runs on one torch thread (`fitting.fit_row_sets`: so its numbers are t
 thread count), so a run given N threads would leave N - 1 cores idle while it fits a backbone's
 stacks one after another. `StackWorkers.fitted` fits the first stack in the run's own process
 and times it; when the rest would finish sooner on N one-thread worker processes, start-up
-included (`worth_workers`), it hands them over. A worker runs `rows.binding_rows` on a stack
+included (`worth_workers`), it hands them over. Once the workers run, a later backbone's stacks
+all go to them. A worker runs `rows.binding_rows` on a stack
 exactly as the loop does, and a stack's numbers depend only on its config and seed (every stage
 seeds itself), so the rows are the same bytes as one after another; they come back in the loop's
 order. Workers are spawned (a fork of a process whose OpenMP threads have run can hang), started
@@ -43,11 +44,11 @@ StackCall = tuple[Any, ...]
 
 def worth_workers(first_s: float, remaining: int, workers: int, started: bool) -> bool:
     """Whether `remaining` stacks of about `first_s` seconds each finish sooner on `workers` worker
-    processes (start-up included unless `started`) than one after another in this process."""
+    processes (start-up included) than one after another in this process. Workers already
+    `started` cost nothing to start, so two stacks or more gain whatever their time."""
     if workers < 2 or remaining < 2:
         return False
-    side_by_side = (0.0 if started else WORKER_START_S) + first_s * math.ceil(remaining / workers)
-    return side_by_side < first_s * remaining
+    return started or WORKER_START_S + first_s * math.ceil(remaining / workers) < first_s * remaining
 
 
 def affordable_workers(n: int, stack_bytes: int) -> int:
@@ -76,20 +77,21 @@ class StackWorkers:
 
     def fitted(self, calls: Sequence[StackCall], progress: bool, label: str,
                stack_bytes: int = 0) -> Iterator[list[dict[str, Any]]]:
-        """The rows of each stack of `calls`, in order: the first fitted here (its epoch bar shown),
-        the rest side by side on the workers where `worth_workers` and the free memory holds every
-        worker (`WORKER_BYTES` and a stack of about `stack_bytes` each), else here too. Should the
+        """The rows of each stack of `calls`, in order: the first fitted here (its epoch bar shown)
+        unless the workers already run, the rest side by side on the workers where `worth_workers`
+        and the free memory holds every worker (`WORKER_BYTES` and a stack of about `stack_bytes`
+        each), else here too. Should the
         workers die (a worker killed, out of memory), the stacks they had not returned are fitted
         here, and the run says so."""
         done = 0
         started = time.perf_counter()
         while done < len(calls):
-            room = affordable_workers(self.threads, stack_bytes) if done else 1
+            room = affordable_workers(self.threads, stack_bytes) if done or self._pool is not None else 1
             size = self._size if self._pool is not None else room
             if room >= size and worth_workers((time.perf_counter() - started) / max(done, 1), len(calls) - done,
                                               min(size, len(calls) - done), self._pool is not None):
                 try:
-                    for rows in self._side_by_side(calls[done:], size, progress, label):
+                    for rows in self._side_by_side(calls[done:], size, progress, label, after_first=done > 0):
                         done += 1
                         yield rows
                 except BrokenProcessPool:
@@ -101,8 +103,8 @@ class StackWorkers:
             yield binding_rows(*calls[done], progress=progress)
             done += 1
 
-    def _side_by_side(self, calls: Sequence[StackCall], size: int, progress: bool,
-                      label: str) -> Iterator[list[dict[str, Any]]]:
+    def _side_by_side(self, calls: Sequence[StackCall], size: int, progress: bool, label: str,
+                      after_first: bool) -> Iterator[list[dict[str, Any]]]:
         """The rows of `calls` fitted on the workers (`size` of them, started if not yet), in order:
         a stack that finishes early waits for the ones before it (the caller's lines say each one's
         arrival)."""
@@ -111,7 +113,8 @@ class StackWorkers:
                                                          initializer=_end_with_parent), size
         with environment(dict.fromkeys(ONE_THREAD_ENV, "1")):  # the workers spawned by these submits inherit it
             futures: list[Future] = [self._pool.submit(_fit, call) for call in calls]
-        say(progress, f"{label}: the other {len(calls)} stack(s) side by side on {min(size, len(calls))} worker "
+        which = f"the other {len(calls)}" if after_first else f"its {len(calls)}"
+        say(progress, f"{label}: {which} stack(s) side by side on {min(size, len(calls))} worker "
                       "processes (one thread each, the same numbers)")
         for future in futures:
             yield future.result()
