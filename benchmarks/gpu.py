@@ -597,15 +597,34 @@ def power(ds: Dataset, task, families: list[str], device: str, cache: Path, allo
     return out
 
 
-def run(args: argparse.Namespace) -> dict:
+class Phases(dict):
+    """The phases' results, the report written to `path` (if any) each time one is set: a device
+    session is short and lent rarely, and a run cut by its time limit or ended by a crash keeps
+    what it had measured."""
+
+    def __init__(self, report: dict, path: Path | None) -> None:
+        super().__init__()
+        self.report, self.path = report, path
+
+    def __setitem__(self, name: str, value: dict) -> None:
+        super().__setitem__(name, value)
+        write_json(self.path, self.report)
+
+
+def write_json(path: Path | None, report: dict) -> None:
+    if path is not None:
+        path.write_text(json.dumps(report, indent=1, default=str))
+
+
+def run(args: argparse.Namespace, report: dict) -> dict:
+    """The benchmark's phases, in order, into `report` (filled as they finish; see `Phases`)."""
     clock = Clock(args.budget, [k for k in SHARES if k != "profile" or args.profile])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(cores)
     families = args.families.split(",")
-    report: dict = {"config": {**vars(args), "torch": torch.__version__, "cpu_threads": cores,
-                               "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"},
-                    "phases": {}}
-    phases = report["phases"]
+    report["config"] = {**vars(args), "torch": torch.__version__, "cpu_threads": cores,
+                        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"}
+    phases = report["phases"] = Phases(report, args.json)
     root = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     # sampling from the start: dmon's first readings (it starts in about a second) fall before the fits
     sampler = SmSampler() if args.device == "cuda" and shutil.which("nvidia-smi") else None
@@ -668,7 +687,9 @@ def run(args: argparse.Namespace) -> dict:
         say(f"power: {summary_note(phases['power'])}")
 
         phases["fit_cpu"] = fit_side_by_side(acts, task, row_sets, families, cores, clock.share("fit_cpu"))
+        say(f"fit on the CPU path (row sets side by side, {cores} cores): {summary_note(phases['fit_cpu'])}")
         phases["attention_cpu"] = fit_attention(fp32[PIXELS], task, pixel_layer, "cpu", clock.share("attention_cpu"))
+        say(f"attention on pixels, CPU path: {summary_note(phases['attention_cpu'])}")
         phases["ratio"] = ratios(phases)
         if args.profile:
             phases["profile"] = profile_fresh_process(root, cache, args, cores, clock.share("profile"))
@@ -816,13 +837,17 @@ def main() -> None:
         refuse("no CUDA device here; --device cpu runs the CPU path alone")
     if args.budget <= 0 or min(args.n_train, args.n_eval, args.image_size, args.input_size or 1) < 1:
         refuse("--budget, --n-train, --n-eval, --image-size and --input-size must be positive")
+    report: dict = {}
     try:
-        report = run(args)
+        run(args, report)
     except BenchError as e:
         refuse(str(e))
+    except BaseException as e:  # a crash or an interrupt: the phases measured so far stay in --json
+        report["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        write_json(args.json, report)
+        raise
     print_table(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1, default=str))
+    write_json(args.json, report)
 
 
 if __name__ == "__main__":

@@ -292,3 +292,24 @@ def _sleepy_fit(arrays, task, families):
         raise ValueError("boom")
     time.sleep(30 if families == ["slow"] and arrays["train"][0][0] == 0 else 1.0)
     return 1.0, {f: 0.25 for f in families}
+
+
+def test_a_crash_keeps_the_phases_measured_before_it(tmp_path, monkeypatch):
+    """A device session is short: each phase is in --json as soon as it is measured, and a crash
+    adds its error there (and still ends the run with its traceback)."""
+    gpu = _gpu_module()
+    out = tmp_path / "gpu.json"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+
+    monkeypatch.setattr(gpu, "fit_stack", broken)
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--device", "cpu", "--n-train", "60", "--n-eval", "20",
+                                      "--image-size", "32", "--input-size", "28", "--layers", "12",
+                                      "--json", str(out)])
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        gpu.main()
+    report = json.loads(out.read_text())
+    assert report["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert set(report["phases"]) == {"generate", "extract"}
+    assert report["phases"]["extract"]["status"] == "done" and report["config"]["device"] == "cpu"
