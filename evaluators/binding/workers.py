@@ -5,11 +5,11 @@ thread count), so a run given N threads would leave N - 1 cores idle while it fi
 stacks one after another. `StackWorkers.fitted` fits the first stack in the run's own process
 and times it; when the rest would finish sooner on N one-thread worker processes, start-up
 included (`worth_workers`), it hands them over. Once the workers run, a later backbone's stacks
-all go to them. A worker runs `rows.binding_rows` on a stack
-exactly as the loop does, and a stack's numbers depend only on its config and seed (every stage
-seeds itself), so the rows are the same bytes as one after another; they come back in the loop's
-order. Workers are spawned (a fork of a process whose OpenMP threads have run can hang), started
-once and kept for the run's later backbones.
+all go to them. A worker runs `rows.binding_rows` on a stack exactly as the loop does, and a
+stack's numbers depend only on its config and seed (every stage seeds itself), so the rows are
+the same bytes as one after another; they come back in the loop's order. Workers are spawned (a
+fork of a process whose OpenMP threads have run can hang), started once and kept for the run's
+later backbones.
 """
 
 from __future__ import annotations
@@ -80,9 +80,8 @@ class StackWorkers:
         """The rows of each stack of `calls`, in order: the first fitted here (its epoch bar shown)
         unless the workers already run, the rest side by side on the workers where `worth_workers`
         and the free memory holds every worker (`WORKER_BYTES` and a stack of about `stack_bytes`
-        each), else here too. Should the
-        workers die (a worker killed, out of memory), the stacks they had not returned are fitted
-        here, and the run says so."""
+        each), else here too. Should the workers die (a worker killed, out of memory), the stacks
+        they had not returned are fitted here, and the run says so."""
         done = 0
         started = time.perf_counter()
         while done < len(calls):
