@@ -69,8 +69,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 try:
-    from bench.core.dataset import Dataset  # noqa: E402
+    from bench.core.dataset import Dataset, write_text_atomic  # noqa: E402
     from bench.core.errors import BenchError  # noqa: E402
+    from bench.core.paths import check_output_dir, check_output_file  # noqa: E402
     from evaluators.backbones import Backbone, resolve_backbone  # noqa: E402
     from evaluators.extract import extract_activations  # noqa: E402
     from evaluators.training import RowReader, TrainConfig  # noqa: E402
@@ -612,8 +613,10 @@ class Phases(dict):
 
 
 def write_json(path: Path | None, report: dict) -> None:
+    """The report at `path`, whole: written aside and moved in place, so a run killed while
+    writing leaves the previous phase's report, never half of one."""
     if path is not None:
-        path.write_text(json.dumps(report, indent=1, default=str))
+        write_text_atomic(json.dumps(report, indent=1, default=str), path)
 
 
 def run(args: argparse.Namespace, report: dict) -> dict:
@@ -839,6 +842,10 @@ def main() -> None:
         refuse("--budget, --n-train, --n-eval, --image-size and --input-size must be positive")
     report: dict = {}
     try:
+        if args.json:  # before minutes of work, not after
+            check_output_file(args.json, "--json")
+        if args.profile:
+            check_output_dir(args.profile, "--profile")
         run(args, report)
     except BenchError as e:
         refuse(str(e))

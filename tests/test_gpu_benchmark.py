@@ -69,6 +69,15 @@ def test_bad_sizes_exit_2_in_one_line(args):
     assert proc.stderr.strip().count("\n") == 0 and "must be positive" in proc.stderr
 
 
+@pytest.mark.parametrize("flag, where", [("--json", "missing/gpu.json"), ("--json", "."), ("--profile", "file")])
+def test_an_unwritable_destination_exits_2_before_any_work(tmp_path, flag, where):
+    (tmp_path / "file").write_text("in the way\n")
+    proc = run("--device", "cpu", flag, str(tmp_path / where), timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and f"{flag}:" in proc.stderr and "generated" not in proc.stderr
+    assert (tmp_path / "file").read_text() == "in the way\n"
+
+
 def test_a_missing_dependency_exits_2_naming_it(tmp_path):
     """Run from a checkout (as on a GPU machine's image), a dependency that is not installed is
     named in one line, not a traceback."""
