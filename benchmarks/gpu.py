@@ -404,7 +404,7 @@ def profile_fits(root: str, cache: str, layers: str, input_size: int | None, fam
 
     def save(**update) -> None:
         report.update(update)
-        (out / "profile.json").write_text(json.dumps(report, indent=1))
+        write_json(out / "profile.json", report)
 
     t0 = time.perf_counter()
     if device == "cuda":
@@ -619,7 +619,7 @@ def write_json(path: Path | None, report: dict) -> None:
         write_text_atomic(json.dumps(report, indent=1, default=str), path)
 
 
-def run(args: argparse.Namespace, report: dict) -> dict:
+def run(args: argparse.Namespace, report: dict) -> None:
     """The benchmark's phases, in order, into `report` (filled as they finish; see `Phases`)."""
     clock = Clock(args.budget, [k for k in SHARES if k != "profile" or args.profile])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -705,7 +705,6 @@ def run(args: argparse.Namespace, report: dict) -> dict:
     report["skipped"] = [f"{name}: {p['reason']}" for name, p in phases.items() if p.get("reason")]
     report["skipped"] += [f"extract {r['model']} {r['dtype']}: {r['reason']}" for r in phases["extract"]["runs"]
                           if r.get("reason")]
-    return report
 
 
 def ratios(phases: dict) -> dict:

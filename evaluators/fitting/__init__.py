@@ -40,8 +40,8 @@ from evaluators.fitting.stacked import gradient_stages, score_sets, trains_stack
 from evaluators.threads import torch_threads
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
-           "fit_probes", "fit_row_sets", "resolve_device", "row_set_bytes", "row_sets_per_stack", "saving_and_se", "stacks_row_sets",
-           "stage_label", "STAGE_PREFIX", "warm_start_from"]
+           "fit_probes", "fit_row_sets", "resolve_device", "row_set_bytes", "row_sets_per_stack", "saving_and_se",
+           "stacks_row_sets", "stage_label", "STAGE_PREFIX", "warm_start_from"]
 
 
 def fit_probes(
@@ -113,7 +113,7 @@ def fit_row_sets(
     paper columns up to 5e-6 apart between one thread and two, the sensitivity 5e-4). The same config and
     seed give the same bytes on any thread count. Two threads fitted a row set 1.3-1.5x faster on 2
     cores; a machine's cores fit a backbone's row sets side by side instead, a one-thread process
-    each (`evaluators.binding.workers`; `--executor ray`: one-thread tasks, a backbone each).
+    each (`evaluators.binding.workers`; `--executor ray`: a one-thread task each).
     """
     device = resolve_device(config.device)
     with torch_threads(1) if device == "cpu" else nullcontext():
