@@ -93,3 +93,31 @@ def test_a_row_set_gets_the_same_numbers_on_any_thread_count(tmp_path):
     finally:
         torch.set_num_threads(before)
     assert got[1] == got[3]
+
+
+def test_activations_are_the_same_bytes_on_any_thread_count(tmp_path):
+    """The activation cache's key holds no thread count (`--threads` and the default's choice of
+    free cores vary from run to run), so a backbone's forward pass must write the same bytes on
+    one thread as on two: the fit's own thread independence would count for nothing otherwise."""
+    import numpy as np
+
+    from bench.core.dataset import Dataset
+    from evaluators.backbones import resolve_backbone
+    from evaluators.extract import extract_activations
+
+    ds = Dataset(make_dataset(tmp_path / "ds", n_train=32, **TINY_SCENES))
+    backbone = resolve_backbone("random:dinov2-small", image_size=56)  # big enough products for two threads to split
+    before = torch.get_num_threads()
+    got = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            acts = extract_activations(backbone, ds, "train", layers="all", views=("cls+mean", "all"), device="cpu",
+                                       cache_dir=tmp_path / f"cache{n}", progress=False)
+            got[n] = {(layer, view): np.array(acts.get(layer, view)) for layer in acts.layers
+                      for view in ("cls+mean", "all")}
+    finally:
+        torch.set_num_threads(before)
+    assert got[1].keys() == got[2].keys() and len(got[1]) == 26
+    for key, values in got[1].items():
+        assert values.tobytes() == got[2][key].tobytes(), key
