@@ -164,13 +164,18 @@ def read_dmon(lines: Iterable[str]) -> Iterator[float]:
                 continue
 
 
+#: `nvidia-smi dmon`'s sampling period (s): a reading is the share of the period before it in
+#: which a kernel ran.
+DMON_PERIOD_S = 1
+
+
 class SmSampler:
     """`nvidia-smi dmon -s u -d 1` in the background: SM utilisation with the time it was read."""
 
     def __init__(self) -> None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
         self.samples: list[tuple[float, float]] = []
-        self.proc = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-d", "1", "-i", visible if visible.isdigit()
+        self.proc = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-d", str(DMON_PERIOD_S), "-i", visible if visible.isdigit()
                                       else "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -185,9 +190,11 @@ class SmSampler:
         self.thread.join(timeout=5)
 
     def mean(self, start: float, stop: float) -> dict:
-        values = [v for t, v in self.samples if start <= t <= stop]
+        """The mean of the readings whose period lies in [start, stop]: a reading taken in the window's
+        first second describes mostly what ran before it (the phase before, or the gap between)."""
+        values = [v for t, v in self.samples if start + DMON_PERIOD_S <= t <= stop]
         if not values:
-            return {"status": "skipped", "reason": "no sample in the window (shorter than dmon's 1 s period)"}
+            return {"status": "skipped", "reason": f"no whole {DMON_PERIOD_S} s reading in the window"}
         return {"status": "done", "mean_sm_pct": round(sum(values) / len(values), 1), "samples": len(values)}
 
 

@@ -148,8 +148,9 @@ def test_row_set_loop_stops_before_a_row_set_that_would_pass_its_share(monkeypat
 
 
 def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):
-    """The sampler runs `nvidia-smi dmon` in the background and means the samples in a window
-    (here a stand-in nvidia-smi that prints a reading every 0.1 s)."""
+    """The sampler runs `nvidia-smi dmon` in the background and means the samples whose period lies
+    in a window, not those of its first second (here a stand-in nvidia-smi that prints a reading
+    every 0.1 s)."""
     gpu = _gpu_module()
     import time
 
@@ -160,10 +161,13 @@ def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     t0 = time.perf_counter()
     sampler = gpu.SmSampler()
-    time.sleep(1.0)
+    time.sleep(1.6)
     sampler.stop()
     window = sampler.mean(t0, time.perf_counter())
-    assert window["status"] == "done" and window["samples"] >= 4 and 40 <= window["mean_sm_pct"] <= 60
+    assert window["status"] == "done" and window["samples"] >= 3 and 40 <= window["mean_sm_pct"] <= 60
+    assert all(t >= t0 + gpu.DMON_PERIOD_S for t, _ in sampler.samples[-window["samples"]:])
+    assert len(sampler.samples) > window["samples"]  # the first second's readings were taken, and left out
+    assert sampler.mean(t0, t0 + 0.9)["status"] == "skipped"
     assert sampler.mean(t0 - 10, t0 - 5)["status"] == "skipped"
     gpu_sm = {**window, "fit_device": window, "attention_device": sampler.mean(t0 - 10, t0 - 5)}
     assert gpu.sm_note(gpu_sm).startswith(f"{window['mean_sm_pct']} % mean over {window['samples']} s (fit_device")
