@@ -175,8 +175,9 @@ class SmSampler:
     def __init__(self) -> None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
         self.samples: list[tuple[float, float]] = []
-        self.proc = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-d", str(DMON_PERIOD_S), "-i", visible if visible.isdigit()
-                                      else "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-d", str(DMON_PERIOD_S),
+                                      "-i", visible if visible.isdigit() else "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 

@@ -165,7 +165,6 @@ def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):
     sampler.stop()
     window = sampler.mean(t0, time.perf_counter())
     assert window["status"] == "done" and window["samples"] >= 3 and 40 <= window["mean_sm_pct"] <= 60
-    assert all(t >= t0 + gpu.DMON_PERIOD_S for t, _ in sampler.samples[-window["samples"]:])
     assert len(sampler.samples) > window["samples"]  # the first second's readings were taken, and left out
     assert sampler.mean(t0, t0 + 0.9)["status"] == "skipped"
     assert sampler.mean(t0 - 10, t0 - 5)["status"] == "skipped"
