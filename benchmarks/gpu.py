@@ -87,6 +87,7 @@ try:  # the evaluator's layout moved (evaluators/binding); the entry points kept
 except ImportError:
     from evaluators.run import binding_task, evaluate_binding  # noqa: E402
 try:  # a fit's stages labelled in profiler traces
+    import evaluators.fitting as fitting  # noqa: E402
     from evaluators.fitting import STAGE_PREFIX  # noqa: E402
 except ImportError:
     STAGE_PREFIX = None
@@ -333,6 +334,66 @@ def fit_one_on_cpu(arrays: dict, task, families: list[str]) -> tuple[float, dict
     return fit_inputs({s: RowReader(a) for s, a in arrays.items()}, task, families, "cpu")
 
 
+#: The CUDA caching allocator's counters a fit's `split_of` reads the change of: device allocations
+#: (`cudaMalloc`) and frees, retries after a failed allocation (each frees the cache and waits for the
+#: device), and waits on every stream.
+ALLOCATOR_COUNTS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+@contextmanager
+def split_of(device: str) -> Iterator[dict]:
+    """Where a fit's wall time went, without a profiler (a profiled process's first fit was only
+    0.3 s slower than its warm one, where this run's first was 1.3-1.6 s slower: what differs is
+    the process the fit runs in, so it is read in this one): host seconds in each fit stage (the
+    `stage_label`s; no wait for the device at their edges, so a stage's queued work may finish in
+    the next), before the first stage (building and copying the probes) and after the last (the
+    metrics); the garbage collector's pauses; and on CUDA the allocator's counters that grew
+    (`ALLOCATOR_COUNTS`). The dict yielded is filled when the block ends."""
+    import gc
+
+    got: dict = {}
+    if STAGE_PREFIX is None:
+        yield got
+        return
+    stages: dict[str, float] = {}
+    edges: list[float] = []
+    label = fitting.stage_label
+
+    @contextmanager
+    def timed(name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        with label(name):
+            yield
+        edges.extend((t0, time.perf_counter()))
+        stages[name] = stages.get(name, 0.0) + edges[-1] - t0
+
+    pauses: list[float] = []
+
+    def collector(phase: str, info: dict) -> None:
+        if phase == "start":
+            pauses.append(-time.perf_counter())
+        elif pauses:
+            pauses[-1] += time.perf_counter()
+
+    counts = (lambda: torch.cuda.memory_stats()) if device == "cuda" else dict
+    before = counts()
+    fitting.stage_label = timed
+    gc.callbacks.append(collector)
+    start = time.perf_counter()
+    try:
+        yield got
+    finally:
+        stop = time.perf_counter()
+        gc.callbacks.remove(collector)
+        fitting.stage_label = label
+    after = counts()
+    got["stages_s"] = {k: round(v, 3) for k, v in stages.items()}
+    if edges:
+        got["before_stages_s"], got["after_stages_s"] = round(min(edges) - start, 3), round(stop - max(edges), 3)
+    got["gc_s"], got["gc_pauses"] = round(sum(t for t in pauses if t > 0), 3), len(pauses)
+    got.update({k: after.get(k, 0) - before.get(k, 0) for k in ALLOCATOR_COUNTS if k in after})
+
+
 def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[str], device: str,
               allowance: float) -> dict:
     """Every row set fitted as one batched problem (`evaluate_binding_sets`, as `bench evaluate`
@@ -344,7 +405,7 @@ def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[
     inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()} for layer, view in row_sets]
     t0 = time.perf_counter()
     try:
-        with deadline(allowance):
+        with deadline(allowance), split_of(device) as split:
             results = evaluate_binding_sets(inputs, task, families, train=TrainConfig(device=device), n_boot=200)
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -356,7 +417,7 @@ def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[
     share = round(wall / len(row_sets), 3)
     return {"status": "done", "row_sets_total": len(row_sets), "row_sets_done": len(row_sets),
             "seconds": round(wall, 2), "per_row_set_s": share, "all_row_sets_s": round(wall, 2),
-            "all_row_sets_extrapolated": False, "stacked": True, "times": {k: share for k in keys},
+            "all_row_sets_extrapolated": False, "stacked": True, "split": split, "times": {k: share for k in keys},
             "beta": {k: {f: _num(r.metrics.get("beta_star")) for f, r in res.items()}
                      for k, res in zip(keys, results)}}
 
@@ -761,7 +822,18 @@ def summary_note(p: dict) -> str:
             note += f"; pixels attention {p['pixels_attention']}"
     else:
         note = f"{p['seconds']} s, β* {p.get('beta_star')}"
+    if p.get("split", {}).get("stages_s"):
+        note += f"; {split_note(p['split'])}"
     return note + (f"  [{p['reason']}]" if p.get("reason") else "")
+
+
+def split_note(split: dict) -> str:
+    """`split_of`'s reading in a line."""
+    parts = [f"{k} {v} s" for k, v in split["stages_s"].items()]
+    parts += [f"{k.replace('_stages_s', '')} stages {split[k]} s" for k in ("before_stages_s", "after_stages_s")]
+    parts.append(f"gc {split['gc_s']} s ({split['gc_pauses']} pauses)")
+    parts += [f"{k} +{split[k]}" for k in ALLOCATOR_COUNTS if split.get(k)]
+    return "host s: " + ", ".join(parts)
 
 
 def profile_note(p: dict) -> str:

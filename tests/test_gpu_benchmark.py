@@ -325,3 +325,32 @@ def test_a_crash_keeps_the_phases_measured_before_it(tmp_path, monkeypatch):
     assert report["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
     assert set(report["phases"]) == {"generate", "extract"}
     assert report["phases"]["extract"]["status"] == "done" and report["config"]["device"] == "cpu"
+
+
+def test_split_of_reads_stage_times_gc_and_restores_the_label():
+    """A fit's wall split without a profiler: each stage's host seconds (a stage met twice is summed),
+    the time before the first stage and after the last, the collector's pauses; the fitting's own
+    stage label is back in place afterwards, also when the block raises."""
+    gpu = _gpu_module()
+    import gc
+
+    import evaluators.fitting as fitting
+
+    label = fitting.stage_label
+    with gpu.split_of("cpu") as split:
+        time.sleep(0.05)
+        for pause in (0.1, 0.05):
+            with fitting.stage_label("linear"):
+                time.sleep(pause)
+        with fitting.stage_label("test"):
+            gc.collect()
+        time.sleep(0.02)
+    assert fitting.stage_label is label
+    assert list(split["stages_s"]) == ["linear", "test"]
+    assert 0.15 <= split["stages_s"]["linear"] < 0.25
+    assert 0.05 <= split["before_stages_s"] < 0.1 and 0.02 <= split["after_stages_s"] < 0.07
+    assert split["gc_pauses"] >= 1 and 0 < split["gc_s"] <= split["stages_s"]["test"]
+    with pytest.raises(KeyError), gpu.split_of("cpu"):
+        with fitting.stage_label("start"):
+            raise KeyError
+    assert fitting.stage_label is label
