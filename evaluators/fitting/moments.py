@@ -40,10 +40,12 @@ def _moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReade
         return bases[r]
 
     for members in _by_key(jobs).values():
+        labels = _shared_labels(members, readers, device)
         for chunk in _chunks(members, readers[members[0][0]].row_shape[-1], budget):
             try:
                 directions = stacked_directions([readers[r] for r, _ in chunk], [j for _, j in chunk], MOMENT_DIMS,
-                                                device, bases=[basis(r, j) for r, j in chunk], orthonormal=orthonormal)
+                                                device, bases=[basis(r, j) for r, j in chunk], orthonormal=orthonormal,
+                                                labels=[labels[r] for r, _ in chunk])
             except Exception:  # noqa: BLE001 — alone, a failing row set fails only its own probes
                 directions = None
             for i, (r, job) in enumerate(chunk):
@@ -51,12 +53,30 @@ def _moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReade
                 try:
                     mine = directions[i] if directions is not None else \
                         stacked_directions([readers[r]], [job], MOMENT_DIMS, device, bases=[basis(r, job)],
-                                           orthonormal=orthonormal)[0]
+                                           orthonormal=orthonormal, labels=[labels[r]])[0]
                     for other in sharing:
                         other.model.init_from_moments(mine.to(device))
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
                     for other in sharing:
                         _fail(results[r][other.name], e, active[r], other.name)
+
+
+def _shared_labels(members: list[tuple[int, ProbeJob]], readers: Sequence[RowReader], device: str
+                   ) -> dict[int, "ClassLabels | None"]:
+    """Per row set of `members`, its `ClassLabels`: one for all the row sets whose job holds the same
+    targets and prior arrays and whose training split has as many rows (a stack's row sets share
+    one task), None where building it failed (the row set's own fit then fails, alone)."""
+    out: dict[int, ClassLabels | None] = {}
+    made: dict[tuple, ClassLabels | None] = {}
+    for r, job in members:
+        key = (id(job.targets["train"]), id(job.prior["train"]) if job.prior is not None else None, readers[r].n)
+        if key not in made:
+            try:
+                made[key] = ClassLabels(job, readers[r].n, device)
+            except Exception:  # noqa: BLE001 — said by the row set's own fit, which builds it again
+                made[key] = None
+        out[r] = made[key]
+    return out
 
 
 def _by_key(jobs: Sequence[Sequence[ProbeJob]]) -> dict[object, list[tuple[int, ProbeJob]]]:
@@ -103,14 +123,19 @@ def class_directions(reader: RowReader, job: ProbeJob, dims: int, rank: int, dev
 @torch.no_grad()
 def stacked_directions(readers: Sequence[RowReader], jobs: Sequence[ProbeJob], dims: int, device: str = "cpu",
                        rank: int | None = None, bases: Sequence[torch.Tensor | None] | None = None,
-                       orthonormal: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor]:
+                       orthonormal: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                       labels: Sequence["ClassLabels | None"] | None = None) -> list[torch.Tensor]:
     """`class_directions` of several row sets (one job each, all with the same targets and rank),
     their eigen-solves batched. `bases`: each row set's principal basis (`principal_basis`) where
     the caller has it already (the jobs of a row set share their input and its standardisation);
-    `orthonormal`: the subspace iteration's (default `_orthonormal`; the stage's `GraphedGramSchmidt`)."""
+    `orthonormal`: the subspace iteration's (default `_orthonormal`; the stage's `GraphedGramSchmidt`);
+    `labels`: each row set's `ClassLabels` where the caller has them (None: built here)."""
     rank = rank if rank is not None else getattr(jobs[0].model, "rank", 8)
     bases = bases if bases is not None else [None] * len(readers)
-    parts = [_class_difference(reader, job, dims, device, basis) for reader, job, basis in zip(readers, jobs, bases)]
+    labels = [own if own is not None else ClassLabels(job, reader.n, device)
+              for reader, job, own in zip(readers, jobs, labels if labels is not None else [None] * len(readers))]
+    parts = [_class_difference(reader, job, dims, device, basis, own)
+             for reader, job, basis, own in zip(readers, jobs, bases, labels)]
     k = parts[0][1].shape[1]
     delta = parts[0][1][None] if len(parts) == 1 else torch.stack([p[1] for p in parts])  # R x half x K x m x m
     r, _, _, m, _ = delta.shape
@@ -121,8 +146,8 @@ def stacked_directions(readers: Sequence[RowReader], jobs: Sequence[ProbeJob], d
     top = _top_eigenvectors(delta.mean(1).reshape(r * k, m, m), rank, block, EIGEN_REFINE,
                             orthonormal)[0].reshape(r, k, m, -1)
     out = []
-    for i, (reader, (basis, _, weights, mu, sigma)) in enumerate(zip(readers, parts)):
-        keep = _confirmed(reader, weights, mu, sigma, basis, candidates[i])  # K x rank, on the second half
+    for i, (reader, own, (basis, _, mu, sigma)) in enumerate(zip(readers, labels, parts)):
+        keep = _confirmed(reader, own, mu, sigma, basis, candidates[i])  # K x rank, on the second half
         n_keep = keep.sum(-1)  # as many of both halves' leading directions as the odd rows confirmed
         width = top.shape[-1]  # fewer than `rank` where the input has fewer dimensions
         mine = top[i] * (torch.arange(width, device=device)[None, :] < n_keep[:, None]).float()[:, None, :]
@@ -143,10 +168,53 @@ def principal_basis(reader: RowReader, mu: torch.Tensor, sigma: torch.Tensor, di
     return torch.linalg.eigh(cov).eigenvectors[:, -min(dims, d):].float()
 
 
-def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, basis: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, tuple[np.ndarray, np.ndarray], torch.Tensor, torch.Tensor]:
-    """(basis D x m, class difference per half 2 x K x m x m, class weights, mean, std) of one row set:
-    the moments `class_directions` takes its directions from.
+class ClassLabels:
+    """What the moment stage reads of one target's labels: the two classes' weights per training
+    scene and bit, the even/odd halves and the classes' counts and scales per half, and on the
+    fitting device, each chunk's class-difference coefficients (`_add_dense`) and the odd rows' weights
+    (`_confirmed`). The same for every row set of a stack (one task), so built once for all of them:
+    built per row set, these host arrays and their transfers were ~0.5 s of an H200's 26-row-set fit,
+    the device waiting on them."""
+
+    def __init__(self, job: ProbeJob, n: int, device: str) -> None:
+        self.n, self.device = n, device
+        self.weights = _class_weights(job, n)  # class, N x K
+        self.half = np.arange(n) % 2
+        self.counts = np.stack([np.stack([w[self.half == h].sum(0) for w in self.weights])
+                                for h in (0, 1)])  # half, class, K
+        self.scale = 1.0 / np.maximum(self.counts, 1.0)
+        self._coefficients: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._odd: dict[tuple[int, int], tuple[np.ndarray, list[torch.Tensor]]] = {}
+
+    def coefficients(self, idx: np.ndarray) -> list[torch.Tensor]:
+        """Per half, the chunk of rows `idx`'s coefficients (chunk rows x K, float32, on the device):
+        1/n₁ on a bit's class-1 scenes, −1/n₀ on its class-0 ones, 0 where a prior fixes it or in the
+        other half. `idx` is a chunk of consecutive rows (`RowReader.chunks`)."""
+        key = (int(idx[0]), len(idx))
+        if key not in self._coefficients:
+            counted = [(self.weights[c][idx] > 0) for c in (0, 1)]
+            self._coefficients[key] = []
+            for h in (0, 1):
+                mine = (self.half[idx] == h)[:, None]
+                coef = (counted[1] & mine) * self.scale[h, 1][None, :] - (counted[0] & mine) * self.scale[h, 0][None, :]
+                self._coefficients[key].append(to_device(coef.astype(np.float32), self.device))
+        return self._coefficients[key]
+
+    def odd(self, idx: np.ndarray) -> tuple[np.ndarray, list[torch.Tensor]]:
+        """The odd rows of the chunk `idx` (a mask) and, per class, their weights (rows x K, float64,
+        on the device)."""
+        key = (int(idx[0]), len(idx))
+        if key not in self._odd:
+            odd = idx % 2 == 1
+            self._odd[key] = (odd, [to_device(np.ascontiguousarray(w[idx[odd]]), self.device) for w in self.weights])
+        return self._odd[key]
+
+
+def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, basis: torch.Tensor | None = None,
+                      labels: ClassLabels | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(basis D x m, class difference per half 2 x K x m x m, mean, std) of one row set: the moments
+    `class_directions` takes its directions from (`labels`: its job's `ClassLabels`, built here if None).
 
     Each bit's difference, Σ₁/n₁ − Σ₀/n₀ over the scenes where it is free, sums only those scenes'
     outer products, and where a bit is free in every scene of a half, only its rarer class's: the
@@ -155,20 +223,18 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
     bit's difference is one product per chunk and half instead (`_add_dense`)."""
     mu, sigma = job.model.mu, job.model.sigma  # on the device: no read back to the host
     basis = basis if basis is not None else principal_basis(reader, mu, sigma, dims, device)
+    labels = labels if labels is not None else ClassLabels(job, reader.n, device)
     m = basis.shape[1]
     k = job.targets["train"].shape[1]
     # Two halves of the training rows (even and odd): directions found on one half are kept only
     # where the other half confirms them (`_confirmed`).
-    weights = _class_weights(job, reader.n)  # class, N x K
-    half = np.arange(reader.n) % 2
-    counts = np.stack([np.stack([w[half == h].sum(0) for w in weights]) for h in (0, 1)])  # half, class, K
-    scale = 1.0 / np.maximum(counts, 1.0)
+    weights, half, counts, scale = labels.weights, labels.half, labels.counts, labels.scale
     delta = torch.zeros(2, k, m, m, device=device)  # half x K x m x m
     if device.split(":")[0] in DENSE_DEVICES:
         for idx, rows in reader.chunks(_MOMENT_CHUNK):
             y = ((to_device(rows, device) - mu) / sigma) @ basis
-            _add_dense(delta, y, [(weights[c][idx] > 0) for c in (0, 1)], half[idx], scale)
-        return basis, delta, weights, mu, sigma
+            _add_dense(delta, y, labels.coefficients(idx))
+        return basis, delta, mu, sigma
     whole = np.stack([(counts[h, 0] + counts[h, 1]) == (half == h).sum() for h in (0, 1)])  # half, K: free everywhere
     terms = _summed_classes(counts, scale, whole)
     gram = torch.zeros(2, m, m, device=device)  # per half, the sum over all of its scenes
@@ -190,7 +256,7 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
         for b in np.flatnonzero(whole[h]):  # the summed class's complement: the whole half less it
             other = 1 - terms[h][b][0][0]
             delta[h, b].add_(gram[h], alpha=(scale[h, 1, b] if other == 1 else -scale[h, 0, b]))
-    return basis, delta, weights, mu, sigma
+    return basis, delta, mu, sigma
 
 
 #: The devices whose moment stage sums every bit's class difference in one product per chunk and
@@ -199,17 +265,12 @@ def _class_difference(reader: RowReader, job: ProbeJob, dims: int, device: str, 
 DENSE_DEVICES = ("cuda",)
 
 
-def _add_dense(delta: torch.Tensor, y: torch.Tensor, counted: list[np.ndarray], half: np.ndarray,
-               scale: np.ndarray) -> None:
+def _add_dense(delta: torch.Tensor, y: torch.Tensor, coefficients: list[torch.Tensor]) -> None:
     """Add a chunk's class differences to `delta` (half x K x m x m): for each half, Yᵀ diag(c_b) Y for
-    every bit b at once, c_b = 1/n₁ on its class-1 scenes, −1/n₀ on its class-0 ones, 0 elsewhere
-    (`counted`: per class, chunk rows x K, where the bit is free; `scale`: half x class x K)."""
-    n, k = counted[0].shape
-    m = y.shape[1]
-    for h in (0, 1):
-        mine = (half == h)[:, None]
-        coef = (counted[1] & mine) * scale[h, 1][None, :] - (counted[0] & mine) * scale[h, 0][None, :]
-        c = to_device(coef.astype(np.float32), y.device)
+    every bit b at once (`coefficients`: per half, chunk rows x K, `ClassLabels.coefficients`)."""
+    n = y.shape[0]
+    k, m = delta.shape[1], y.shape[1]
+    for h, c in enumerate(coefficients):
         delta[h] += ((c[:, :, None] * y[:, None, :]).reshape(n, k * m).T @ y).reshape(k, m, m)
 
 
@@ -322,7 +383,7 @@ CONFIRM_SE = 4.0
 
 
 @torch.no_grad()
-def _confirmed(reader: RowReader, weights: tuple[np.ndarray, np.ndarray], mu: torch.Tensor, sigma: torch.Tensor,
+def _confirmed(reader: RowReader, labels: ClassLabels, mu: torch.Tensor, sigma: torch.Tensor,
                basis: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     """K x rank: whether each candidate direction (K x m x rank, found on the even rows) separates
     the classes on the odd rows too: the difference of the classes' mean (v·y)² there, over its
@@ -335,14 +396,12 @@ def _confirmed(reader: RowReader, weights: tuple[np.ndarray, np.ndarray], mu: to
     s1 = torch.zeros(2, k, r, dtype=torch.float64, device=dev)
     s2 = torch.zeros(2, k, r, dtype=torch.float64, device=dev)
     cnt = torch.zeros(2, k, dtype=torch.float64, device=dev)
-    held = [to_device(w, dev) for w in weights]  # once
     for idx, rows in reader.chunks(_MOMENT_CHUNK):
-        odd = idx % 2 == 1
+        odd, held = labels.odd(idx)
         y = ((to_device(rows[odd], dev) - mu) / sigma) @ basis
         sq = torch.einsum("nm,kmr->nkr", y, candidates).square().double()  # n x K x rank
-        mine = to_device(idx[odd], dev)
         for c in (0, 1):
-            wc = held[c][mine]
+            wc = held[c]
             s1[c] += (wc[:, :, None] * sq).sum(0)
             s2[c] += (wc[:, :, None] * sq.square()).sum(0)
             cnt[c] += wc.sum(0)
