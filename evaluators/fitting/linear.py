@@ -40,8 +40,9 @@ def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str,
     refine = (float(refine),) if isinstance(refine, (int, float)) else tuple(refine or ())
     settings = PathSettings(config.l2_path, config.l1_path, config.l1_eps, refine, config.linear_iterations,
                             config.l1_iterations, config.l1_first_iterations)
+    made: dict[tuple, tuple] = {}  # problems shared by row sets (`_linear_problem`)
     found = [(r, group) for r, (mine, rows) in enumerate(zip(jobs, inputs))
-             for group in _row_set_problems(mine, rows, device, results[r], active[r])]
+             for group in _row_set_problems(mine, rows, device, results[r], active[r], made)]
     # each group is stacked with the first group of its shapes where it poses the same problems; one
     # read for every group's check (inputs holding NaN or inf fail their targets) and comparison with
     # its first, however many row sets
@@ -52,9 +53,11 @@ def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str,
         lead = first.setdefault(shapes[i], i)
         if lead != i:
             checks.append((i, _equal_problems(found[lead][1], group)))
+    compared = [(i, c) for i, c in checks if isinstance(c, torch.Tensor)]
     flags = torch.stack([torch.isfinite(g[0]).all() & torch.isfinite(g[1]).all() for _, g in found]
-                        + [c for _, c in checks]).tolist() if found else []
-    finite, equal = flags[:len(found)], dict(zip((i for i, _ in checks), flags[len(found):]))
+                        + [c for _, c in compared]).tolist() if found else []
+    finite = flags[:len(found)]
+    equal = {**dict(checks), **dict(zip((i for i, _ in compared), flags[len(found):]))}
     stacks: list[list[tuple[int, _Group]]] = []  # the same group of several row sets: [(row set, group)]
     home_of: dict[int, list[tuple[int, _Group]]] = {}  # a first group's stack
     for i, ((r, group), ok) in enumerate(zip(found, finite)):
@@ -93,9 +96,12 @@ _Group = tuple[torch.Tensor, torch.Tensor, list[tuple[list[ProbeJob], LinearProb
 
 
 def _row_set_problems(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], device: str,
-                      results: dict[str, FitResult], active: dict[str, ProbeJob]) -> list[_Group]:
+                      results: dict[str, FitResult], active: dict[str, ProbeJob],
+                      made: dict[tuple, tuple] | None = None) -> list[_Group]:
     """One row set's linear problems (one per `linear_key`), grouped by the input they read; a
-    target whose problem cannot be built becomes error rows of its jobs here."""
+    target whose problem cannot be built becomes error rows of its jobs here. `made`: the problems
+    built so far, for other row sets to share (`_linear_problem`)."""
+    made = {} if made is None else made
     if not jobs:
         return []
     keyed: dict[str, list[ProbeJob]] = {}
@@ -105,8 +111,8 @@ def _row_set_problems(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], de
     groups: list[_Group] = []
     for members in keyed.values():
         try:
-            x_train, train = _linear_problem(members[0], raw["train"], "train", device)
-            x_val, val = _linear_problem(members[0], raw["val"], "val", device)
+            x_train, train = _linear_problem(members[0], raw["train"], "train", device, made)
+            x_val, val = _linear_problem(members[0], raw["val"], "val", device, made)
         except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
             for job in members:
                 _fail(results[job.name], e, active, job.name)
@@ -136,12 +142,14 @@ def _shapes(group: _Group) -> tuple:
             tuple(tuple(getattr(p[s], f).shape) for p in group[2] for s in (1, 2) for f in _PROBLEM_FIELDS))
 
 
-def _equal_problems(a: _Group, b: _Group) -> torch.Tensor:
-    """Whether two groups of the same shapes (`_shapes`) pose the same problems, on the device (read
-    once by the caller: `torch.equal` reads the device for each tensor, ~50 waits a row set)."""
+def _equal_problems(a: _Group, b: _Group) -> torch.Tensor | bool:
+    """Whether two groups of the same shapes (`_shapes`) pose the same problems: True where they hold
+    the same problems (shared, `_linear_problem`), else a flag on the device (read once by the caller:
+    `torch.equal` reads the device for each tensor, ~50 waits a row set)."""
     pairs = [(getattr(p[s], f), getattr(q[s], f)) for p, q in zip(a[2], b[2]) for s in (1, 2) for f in _PROBLEM_FIELDS]
+    pairs = [(x, y) for x, y in pairs if x is not y]
     if not pairs:
-        return torch.ones((), dtype=torch.bool, device=a[0].device)
+        return True
     return torch.stack([(x == y).all() for x, y in pairs]).all()
 
 
@@ -201,7 +209,7 @@ def _on_host(solutions: list[PathSolution]) -> list[tuple[np.ndarray, ...]]:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.equal(a, b))
+    return a is b or (a.shape == b.shape and bool(torch.equal(a, b)))
 
 
 def _same_problem(a: LinearProblem, b: LinearProblem) -> bool:
@@ -214,13 +222,27 @@ def _same_problem(a: LinearProblem, b: LinearProblem) -> bool:
 _PROBLEM_FIELDS = ("targets", "offsets", "free", "extra", "extra_mask")
 
 
-def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str) -> tuple[torch.Tensor, LinearProblem]:
-    """(the standardised input the job's linear weights read, its linear problem) on one split."""
+def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str,
+                    made: dict[tuple, tuple] | None = None) -> tuple[torch.Tensor, LinearProblem]:
+    """(the standardised input the job's linear weights read, its linear problem) on one split.
+
+    The problem is the job's labels' (targets, prior, condition), not its input's: `made` keeps
+    each problem built, by the arrays it was built from and the probe's kind, and a row set whose
+    job holds the same arrays (a stack's row sets share one task) gets the same problem, not a
+    copy: built per row set, 26 row sets' problems were ~600 transfers and ~4,000 small kernels
+    launched while the GPU waited, and ~2,600 more to find them equal."""
     model = job.model
     n = len(x)
-    target = to_device(job.targets[split][:n], device).float()
-    cond = to_device(job.cond[split][:n], device).float() if job.cond is not None else None
+    key = (split, n, type(model), model.trains_context,
+           *(id(a[split]) if a is not None else None for a in (job.targets, job.cond, job.prior)))
+    # (the condition on the device, what the probe's design read of it, the problem)
+    cond, read, problem = made.get(key, (None, None, None)) if made is not None else (None, None, None)
+    if problem is None and job.cond is not None:
+        cond = to_device(job.cond[split][:n], device).float()
     design, cond_read = model.linear_design(x, cond)
+    if problem is not None and cond_read is read:
+        return design.float(), problem
+    target = to_device(job.targets[split][:n], device).float()
     k = target.shape[1]
     extra, mask = [], []
     if model.trains_context:
@@ -237,7 +259,10 @@ def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str) -> 
         offsets = torch.where(free, prior, torch.zeros_like(prior))
     else:
         free, offsets = torch.ones_like(target, dtype=torch.bool), torch.zeros_like(target)
-    return design.float(), LinearProblem(target, offsets, free.float(), torch.cat(extra, 1), torch.cat(mask, 1))
+    problem = LinearProblem(target, offsets, free.float(), torch.cat(extra, 1), torch.cat(mask, 1))
+    if made is not None:
+        made.setdefault(key, (cond, cond_read, problem))
+    return design.float(), problem
 
 
 @torch.no_grad()
