@@ -173,11 +173,11 @@ class ClassLabels:
     scene and bit, the even/odd halves and the classes' counts and scales per half, and on the
     fitting device, each chunk's class-difference coefficients (`_add_dense`) and the odd rows' weights
     (`_confirmed`). The same for every row set of a stack (one task), so built once for all of them:
-    built per row set, these host arrays and their transfers were ~0.5 s of an H200's 26-row-set fit,
-    the device waiting on them."""
+    built per row set, they were 10 ms of host numpy and 32 transfers a row set (dinov2-small, 2,000
+    scenes; 0.26 s and ~830 transfers for 26 row sets), the GPU waiting on them."""
 
     def __init__(self, job: ProbeJob, n: int, device: str) -> None:
-        self.n, self.device = n, device
+        self.device = device
         self.weights = _class_weights(job, n)  # class, N x K
         self.half = np.arange(n) % 2
         self.counts = np.stack([np.stack([w[self.half == h].sum(0) for w in self.weights])
