@@ -380,23 +380,25 @@ def test_the_best_weights_of_a_stage_load_in_one_copy_per_type(monkeypatch):
         load_states([(targets[0], {**targets[0].state_dict(), "0.weight": torch.zeros(5, 3)})])
 
 
-def test_the_row_sets_of_a_stack_share_their_targets_problems_and_class_labels(task, monkeypatch, one_torch_thread):
-    """What a row set's linear problems and moment labels hold comes from the task, not its input:
-    built once for the stack and sent to the device once (per row set, 26 row sets' copies were
-    ~1,600 transfers and ~4,400 small kernels on a GPU), so 4 row sets make as many transfers in
-    the linear stage and as many `ClassLabels` as 1."""
-    from evaluators.fitting import linear, moments
+def test_the_row_sets_of_a_stack_share_what_their_task_holds(task, monkeypatch, one_torch_thread):
+    """What a row set's linear problems, moment labels and held codes hold comes from the task, not
+    its input: built once for the stack and sent to the device once (per row set, 26 row sets' copies
+    were ~2,000 transfers and ~4,400 small kernels on a GPU), so 4 row sets, stacked as CUDA stacks
+    them, make as many transfers in the linear stage, as many `ClassLabels` and as many `HeldCodes`
+    as 1."""
+    from evaluators.fitting import linear, moments, scoring
 
+    monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
     config = replace(CONFIG, epochs=1)
     counts = []
     for n in (1, 4):
-        sent, labels = [0], []
+        sent, made = [0], {"labels": 0, "codes": 0}
         monkeypatch.setattr(linear, "to_device", lambda values, device, sent=sent: (
             sent.__setitem__(0, sent[0] + 1), torch.as_tensor(values).to(device))[1])
-        made = moments.ClassLabels.__init__
-        monkeypatch.setattr(moments.ClassLabels, "__init__",
-                            lambda self, *a, made=made, labels=labels: (labels.append(self), made(self, *a))[1])
+        for cls, name in ((moments.ClassLabels, "labels"), (scoring.HeldCodes, "codes")):
+            monkeypatch.setattr(cls, "__init__", lambda self, *a, init=cls.__init__, name=name, made=made: (
+                made.__setitem__(name, made[name] + 1), init(self, *a))[1])
         results = evaluate_binding_sets(_row_sets(task, n), task, ["quadratic"], train=config, n_boot=20)
         assert all(r.error is None for rs in results for r in rs.values())
-        counts.append((sent[0], len(labels)))
+        counts.append((sent[0], made["labels"], made["codes"]))
     assert counts[0] == counts[1] and min(counts[0]) > 0, counts

@@ -92,12 +92,13 @@ class HeldSplit:
     """A split's rows and its jobs' codes held on the device, read in chunks as a `RowReader` is
     (the stacked gradient stage's validation, `evaluators.fitting.stacked`): on a GPU validation
     read the split from the disk every epoch, and a spatial view's (500 scenes of 64 tokens x 768)
-    cost a tenth of a second to read and copy each time."""
+    cost a tenth of a second to read and copy each time. `codes`: the split's codes, which the row
+    sets of a stack share (one task; held once, not once a row set)."""
 
-    def __init__(self, reader: RowReader, jobs: Sequence[ProbeJob], split: str, device: str) -> None:
+    def __init__(self, reader: RowReader, codes: HeldCodes) -> None:
         self.n, self.row_shape, self.float_row_bytes = reader.n, reader.row_shape, reader.float_row_bytes
-        self.rows = torch.from_numpy(reader.read_all()).to(device)
-        self.codes = HeldCodes(jobs, split, device)
+        self.rows = torch.from_numpy(reader.read_all()).to(codes.device)
+        self.codes = codes
 
     def __len__(self) -> int:
         return self.n

@@ -616,5 +616,6 @@ def _held_rows(stacks: list[_Stack], inputs: Sequence[dict[str, RowReader]], dev
     if size > stack_budget(config, device):
         return None, held, readers
     rows = _TrainRows({i: inputs[i]["train"].read_all() for i in sets}, device)
-    val = [HeldSplit(reader, jobs, "val", device) if i in sets else reader for i, reader in enumerate(readers)]
+    codes = HeldCodes(jobs, "val", device)
+    val = [HeldSplit(reader, codes) if i in sets else reader for i, reader in enumerate(readers)]
     return rows, held, val
