@@ -13,7 +13,8 @@ generates the colorshape small preset (128 px, 2,000/500/500 scenes, seed 0), th
    `pixels` (tokens all) on the device, sampling SM utilisation every second with
    `nvidia-smi dmon` meanwhile; the stacked fit runs twice, the process's first fit (what a user's
    first `bench evaluate` meets: CUDA's libraries, kernels and the caching allocator's memory are
-   set up on first use) and again, warm (what each later fit of a process meets);
+   set up on first use) and again, warm (what each later fit of a process meets), each fit's wall
+   split by fit stage in this process (`split_of`: no profiler);
 3. fits the oracles (objects, features, mix-0.5; cls) on the device, so that the GPU's power is
    read beside its speed (with pixels under attention from step 2);
 4. fits the same row sets and attention on the CPU path for the device/CPU ratio: a probe fit
