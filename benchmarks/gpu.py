@@ -47,6 +47,7 @@ the checkout's root goes on sys.path, and nothing here imports the 3D renderer.
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import json
 import multiprocessing
@@ -350,8 +351,6 @@ def split_of(device: str) -> Iterator[dict]:
     the next), before the first stage (building and copying the probes) and after the last (the
     metrics); the garbage collector's pauses; and on CUDA the allocator's counters that grew
     (`ALLOCATOR_COUNTS`). The dict yielded is filled when the block ends."""
-    import gc
-
     got: dict = {}
     if STAGE_PREFIX is None:
         yield got
@@ -376,7 +375,7 @@ def split_of(device: str) -> Iterator[dict]:
         elif pauses:
             pauses[-1] += time.perf_counter()
 
-    counts = (lambda: torch.cuda.memory_stats()) if device == "cuda" else dict
+    counts = torch.cuda.memory_stats if device == "cuda" else dict
     before = counts()
     fitting.stage_label = timed
     gc.callbacks.append(collector)

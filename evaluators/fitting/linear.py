@@ -97,11 +97,10 @@ _Group = tuple[torch.Tensor, torch.Tensor, list[tuple[list[ProbeJob], LinearProb
 
 def _row_set_problems(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], device: str,
                       results: dict[str, FitResult], active: dict[str, ProbeJob],
-                      made: dict[tuple, tuple] | None = None) -> list[_Group]:
+                      made: dict[tuple, tuple]) -> list[_Group]:
     """One row set's linear problems (one per `linear_key`), grouped by the input they read; a
     target whose problem cannot be built becomes error rows of its jobs here. `made`: the problems
     built so far, for other row sets to share (`_linear_problem`)."""
-    made = {} if made is None else made
     if not jobs:
         return []
     keyed: dict[str, list[ProbeJob]] = {}
@@ -223,7 +222,7 @@ _PROBLEM_FIELDS = ("targets", "offsets", "free", "extra", "extra_mask")
 
 
 def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str,
-                    made: dict[tuple, tuple] | None = None) -> tuple[torch.Tensor, LinearProblem]:
+                    made: dict[tuple, tuple]) -> tuple[torch.Tensor, LinearProblem]:
     """(the standardised input the job's linear weights read, its linear problem) on one split.
 
     The problem is the job's labels' (targets, prior, condition), not its input's: `made` keeps
@@ -236,7 +235,7 @@ def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str,
     key = (split, n, type(model), model.trains_context,
            *(id(a[split]) if a is not None else None for a in (job.targets, job.cond, job.prior)))
     # (the condition on the device, what the probe's design read of it, the problem)
-    cond, read, problem = made.get(key, (None, None, None)) if made is not None else (None, None, None)
+    cond, read, problem = made.get(key, (None, None, None))
     if problem is None and job.cond is not None:
         cond = to_device(job.cond[split][:n], device).float()
     design, cond_read = model.linear_design(x, cond)
@@ -260,8 +259,7 @@ def _linear_problem(job: ProbeJob, x: torch.Tensor, split: str, device: str,
     else:
         free, offsets = torch.ones_like(target, dtype=torch.bool), torch.zeros_like(target)
     problem = LinearProblem(target, offsets, free.float(), torch.cat(extra, 1), torch.cat(mask, 1))
-    if made is not None:
-        made.setdefault(key, (cond, cond_read, problem))
+    made.setdefault(key, (cond, cond_read, problem))
     return design.float(), problem
 
 

@@ -132,8 +132,9 @@ def stacked_directions(readers: Sequence[RowReader], jobs: Sequence[ProbeJob], d
     `labels`: each row set's `ClassLabels` where the caller has them (None: built here)."""
     rank = rank if rank is not None else getattr(jobs[0].model, "rank", 8)
     bases = bases if bases is not None else [None] * len(readers)
+    labels = labels if labels is not None else [None] * len(readers)
     labels = [own if own is not None else ClassLabels(job, reader.n, device)
-              for reader, job, own in zip(readers, jobs, labels if labels is not None else [None] * len(readers))]
+              for reader, job, own in zip(readers, jobs, labels)]
     parts = [_class_difference(reader, job, dims, device, basis, own)
              for reader, job, basis, own in zip(readers, jobs, bases, labels)]
     k = parts[0][1].shape[1]
