@@ -5,4 +5,8 @@ registry); `generators`, `evaluators` and `leaderboards` above it; `bench.api` a
 Typer CLI (`bench.cli`, `bench.commands`) on top. Each imports only from the layers below.
 """
 
+from bench.core.numerics import reproducible_numerics
+
 __version__ = "0.1.0"
+
+reproducible_numerics()  # before torch first runs a product (bench/core/numerics.py)

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import torch
 
 from bench.core.errors import BenchError
+from bench.core.numerics import mkl_is_reproducible
 
 #: How long the busy cores are sampled (seconds): long enough to see a busy core as busy.
 SAMPLE_S = 0.3
@@ -114,6 +115,9 @@ def chosen_threads(requested: int | None, say: Callable[[str], None] | None = No
     choice = choose_threads(requested)
     if say is not None:
         say(choice.describe())
+        if mkl_is_reproducible() is False:
+            say("warning: MKL ran before bench could make it reproducible (import bench before running torch "
+                "products): this run's numbers may depend on its thread count")
     with torch_threads(choice.threads):
         yield choice
 
