@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 #: Per-scene statistics; every metric is a function of their means.
 _STATS = ("L_F", "L_O_given_F", "L_O_paper", "L_F_paper", "h_F", "h_O_given_F", "bit_accuracy", "exact_accuracy")
@@ -308,27 +307,28 @@ def _bootstrap_means(matrix: np.ndarray, n_boot: int, seed: int, groups: np.ndar
     an F code are not independent draws (every probe meets that code for the first time),
     and an interval over scenes alone would ignore which F codes the test split happened
     to hold.
-    """
+
+    Summed in one fixed order (`_fixed_order_sums`), not by a BLAS product: numpy's BLAS rounds a
+    product by the kernel it picks for the processor and by its threads, so an interval's last bits
+    depended on the machine."""
     labels = group_labels(groups, len(matrix))
     g = int(labels.max()) + 1 if len(labels) else 0
-    out = []
-    with _blas().limit(limits=1, user_api="blas"):
-        for draws in _group_draws(g, n_boot, seed, chunk):
-            weights = draws[:, labels].astype(np.float64)
-            out.append(weights @ matrix / weights.sum(axis=1, keepdims=True))
-    return np.concatenate(out)
+    sums = np.zeros((g, matrix.shape[1]))
+    np.add.at(sums, labels, matrix)  # each group's scenes in scene order
+    sizes = np.bincount(labels, minlength=g).astype(np.float64)[:, None]
+    out = [_fixed_order_sums(draws, sums) / _fixed_order_sums(draws, sizes)
+           for draws in _group_draws(g, n_boot, seed, chunk)]
+    return np.concatenate(out) if out else np.zeros((0, matrix.shape[1]))
 
 
-@functools.cache
-def _blas() -> ThreadpoolController:
-    """numpy's BLAS, whose threads the bootstrap's products run on: one, since a BLAS splits a
-    product between its threads and rounds it by the split, so that an interval's last bits
-    depended on the machine's cores (a stack fitted in a one-thread worker process,
-    `evaluators.binding.workers`, read 1e-14 apart from the run's own process at 2,000 scenes)."""
-    return ThreadpoolController()
+def _fixed_order_sums(weights: np.ndarray, values: np.ndarray, block_bytes: int = 2**24) -> np.ndarray:
+    """weights (r x g) times values (g x m), each output summed over g in index order, whatever the
+    processor (numpy adds along a leading axis row after row), a block of rows of ~16 MiB at a time."""
+    rows = max(1, block_bytes // (8 * max(values.size, 1)))
+    return np.concatenate([np.add.reduce(weights[i : i + rows, :, None] * values[None], axis=1)
+                           for i in range(0, len(weights), rows)])
 
 
-@functools.lru_cache(maxsize=4)
 def _group_draws(g: int, n_boot: int, seed: int, chunk: int) -> tuple[np.ndarray, ...]:
     """How often each of `g` groups is drawn in each of `n_boot` resamples (chunks of resamples x
     groups, read-only): the same for every probe, family and row set of a run (one seed, one test

@@ -27,11 +27,14 @@ DEFAULT_MIN_SHARE = 0.5
 
 
 def overlap_matrix(n_pixels: int, n_cells: int) -> np.ndarray:
-    """(n_cells, n_pixels) lengths of pixel [p, p+1) inside cell [c n/k, (c+1) n/k)."""
-    edges = np.arange(n_cells + 1) * (n_pixels / n_cells)
-    lo = np.maximum(edges[:-1, None], np.arange(n_pixels)[None, :])
-    hi = np.minimum(edges[1:, None], np.arange(n_pixels)[None, :] + 1)
-    return np.clip(hi - lo, 0.0, None)
+    """(n_cells, n_pixels) lengths of pixel [p, p+1) inside cell [c n/k, (c+1) n/k), times k (whole
+    numbers, in float64): products and sums of whole numbers below 2**53 are exact in any order, so
+    the shares below are the same bits whatever BLAS kernel the processor picks, and a tie between
+    two labels is an exact tie."""
+    cells, pixels = np.arange(n_cells)[:, None], np.arange(n_pixels)[None, :]
+    lo = np.maximum(cells * n_pixels, pixels * n_cells)
+    hi = np.minimum((cells + 1) * n_pixels, (pixels + 1) * n_cells)
+    return np.clip(hi - lo, 0, None).astype(np.float64)
 
 
 def label_shares(mask: np.ndarray, grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -48,8 +51,8 @@ def label_shares(mask: np.ndarray, grid: tuple[int, int]) -> tuple[np.ndarray, n
     onehot = np.zeros((len(ids), h * w))
     onehot[inverse.ravel(), np.arange(h * w)] = 1.0
     a_r, a_c = overlap_matrix(h, rows), overlap_matrix(w, cols)
-    covered = a_r @ onehot.reshape(len(ids), h, w) @ a_c.T  # (K, rows, cols) pixel areas
-    return ids, covered / ((h / rows) * (w / cols))
+    covered = a_r @ onehot.reshape(len(ids), h, w) @ a_c.T  # (K, rows, cols) pixel areas x rows x cols, exact
+    return ids, covered / (h * w)
 
 
 def patch_labels(mask: np.ndarray, grid: tuple[int, int], min_share: float = DEFAULT_MIN_SHARE) -> np.ndarray:

@@ -51,12 +51,14 @@ def permutation_correlation(a: np.ndarray, b: np.ndarray, n_perm: int = 1000, se
     p = (1 + #{|r_perm| >= |r|}) / (1 + n_perm) (seeded, so deterministic). With `groups`
     (e.g. each pair's image) entries are permuted only within their group: pairs of one
     image share its tokens, so image-level effects must not count as evidence. r and p are
-    None when either vector is constant or has < 3 entries."""
+    None when either vector is constant or has < 3 entries. Products are summed by numpy's own
+    reduction, in a fixed order, not by BLAS, whose kernel is picked by the processor: r moved in
+    its 8th digit between OpenBLAS's Haswell and SkylakeX kernels."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if len(a) < 3 or a.std() == 0 or b.std() == 0:
         return {"r": None, "p": None}
     za, zb = (a - a.mean()) / a.std(), (b - b.mean()) / b.std()
-    r = float(np.clip(za @ zb / len(a), -1.0, 1.0))
+    r = float(np.clip(np.add.reduce(za * zb) / len(a), -1.0, 1.0))  # not BLAS's dot: see the docstring
     group = np.zeros(len(a)) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1].astype(np.float64)
     by_group = np.argsort(group, kind="stable")
     rng = np.random.default_rng(seed)
@@ -66,7 +68,7 @@ def permutation_correlation(a: np.ndarray, b: np.ndarray, n_perm: int = 1000, se
         shuffled = np.argsort(group + rng.random((c, len(a))), axis=1)  # by group, random within
         perms = np.empty_like(shuffled)
         perms[:, by_group] = shuffled
-        r_perm = za[perms] @ zb / len(a)
+        r_perm = np.add.reduce(za[perms] * zb, axis=1) / len(a)
         hits += int((np.abs(r_perm) >= abs(r) - 1e-12).sum())
     return {"r": r, "p": (1 + hits) / (1 + n_perm)}
 
