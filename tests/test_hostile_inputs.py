@@ -941,3 +941,73 @@ def test_a_ray_address_nothing_answers_at_fails_fast(tmp_path, capsys):
                     "--out", tmp_path / "d", "--executor", "ray",
                     "--address", f"127.0.0.1:{port}"], capsys, tmp_path)
     assert "address: nothing answers at 127.0.0.1:" in line and time.perf_counter() - t0 < 30
+
+
+# -- 9. a layer holding NaN or inf fails alone (issue 56) -----------------------------------
+
+_BAD_LAYER = '''
+import torch
+from evaluators.backbones.module_adapter import ModuleAdapter
+
+
+class Block(torch.nn.Module):
+    def __init__(self, bad):
+        super().__init__()
+        self.lin, self.bad = torch.nn.Linear(24, 24), bad
+
+    def forward(self, t):
+        return self.lin(t) + self.bad
+
+
+class Toy(torch.nn.Module):
+    def __init__(self, bad):
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 24, 8, stride=8)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, 24))
+        self.blocks = torch.nn.ModuleList([Block(0.0), Block(bad)])
+
+    def forward(self, x):
+        t = self.embed(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(len(t), -1, -1), t], 1)
+        for b in self.blocks:
+            t = b(t)
+        return t
+
+
+def make():
+    return ModuleAdapter(Toy(float("BAD")), blocks="blocks", patch_size=8, image_size=32, prefix_tokens=1)
+'''
+
+#: The columns of a row that are its measurement (not its run, time or provenance).
+_MEASURED = {"binding": ("probe", "tokens", "status", "error", "B_star", "beta_star", "L_F", "L_O_given_F", "checks"),
+             "issameobject": ("probe", "status", "error", "accuracy", "balanced_accuracy", "auroc", "val_accuracy",
+                              "best_epoch")}
+
+
+def _rows_by_layer(results: Path, task: str) -> dict[int, list[tuple]]:
+    import pyarrow.parquet as pq
+
+    out: dict[int, list[tuple]] = {}
+    for r in sorted(pq.read_table(next(results.glob("*.parquet"))).to_pylist(), key=lambda r: (r["layer"], r["probe"])):
+        out.setdefault(r["layer"], []).append(tuple(r[c] for c in _MEASURED[task]))
+    return out
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+@pytest.mark.parametrize("task,probes", [("binding", "linear"), ("issameobject", "cosine,majority,linear")])
+def test_a_layer_holding_nan_or_inf_is_its_own_error_rows(ds, tmp_path, capsys, monkeypatch, bad, task, probes):
+    """Layer 2 of the backbone adds NaN (or inf) to every value, layer 1 is clean. IsSameObject made
+    every row of the backbone, layer 1's too, an error row saying `Optimization bounds must be finite
+    scalars` (the baselines' bias fit), never naming NaN or inf."""
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "bad.py").write_text(_BAD_LAYER.replace("BAD", bad))
+    run = ["evaluate", "--task", task, "--model", f"py:{tmp_path / 'bad.py'}:make", "--dataset", ds, "--probes", probes,
+           "--threads", "1", "--format", "json"]
+    ok([*run, "--layers", "1,2", "--results", tmp_path / "both"], capsys)
+    ok([*run, "--layers", "1", "--results", tmp_path / "clean"], capsys)
+    both, clean = _rows_by_layer(tmp_path / "both", task), _rows_by_layer(tmp_path / "clean", task)
+    status = _MEASURED[task].index("status")
+    assert all(r[status] == "ok" for r in clean[1]) and both[1] == clean[1]  # the clean layer: the same numbers
+    reading = [r for r in both[2] if r[0] != "majority"]  # majority reads no activations: its row stands
+    assert reading and all(r[status] == "error" and "NaN or inf" in r[status + 1] for r in reading), both[2]
+    assert all(r[status] == "ok" for r in both[2] if r[0] == "majority")

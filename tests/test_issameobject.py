@@ -197,6 +197,15 @@ def test_baseline_bias_is_the_maximum_likelihood_threshold():
     assert 510 < -b < 520
 
 
+def test_a_baseline_whose_similarities_overflow_fails_naming_inf():
+    """Finite tokens whose dot products overflow: the bias fit raised scipy's ValueError
+    `Optimization bounds must be finite scalars`, which no layer's row caught."""
+    u = np.array([[1e200, 0.0], [1e200, 0.0], [0.0, 1.0], [0.0, 2.0]])
+    pairs = (u, np.array([0, 2, 0]), np.array([1, 3, 2]), np.array([True, True, False]))
+    with pytest.raises(FloatingPointError, match="dot similarities of the training pairs hold NaN or inf"):
+        fit_scorer("dot", pairs, pairs)
+
+
 def test_bootstrap_resamples_images_not_pairs():
     # two images: one all correct, one all wrong -> accuracy intervals reach 0 and 1 exactly
     scores = np.array([0.9] * 10 + [0.9] * 10)

@@ -5,6 +5,9 @@ with its adapter. Every model is tiny and built here (no network)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -273,3 +276,104 @@ def test_bad_input_settings_on_evaluate_are_one_line(scenes, tmp_path, capsys, e
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*.parquet"))
+
+
+#: A `py:` module whose forward adds `SHIFT` to what block 1 gives block 2: an edit of its code, the
+#: weights the same. Hidden state 2 is block 2's output, so the edit reaches layer 2 only.
+EDITABLE = '''
+import torch
+from evaluators.backbones.module_adapter import ModuleAdapter
+
+
+class Toy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 24, 8, stride=8)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, 24))
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(24, 24) for _ in range(2))
+
+    def forward(self, x):
+        t = self.embed(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(len(t), -1, -1), t], 1)
+        t = self.blocks[0](t) + SHIFT
+        return self.blocks[1](t)
+
+
+def make():
+    return ModuleAdapter(Toy(), blocks="blocks", patch_size=8, image_size=32, prefix_tokens=1)
+'''
+
+
+def test_an_edited_py_forward_is_measured_again(scenes, tmp_path, capsys, monkeypatch):
+    """Issue 56: an edit to a `py:` module's forward (weights unchanged) was "nothing to do", and
+    `--overwrite` wrote `ok` rows from the activations of the old code. The module's source is
+    part of its fingerprint and of its activation cache key."""
+    import pandas as pd
+
+    from bench import api
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    src, results = tmp_path / "model" / "toy.py", tmp_path / "results"
+    src.parent.mkdir()
+    run = ["evaluate", "-m", f"mine=py:{src}:make", "--dataset", str(scenes), "--probes", "linear", "--layers", "1,2",
+           "--epochs", "2", "--results", str(results), "--format", "json"]
+
+    def evaluate(shift: str, *extra: str) -> tuple[list[dict], str]:
+        src.write_text(EDITABLE.replace("SHIFT", shift))
+        before = set(results.glob("*.parquet")) if results.exists() else set()
+        assert main([*run, *extra]) == 0
+        err = capsys.readouterr().err
+        new = set(results.glob("*.parquet")) - before
+        assert len(new) == 1, err  # a run that wrote its rows
+        return sorted(pd.read_parquet(new.pop()).to_dict("records"), key=lambda r: r["layer"]), err
+
+    def entries() -> int:  # cache entries, one a split
+        return len(set((tmp_path / "cache" / "activations").glob("*")))
+
+    clean, _ = evaluate("0.0")
+    assert [r["status"] for r in clean] == ["ok", "ok"] and entries() == 3
+    assert main(run) == 0 and "nothing to do" in capsys.readouterr().err  # unchanged: skipped
+
+    nan, err = evaluate("float('nan')")  # the code edited, the weights not: measured again, a new cache entry
+    assert "nothing to do" not in err and entries() == 6
+    assert nan[0]["weights_fingerprint"] != clean[0]["weights_fingerprint"]
+    assert nan[1]["status"] == "error" and "NaN or inf" in nan[1]["error"]
+    assert (nan[0]["status"], nan[0]["beta_star"]) == ("ok", clean[0]["beta_star"])  # layer 1 runs the same code
+    shown = api.load_results(results)  # the old source's rows: an older measurement, as edited weights'
+    assert set(shown["run_id"]) == {nan[0]["run_id"]} and "older weights" in shown.attrs["set_aside"]
+
+    inf, err = evaluate("float('inf')", "--overwrite")  # never the old activations
+    assert entries() == 9 and inf[1]["status"] == "error" and "NaN or inf" in inf[1]["error"]
+    again, _ = evaluate("0.0", "--overwrite")  # the first source again: its own entry, its own numbers
+    assert entries() == 9 and again[0]["weights_fingerprint"] == clean[0]["weights_fingerprint"]
+    assert [r["beta_star"] for r in again] == [r["beta_star"] for r in clean]
+
+
+def test_a_py_backbones_fingerprint_covers_the_python_files_beside_it(tmp_path, monkeypatch):
+    """The rule: the names and bytes of every `*.py` file in the module's folder. A helper it imports
+    from there counts; other files there, and the module's weights' randomness, do not."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "toy.py").write_text(EDITABLE.replace("SHIFT", "toy_helper.SHIFT").replace(
+        "import torch\n", "import torch\nimport toy_helper\n", 1))
+    spec = f"py:{tmp_path / 'toy.py'}:make"
+
+    def revision(helper: str) -> str:
+        (tmp_path / "toy_helper.py").write_text(helper)
+        monkeypatch.delitem(sys.modules, "toy_helper", raising=False)  # as a new process would import it
+        return resolve_backbone(spec).info.revision
+
+    first = revision("SHIFT = 0.0\n")
+    assert revision("SHIFT = 0.0\n") == first
+    (tmp_path / "notes.md").write_text("not code")
+    assert revision("SHIFT = 0.0\n") == first
+    assert revision("SHIFT = 1.0\n") != first
+
+
+def test_a_py_backbones_fingerprint_is_the_same_in_another_process(tmp_path):
+    (tmp_path / "toy.py").write_text(PY_MODEL)
+    spec = f"py:{tmp_path / 'toy.py'}:make"
+    code = ("import sys; from evaluators.backbones import resolve_backbone; "
+            "print(resolve_backbone(sys.argv[1]).info.revision)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == resolve_backbone(spec).info.revision

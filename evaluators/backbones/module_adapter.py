@@ -5,14 +5,17 @@ input side, normalisation and how many prefix (class/register) tokens lead each
 sequence. Hidden states are collected with hooks on the blocks while the module's
 own forward runs: hidden state 0 is the input of block 0, hidden state k the output of
 block k, as in transformers' `hidden_states`. `py:<file>:<function>` loads a Python
-file whose function returns such an adapter (or any Backbone object).
+file whose function returns such an adapter (or any Backbone object); its code is part of
+its fingerprint (`source_hash`), so an edited forward is measured again.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,7 +25,7 @@ from bench.core.errors import BenchError
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.hf import HFBackbone, autocast
 from evaluators.backbones.presets import IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess
-from evaluators.backbones.weights import state_dict_hash
+from evaluators.backbones.weights import files_hash, state_dict_hash
 
 FAMILY = Family("module", "module", False)
 
@@ -123,13 +126,46 @@ class ModuleBackbone(HFBackbone):
 
 def load_py(spec: str, target: str) -> Backbone:
     """`py:<file>:<function>`: call the function (torch seeded with 0, so random init is
-    reproducible); it returns a ModuleAdapter or a Backbone."""
+    reproducible); it returns a ModuleAdapter or a Backbone. The backbone's revision (its rows'
+    weights fingerprint and part of its activation cache key) is `with_source` of the one it
+    states and the file's `source_hash`."""
     file, sep, func = target.rpartition(":")
     if not sep or not file or not func:
         raise BenchError(f"model: {spec}: expected py:<file.py>:<function>")
     path = Path(file).expanduser()
     if not path.is_file():
         raise BenchError(f"model: {spec}: no such Python file {path}")
+    source = source_hash(spec, path)
+    return with_source(_call(spec, path, func), source)
+
+
+def source_hash(spec: str, path: Path) -> str:
+    """sha256 over the names and bytes of every `*.py` file in `path`'s folder (itself included),
+    by name: the rule for which code is part of a `py:` backbone's identity. The folder's files
+    rather than the modules its imports reached, because those depend on what the process had
+    imported before and on `sys.path` (a Ray worker would see others than the driver), while the
+    folder is the same in every process and no helper beside the module can be missed. Code in a
+    subfolder or an installed package is not covered (the README says so)."""
+    files = sorted(p for p in path.resolve().parent.glob("*.py") if p.is_file())
+    try:
+        return files_hash(files)
+    except OSError as e:
+        raise BenchError(f"model: {spec}: cannot read {e.filename} (the .py files beside {path.name} are part "
+                         f"of its fingerprint): {e.strerror}") from None
+
+
+def with_source(backbone: Backbone, source: str) -> Backbone:
+    """A shallow copy of `backbone` whose `info.revision` is `sha256:` of the revision it states and
+    `source` (`source_hash`): edited code is a new fingerprint, as edited weights are, and the
+    activation cache (keyed by the revision) never serves the old code's activations."""
+    out = copy.copy(backbone)  # an object the function kept elsewhere keeps its own info
+    both = hashlib.sha256(f"{backbone.info.revision}\0{source}".encode()).hexdigest()
+    out.info = replace(backbone.info, revision=f"sha256:{both[:12]}")
+    return out
+
+
+def _call(spec: str, path: Path, func: str) -> Backbone:
+    """The Backbone the function `func` of the file at `path` returns (or makes with its adapter)."""
     fn = getattr(_import(spec, path), func, None)
     if not callable(fn):
         raise BenchError(f"model: {spec}: {path.name} defines no function {func!r}")

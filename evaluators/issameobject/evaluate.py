@@ -53,11 +53,14 @@ def evaluate_layer(
     vu, vix, viy, vsame = data["val"]
     majority = bool(data["train"][3].mean() >= 0.5)
     attention: np.ndarray | None = None  # the test pairs' attention weights, computed once per layer
+    non_finite = non_finite_tokens(data)
     out = []
     for name in probes:
         start = time.perf_counter()
         row: dict[str, Any] = {"probe": name, "n_train": len(pairs["train"]), "n_test": len(pairs["test"])}
         try:
+            if non_finite and reads_tokens(name):
+                raise FloatingPointError(non_finite)
             scorer = fit_scorer(name, data["train"], data["val"], config, qk=qk)
             scores = scorer.score(u[ix], u[iy])
             row.update(pair_metrics(scores, same, pairs["test"].image, majority, n_boot=n_boot, seed=config.seed))
@@ -76,6 +79,24 @@ def evaluate_layer(
         if progress:
             progress(1)
     return out
+
+
+def non_finite_tokens(data: dict[str, tuple[np.ndarray, ...]]) -> str | None:
+    """Why a layer's pair tokens (`layer_data` of every split) cannot be scored, or None: some hold
+    NaN or inf. Said once for the layer's every probe that reads them, rather than left to fail
+    inside a fit in whatever words it fails with (the baselines' bias fit said `Optimization bounds
+    must be finite scalars`, and that escaped the layer, failing every layer of the backbone)."""
+    bad = {s: int((~np.isfinite(u)).any(axis=1).sum()) for s, (u, *_rest) in data.items()}
+    if not any(bad.values()):
+        return None
+    where = "; ".join(f"{s}: {n} of {len(data[s][0])}" for s, n in bad.items() if n)
+    return f"the activations hold NaN or inf ({where} patch tokens)"
+
+
+def reads_tokens(name: str) -> bool:
+    """Whether probe `name` reads the activations (all but the majority class, which reads only labels)."""
+    entry = PAIR_PROBES.get(name)
+    return entry.trained or entry.similarity is not None
 
 
 def check_probes(probes: Sequence[str]) -> None:

@@ -207,6 +207,8 @@ def fit_scorer(
         return FittedScorer(name, lambda x, y: np.full(len(x), p))
     qk = qk.copy_to(config.device) if entry.reads_qk and qk is not None else None
     s = similarity(name, u[ix], u[iy], qk)
+    if not np.isfinite(s).all():  # finite tokens can still overflow (float32 attention scores)
+        raise FloatingPointError(f"the {name} similarities of the training pairs hold NaN or inf")
     center, scale = float(s.mean()), float(s.std()) or 1.0
     b = fit_bias((s - center) / scale, same)
     return FittedScorer(name, lambda x, y: _sigmoid((similarity(name, x, y, qk) - center) / scale + b))
