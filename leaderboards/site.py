@@ -39,7 +39,7 @@ from bench.core.outdir import remove_stale_outputs
 from leaderboards import html
 from leaderboards.board import Leaderboard, build_leaderboard, paired_cells, verdict
 from leaderboards.metrics import DEFAULT_METRIC, TASKS, resolve_metric
-from leaderboards.plots import layer_curves
+from leaderboards.plots import NothingToDraw, layer_curves
 from leaderboards.render import column_name, scale_digits
 from leaderboards.report import fit_png, read_analysis
 from leaderboards.store import load_folders
@@ -222,9 +222,13 @@ class _Site:
                               "dataset_page": self.dataset_pages[ds], "anchor": f"{slug(ds)}--{task}--{m.name}"})
             if self.figures and len(layers) > 1:
                 stem = self.out / f"fig-{self.backbone_pages[name][:-5]}-{slug(ds)}-{task}"
-                paths = layer_curves(mine, stem, formats=("png",), task=task, metric=m.name)
-                self.written += paths
-                parts[-1]["figure"] = paths[0].name
+                try:
+                    paths = layer_curves(mine, stem, formats=("png",), task=task, metric=m.name)
+                except NothingToDraw:  # every value NaN or unfinished: a line in the figure's place
+                    parts[-1]["no_figure"] = f"No figure: no layer of {name} has a {m.label} value to draw on {ds}."
+                else:
+                    self.written += paths
+                    parts[-1]["figure"] = paths[0].name
         return {"parts": parts, "name": name}
 
     def _by_layer(self, ds: str, task: str, layers: list[int]) -> dict[int, Leaderboard]:

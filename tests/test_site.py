@@ -202,6 +202,27 @@ def test_a_rebuild_removes_only_what_the_last_build_wrote(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+def test_a_site_builds_around_a_plot_it_cannot_draw(tmp_path, capsys):
+    """Rows whose metric is NaN at every layer (a fit that diverged) leave nothing to draw: the
+    backbone's page says so in one line where its figure would be, and every other page and figure
+    is written (the site once stopped at "plot: no results to draw for this selection")."""
+    nan = float("nan")
+    rows = [result_row("A", "linear", nan, layer=layer, n_layers=3) for layer in (1, 2, 3)]
+    rows += [result_row("B", "linear", 0.3 + 0.1 * layer, layer=layer, n_layers=3) for layer in (1, 2, 3)]
+    write_run(rows, tmp_path / "results", "r1")
+    assert main(["site", str(tmp_path / "results"), "-o", str(tmp_path / "site")]) == 0
+    assert "no results to draw" not in capsys.readouterr().err
+    site = tmp_path / "site"
+    assert {"index.html", "backbone-A.html", "backbone-B.html", "dataset-cs.html", "compare.html",
+            "provenance.html"} <= {p.name for p in site.glob("*.html")}
+    a = (site / "backbone-A.html").read_text()
+    assert '<img class="figure"' not in a
+    assert '<p class="muted">No figure: no layer of A has a β* value to draw on cs.</p>' in a
+    b = (site / "backbone-B.html").read_text()
+    (figure,) = re.findall(r'<img class="figure" alt="[^"]*" src="([^"]+)"', b)
+    assert (site / figure).stat().st_size > 1000
+
+
 # ---------------------------------------------------------------- Chromium through Selenium
 
 def need_browser():
