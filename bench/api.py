@@ -391,7 +391,6 @@ def study_next_commands(study: Any, out: PathLike) -> list[str]:
 #: home only when a command first reads it, so `bench --help` loads neither torch nor pandas.
 #: name -> (module, attribute; None for the module itself).
 _FOR_THE_CLI: dict[str, tuple[str, str | None]] = {
-    "COMPARE_COLUMNS": ("leaderboards.board", "COMPARE_COLUMNS"),
     "DATA_PRESET": ("evaluators.zoo.recipes", "DATA_PRESET"),
     "EvaluationPlan": ("evaluators.plan", "EvaluationPlan"),
     "METRIC_KEYS": ("leaderboards.report", "METRIC_KEYS"),
@@ -424,6 +423,7 @@ _FOR_THE_CLI: dict[str, tuple[str, str | None]] = {
     "probes_help": ("evaluators.families", "probes_help"),
     "remove_entries": ("evaluators.cache_inventory", "remove_entries"),
     "render_dataset": ("generators.engine", "generate"),
+    "render_compare": ("leaderboards.render", "render_compare"),
     "render_leaderboard": ("leaderboards.render", "render_leaderboard"),
     "render_leaderboards": ("leaderboards.render", "render_leaderboards"),
     "resolve_backbone": ("evaluators.backbones", "resolve_backbone"),
