@@ -61,7 +61,8 @@ def generate(
 
 def generators_cmd(
     fmt: Format = typer.Option(Format.table, "--format"),
-    wide: bool = typer.Option(False, "--wide", help="Tables as wide as their cells need (default: 100 columns, cells wrapped)."),
+    wide: bool = typer.Option(
+        False, "--wide", help="Tables as wide as their cells need (default: 100 columns, cells wrapped)."),
 ) -> None:
     """List generators and their presets: a table per generator, its version and description in the title."""
     rows = []
