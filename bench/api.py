@@ -279,7 +279,7 @@ def site(results: PathLike | Sequence[PathLike], out: PathLike, *, datasets: Seq
     from leaderboards.site import build_site
 
     dirs = [results] if isinstance(results, (str, os.PathLike)) else list(results)
-    return build_site(dirs, out, datasets=_dataset_folders(datasets), analyses=analyses,
+    return build_site(dirs, out, datasets=_dataset_folders(datasets, say), analyses=analyses,
                       include_limited=include_limited, figures=figures, say=say)
 
 
@@ -287,9 +287,12 @@ def site(results: PathLike | Sequence[PathLike], out: PathLike, *, datasets: Seq
 PREVIEW_SCENES, PREVIEW_COLUMNS = 6, 3
 
 
-def _dataset_folders(paths: Sequence[PathLike]) -> list[Any]:
+def _dataset_folders(paths: Sequence[PathLike], say: Any = None) -> list[Any]:
     """Every dataset under the given folders (a folder that is a dataset, else its sub-folders that
-    are), with its card, each split's fingerprint and its preview sheet writer."""
+    are), with its card, each split's fingerprint and its preview sheet writer. Each is checked as
+    `bench info` checks it: a damaged one is said in one line (`say`) and kept with its damage, so
+    its page says so rather than show it as sound; one whose card cannot be read is left out (its
+    fingerprints, which match it to the results, are in that card)."""
     from bench.core.dataset import CARD_NAME, Dataset
     from generators.preview import contact_sheet
     from leaderboards.site import DatasetFolder
@@ -302,7 +305,20 @@ def _dataset_folders(paths: Sequence[PathLike]) -> list[Any]:
         if not candidates:
             raise BenchError(f"datasets: {p} holds no dataset ({CARD_NAME} in it or in a sub-folder)")
         for d in candidates:
-            ds = Dataset(d)
+            try:
+                ds = Dataset(d)
+            except BenchError as e:
+                if say is not None:
+                    say(f"bench: warning: {e}; left out of the site")
+                continue
+            try:
+                ds.verify()
+            except BenchError as e:
+                if say is not None:
+                    say(f"bench: warning: {e}; its page says it is damaged")
+                found.append(DatasetFolder(d, ds.name, {ds.fingerprint(s) for s in ds.splits}, ds.card,
+                                           damage=str(e)))
+                continue
 
             def preview(dst: Path, ds: Any = ds) -> None:
                 split = "test" if "test" in ds.splits else ds.splits[0]
@@ -375,7 +391,6 @@ def study_next_commands(study: Any, out: PathLike) -> list[str]:
 #: home only when a command first reads it, so `bench --help` loads neither torch nor pandas.
 #: name -> (module, attribute; None for the module itself).
 _FOR_THE_CLI: dict[str, tuple[str, str | None]] = {
-    "COMPARE_COLUMNS": ("leaderboards.board", "COMPARE_COLUMNS"),
     "DATA_PRESET": ("evaluators.zoo.recipes", "DATA_PRESET"),
     "EvaluationPlan": ("evaluators.plan", "EvaluationPlan"),
     "METRIC_KEYS": ("leaderboards.report", "METRIC_KEYS"),
@@ -408,6 +423,7 @@ _FOR_THE_CLI: dict[str, tuple[str, str | None]] = {
     "probes_help": ("evaluators.families", "probes_help"),
     "remove_entries": ("evaluators.cache_inventory", "remove_entries"),
     "render_dataset": ("generators.engine", "generate"),
+    "render_compare": ("leaderboards.render", "render_compare"),
     "render_leaderboard": ("leaderboards.render", "render_leaderboard"),
     "render_leaderboards": ("leaderboards.render", "render_leaderboards"),
     "resolve_backbone": ("evaluators.backbones", "resolve_backbone"),

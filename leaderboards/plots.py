@@ -46,6 +46,14 @@ SWEEP_AXES: dict[str, tuple[str, str]] = {
 }
 
 
+class NothingToDraw(BenchError):
+    """The selection holds no finished value to draw (none measured, or every one NaN): a page that
+    shows many figures (`bench site`) says so in the figure's place and goes on; `bench plot` stops."""
+
+    def __init__(self) -> None:
+        super().__init__("plot: no results to draw for this selection")
+
+
 def _mark(board: Leaderboard, label: str, dataset: str | None = None) -> str:
     """The † label after a row's label (of `dataset`, or of any): "† empirical" when every
     † cell is an imported dataset's, "† unanchored" otherwise, "" when no cell is marked."""
@@ -133,7 +141,7 @@ def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, formats
     or the `formats` given: a page that shows the PNG needs no SVG)."""
     board, series = layer_series(rows, **selection)
     if not series:
-        raise BenchError("plot: no results to draw for this selection")
+        raise NothingToDraw()
     scale = _scale(board)
     # small multiples: at most PANELS_PER_ROW panels a row, so a figure stays readable at a
     # laptop's width however many probe x tokens columns there are
@@ -191,7 +199,7 @@ def _mark_failed(ax: plt.Axes, points: list[tuple], scale: float) -> None:
 def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
     """Grouped bars: backbones along x, one bar per probe x tokens column, 95% whiskers."""
     if not board.rows or not board.columns:
-        raise BenchError("plot: no results to draw for this selection")
+        raise NothingToDraw()
     scale = _scale(board)
     n_cols = len(board.columns)
     width = 0.8 / n_cols

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from bench.core.console import Format, render_table, wrap
 from bench.core.numbers import fixed, plus_minus
-from leaderboards.board import Cell, Leaderboard
+from leaderboards.board import COMPARE_COLUMNS, Cell, Leaderboard
 from leaderboards.metrics import CHECK_MEANINGS, Metric
 
 
@@ -82,6 +82,32 @@ def _render_board(board: Leaderboard, markdown: bool, fmt: Format, width: int | 
             line[name] = format_cell(row.cells[col], board.metric, markdown)
         lines.append(line)
     return render_table(lines, header, fmt, title=title(board), width=width)
+
+
+#: A `bench compare` table's columns after the context that varies: the answer first, then the two
+#: backbones' own values and layers (what a table too narrow leaves out first).
+COMPARE_ANSWER = ("metric", "difference", "lo", "hi", "verdict", "a", "b", "a_layer", "b_layer")
+
+
+def render_compare(records: Sequence[dict[str, Any]], a: str, b: str, fmt: Format, width: int | None = None) -> str:
+    """`compare_backbones`' records as text. CSV and JSON carry every record whole. A table (or
+    Markdown) leads with the answer: one table per dataset, each metric's difference, its interval
+    and the verdict first; the context every row shares (dataset, and the probe and token view
+    where they do not vary) said once, in the title. Its verdict reads `a better` or `b better`,
+    the title saying which backbone each is, so that no backbone's name widens the verdict column
+    out of a table `width` wide."""
+    if fmt in (Format.csv, Format.json):
+        return render_table(records, COMPARE_COLUMNS, fmt)
+    short = {f"{a} better": "a better", f"{b} better": "b better"}
+    parts = []
+    for ds in dict.fromkeys(r["dataset"] for r in records):
+        mine = [r for r in records if r["dataset"] == ds]
+        varying = [c for c in ("probe", "tokens") if len({r[c] for r in mine}) > 1]
+        context = ", ".join([f"dataset {ds}", *(f"{c} {mine[0][c]}" for c in ("probe", "tokens") if c not in varying)])
+        title = f"a − b on {context}\n(paired, 95% interval over test F codes)\na = {a}\nb = {b}"
+        lines = [{**r, "verdict": short.get(r["verdict"], r["verdict"])} for r in mine]
+        parts.append(render_table(lines, [*varying, *COMPARE_ANSWER], fmt, title=title, width=width))
+    return "\n\n".join(parts)
 
 
 FOOTNOTE = ("rank: each backbone by its best sound cell among the columns selected (--probe, --tokens; also those a "

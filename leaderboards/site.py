@@ -11,7 +11,8 @@ few lines of script are inside each page, figures are files beside them):
   family x token view (the board's chosen layer in bold), each column's sensitivity and checks at
   that layer, and the metric-by-depth figure;
 - `dataset-NAME.html`: the dataset's card and priors, with its generator's settings and a
-  preview sheet when its folder is given (`--datasets DIR`), else where to find it;
+  preview sheet when its folder is given (`--datasets DIR`; a damaged folder: what is wrong with
+  it instead), else where to find it;
 - `compare.html`: the paired difference of every pair of backbones on each dataset and probe
   column (bootstrap over shared test F codes) as a matrix with 95% intervals;
 - `provenance.html`: per dataset its fingerprint and sizes, per run its versions, device and
@@ -39,7 +40,7 @@ from bench.core.outdir import remove_stale_outputs
 from leaderboards import html
 from leaderboards.board import Leaderboard, build_leaderboard, paired_cells, verdict
 from leaderboards.metrics import DEFAULT_METRIC, TASKS, resolve_metric
-from leaderboards.plots import layer_curves
+from leaderboards.plots import NothingToDraw, layer_curves
 from leaderboards.render import column_name, scale_digits
 from leaderboards.report import fit_png, read_analysis
 from leaderboards.store import load_folders
@@ -53,13 +54,15 @@ INDEX = "index.html"
 @dataclass
 class DatasetFolder:
     """A dataset folder given with `--datasets`: what its page shows, matched to results rows by a
-    split's fingerprint. `preview` writes its preview sheet (a PNG) to the path it is given."""
+    split's fingerprint. `preview` writes its preview sheet (a PNG) to the path it is given;
+    `damage` is what `bench info` says of a damaged folder, which its page shows instead."""
 
     path: Path
     name: str
     fingerprints: set[str]
     card: dict[str, Any]
     preview: Callable[[Path], None] | None = field(default=None, repr=False)
+    damage: str | None = None
 
 
 def build_site(results_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, *,
@@ -222,9 +225,13 @@ class _Site:
                               "dataset_page": self.dataset_pages[ds], "anchor": f"{slug(ds)}--{task}--{m.name}"})
             if self.figures and len(layers) > 1:
                 stem = self.out / f"fig-{self.backbone_pages[name][:-5]}-{slug(ds)}-{task}"
-                paths = layer_curves(mine, stem, formats=("png",), task=task, metric=m.name)
-                self.written += paths
-                parts[-1]["figure"] = paths[0].name
+                try:
+                    paths = layer_curves(mine, stem, formats=("png",), task=task, metric=m.name)
+                except NothingToDraw:  # every value NaN or unfinished: a line in the figure's place
+                    parts[-1]["no_figure"] = f"No figure: no layer of {name} has a {m.label} value to draw on {ds}."
+                else:
+                    self.written += paths
+                    parts[-1]["figure"] = paths[0].name
         return {"parts": parts, "name": name}
 
     def _by_layer(self, ds: str, task: str, layers: list[int]) -> dict[int, Leaderboard]:
@@ -253,8 +260,8 @@ class _Site:
         generator = (folder.card.get("generator") or {}) if folder else {}
         return {"name": name, "card": card, "fingerprints": sorted(fps), "folder": folder,
                 "generator": generator.get("name") if isinstance(generator, dict) else generator,
-                "config": _pretty(folder.card.get("config")) if folder else None, "preview": preview,
-                "boards": boards}
+                "config": _pretty(folder.card.get("config")) if folder and not folder.damage else None,
+                "preview": preview, "boards": boards}
 
     # -- paired comparisons -------------------------------------------------------------------
 

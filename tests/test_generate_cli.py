@@ -130,6 +130,25 @@ def test_generators_json(capsys):
     assert {"balanced", "uniform", "complexity-sweep"} <= presets
 
 
+def test_generators_table_fits_100_columns_and_leaves_nothing_out(capsys):
+    """`bench generators` printed 894 columns (a preset's settings and its generator's description
+    on every line): at 100 columns it says every generator's description once, in its table's
+    title, and every preset's settings, wrapped; `--wide` prints them unwrapped."""
+    from generators.base import get_generator, list_generators
+
+    code, out, _ = run(["generators"], capsys)
+    assert code == 0 and max(map(len, out.splitlines())) <= 100 and "more column(s)" not in out, out
+    flat = " ".join(out.split())
+    for name in list_generators():
+        g = get_generator(name)
+        assert flat.count(g.description) == 1, g.description
+        for preset, values in g.presets.items():
+            assert preset in out and all(f"{k}=" in out for k in values), preset
+    code, wide, _ = run(["generators", "--wide"], capsys)
+    assert code == 0 and max(map(len, wide.splitlines())) > 100
+    assert "n_train=39200, n_val=9800, n_test=9800" in wide
+
+
 def test_complexity_sweep_writes_one_dataset_per_n(tmp_path, capsys):
     code, _, err = run(["generate", "colorshape", "--preset", "complexity-sweep", "--out", tmp_path / "sweep",
                         "--n-train", 8, "--n-val", 4, "--n-test", 4, "--set", "sweep=1,3,7"], capsys)

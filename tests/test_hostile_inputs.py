@@ -343,6 +343,42 @@ def test_every_reader_names_the_damaged_file(ds, tmp_path, capsys, kind, command
     assert name in msg and "damaged" in msg
 
 
+@pytest.mark.parametrize("damage", ["truncated", "swapped", "card"])
+def test_site_warns_on_a_damaged_dataset(ds, tmp_path, capsys, damage):
+    """`bench site --datasets` given a dataset `bench info` refuses: one warning line saying what
+    `bench info` says, the dataset's page says it is damaged (no preview sheet or settings shown as
+    if fine), a sound dataset beside it keeps its page, and the rest of the site builds. A card too
+    damaged to read cannot be matched to the results: the warning says it is left out."""
+    from html import escape
+
+    from bench.core.results import write_run
+    from test_leaderboard import result_row
+
+    bad = copy(ds, tmp_path / "data", "bad")
+    good = make_dataset(tmp_path / "data" / "good", n_train=4, n_val=4, n_test=4, seed=1)
+    write_run([result_row("A", "linear", 0.3, dataset=d.name, fingerprint=Dataset(d).fingerprint("test"))
+               for d in (good, bad)], tmp_path / "results", "r1")
+    if damage == "truncated":
+        shard = bad / "train-00001.parquet"
+        shard.write_bytes(shard.read_bytes()[:200])
+    elif damage == "swapped":
+        _damage(bad, "swapped")
+    else:
+        (bad / CARD_NAME).write_text("{")
+    info = refused(["info", bad], capsys).removeprefix("bench: error: ")
+    err = ok(["site", tmp_path / "results", "-o", tmp_path / "site", "--datasets", tmp_path / "data"], capsys)
+    (warning,) = [line for line in err.splitlines() if "warning" in line]
+    assert warning.startswith(f"bench: warning: {info}"), (warning, info)
+    site = tmp_path / "site"
+    assert "preview sheet of good" in (site / "dataset-good.html").read_text()
+    assert (site / "index.html").is_file() and (site / "backbone-A.html").is_file()
+    page = (site / "dataset-bad.html").read_text()
+    assert "<img" not in page and "Generator settings" not in page
+    if damage == "card":
+        assert warning.endswith("left out of the site") and "Not given" in page
+    else:
+        assert f"Damaged: {escape(info, quote=False)}" in page and not list(site.glob("fig-dataset-bad*"))
+
 def test_unwritable_outputs_fail_before_work(ds, tmp_path, capsys):
     (tmp_path / "file").write_text("not a directory")
     refused(["generate", *SMALL, "--out", tmp_path / "file" / "sub"], capsys, tmp_path)

@@ -460,6 +460,51 @@ def test_paired_differences_rank_what_overlapping_intervals_cannot():
     assert {r.backbone: r.rank for r in board.rows} == {"A": 1, "B": 3, "C": 1}  # ...the paired ones decide
 
 
+def test_compare_leads_with_the_difference_its_interval_and_verdict(tmp_path, capsys):
+    """`bench compare` at its default width prints, for every metric, the paired difference, its
+    interval (lo, hi) and the verdict (they were the columns a 100-column table left out, with
+    long backbone names), and says the dataset, probe and token view every row shares once, in its
+    title; a context that varies stays a column. JSON keeps every record whole."""
+    import numpy as np
+
+    from bench.core.numbers import readable
+    from leaderboards.board import COMPARE_COLUMNS
+
+    a, b = "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k", "hf:facebook/dinov2-with-registers-giant"
+    rng = np.random.default_rng(0)
+    base = rng.uniform(2.0, 9.0, 60)
+    rows = []
+    for backbone, shift in ((a, 0.0), (b, 0.5)):
+        for probe in ("linear", "quadratic"):
+            row = per_scene_rows(backbone, base + shift + rng.normal(0, 0.05, 60))
+            length = row["L_O_given_F"]
+            row.update(probe=probe, dataset="colorshape-balanced", B_star=10 - length, B_star_lo=9.5 - length,
+                       B_star_hi=10.5 - length)
+            rows.append(row)
+    write_run(rows, tmp_path, "r1")
+    for selection, shared, varying in ((["--probe", "linear"], ("colorshape-balanced", "linear", "cls"), ()),
+                                       ([], ("colorshape-balanced", "cls"), ("linear", "quadratic"))):
+        args = ["compare", a, b, "--results", tmp_path, "--metric", "beta_star", "--metric", "B_star", *selection]
+        code, out, _ = run_cli([*args, "--format", "json"], capsys)
+        records = json.loads(out)
+        assert code == 0 and all(list(r) == list(COMPARE_COLUMNS) for r in records)
+        assert len(records) == 2 * (len(varying) or 1) and {r["verdict"] for r in records} == {f"{a} better"}
+        code, out, _ = run_cli(args, capsys)
+        assert code == 0 and max(map(len, out.splitlines())) <= 100, out
+        left_out = re.findall(r"more column\(s\): (.*) \(--wide", out)
+        assert not {"difference", "lo", "hi", "verdict"} & {c for x in left_out for c in x.split(", ")}, out
+        lines = [[c.strip() for c in line.strip("│").split("│")] for line in out.splitlines() if line.startswith("│")]
+        assert len(lines) == len(records), out
+        for r, cells in zip(records, lines):  # varying context, then the answer
+            said = [r[c] for c in ("probe",) if varying] + [r["metric"], readable(r["difference"]), readable(r["lo"]),
+                                                            readable(r["hi"]), "a better"]
+            assert cells[:len(said)] == said, (cells, said)
+        title = out.split("┏")[0]
+        assert f"a = {a}" in title and f"b = {b}" in title
+        for context in shared:  # once, in the title
+            assert context in title and out.count(context) == 1, (context, out)
+
+
 def test_best_layer_is_chosen_on_validation_and_reports_its_test_number():
     """Layer 2 is best on validation, layer 3 on test (a lucky test draw): `best` shows layer 2's
     test value, never layer 3's."""

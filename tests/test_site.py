@@ -202,6 +202,27 @@ def test_a_rebuild_removes_only_what_the_last_build_wrote(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+def test_a_site_builds_around_a_plot_it_cannot_draw(tmp_path, capsys):
+    """Rows whose metric is NaN at every layer (a fit that diverged) leave nothing to draw: the
+    backbone's page says so in one line where its figure would be, and every other page and figure
+    is written (the site once stopped at "plot: no results to draw for this selection")."""
+    nan = float("nan")
+    rows = [result_row("A", "linear", nan, layer=layer, n_layers=3) for layer in (1, 2, 3)]
+    rows += [result_row("B", "linear", 0.3 + 0.1 * layer, layer=layer, n_layers=3) for layer in (1, 2, 3)]
+    write_run(rows, tmp_path / "results", "r1")
+    assert main(["site", str(tmp_path / "results"), "-o", str(tmp_path / "site")]) == 0
+    assert "no results to draw" not in capsys.readouterr().err
+    site = tmp_path / "site"
+    assert {"index.html", "backbone-A.html", "backbone-B.html", "dataset-cs.html", "compare.html",
+            "provenance.html"} <= {p.name for p in site.glob("*.html")}
+    a = (site / "backbone-A.html").read_text()
+    assert '<img class="figure"' not in a
+    assert '<p class="muted">No figure: no layer of A has a β* value to draw on cs.</p>' in a
+    b = (site / "backbone-B.html").read_text()
+    (figure,) = re.findall(r'<img class="figure" alt="[^"]*" src="([^"]+)"', b)
+    assert (site / figure).stat().st_size > 1000
+
+
 # ---------------------------------------------------------------- Chromium through Selenium
 
 def need_browser():
@@ -300,3 +321,47 @@ def test_every_page_fits_1280_px_reads_at_12_px_and_loads_from_disk_alone(site, 
         errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
         assert errors == [], (page.name, errors)
     assert len(pages) >= 10
+
+
+LISTS = """
+const boxes = (e) => [...e.getClientRects()].filter((r) => r.width > 0 && r.height > 0);
+const page = document.querySelector(".cols").getBoundingClientRect();
+const items = [...document.querySelectorAll(".cols li")].map((li, k) => {
+  const a = li.querySelector("a");
+  return {k, list: li.closest("div").querySelector("h2").textContent, text: a.textContent, rects: boxes(a),
+          em: parseFloat(getComputedStyle(li).fontSize), li: li.getBoundingClientRect()};
+});
+// two links on one line stand at least 1.5 em apart: room for the right one's bullet, which sits
+// outside its text (in the gap), and a space a reader sees
+const close = [];
+for (const x of items) for (const y of items) if (x.k !== y.k)
+  for (const p of x.rects) for (const q of y.rects)
+    if (p.top < q.bottom - 0.5 && q.top < p.bottom - 0.5 && p.left <= q.left && q.left - p.right < 1.5 * y.em)
+      close.push([x.text, y.text, Math.round(q.left - p.right)]);
+return {n: items.length, lists: [...new Set(items.map((x) => x.list))], close: close.slice(0, 5),
+        overflow: items.filter((x) => x.li.right > page.right + 0.5
+                                      || x.rects.some((r) => r.right > x.li.right + 0.5 || r.left < x.li.left - 0.5))
+                       .map((x) => x.text)};
+"""
+
+
+def test_the_index_lists_do_not_overlap_at_1280_px(tmp_path, browser):
+    """The index's lists of backbones, datasets and boards at a 1,280-px window: no link runs out of
+    its list item, and two links on one line stand apart, the right one's bullet between them (the
+    boards' two columns once ran "ds: β*_paper" into the bullet of "ds: β_F"); and a name that
+    cannot break at all, wider than a column, still stays in its column."""
+    rows = []
+    unbreakable = "clevr_occlusion_sweep_camera_height_3p2_seed_0_n_test_2000_image_size_224_mean_visibility_0p5"
+    for ds in (unbreakable, "colorshape-balanced-small"):  # the long one first, its β*_paper beside the gap
+        for backbone in ("facebook/dinov2-with-registers-giant", "openai/clip-vit-large-patch14-336"):
+            row = result_row(backbone, "linear", 0.3, dataset=ds, fingerprint=ds)
+            for metric in ("beta_star_paper", "beta_O", "beta_F"):
+                row.update({metric: 0.2, f"{metric}_lo": 0.1, f"{metric}_hi": 0.3})
+            rows.append(row)
+    write_run(rows, tmp_path / "results", "r1")
+    assert main(["site", str(tmp_path / "results"), "-o", str(tmp_path / "site")]) == 0
+    browser.get((tmp_path / "site" / "index.html").as_uri())
+    m = browser.execute_script(LISTS)
+    assert m["lists"] == ["Backbones", "Datasets", "Boards"] and m["n"] == 2 + 2 + 8, m
+    assert m["close"] == [], m["close"]
+    assert m["overflow"] == [], m["overflow"]

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from bench.commands.common import Format, echo, render_table, stderr
+from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.paths import check_output_file
@@ -59,8 +59,12 @@ def generate(
                  address=address, progress=True)
 
 
-def generators_cmd(fmt: Format = typer.Option(Format.table, "--format")) -> None:
-    """List generators and their presets."""
+def generators_cmd(
+    fmt: Format = typer.Option(Format.table, "--format"),
+    wide: bool = typer.Option(
+        False, "--wide", help="Tables as wide as their cells need (default: 100 columns, cells wrapped)."),
+) -> None:
+    """List generators and their presets: a table per generator, its version and description in the title."""
     rows = []
     for name in list_generators():
         g = get_generator(name)
@@ -70,8 +74,16 @@ def generators_cmd(fmt: Format = typer.Option(Format.table, "--format")) -> None
                 "version": g.version, "description": g.description,
                 "settings": ", ".join(f"{k}={v}" for k, v in values.items()),
             })
-    echo(render_table(rows, ["generator", "preset", "default", "version", "settings", "description"], fmt))
-
+    if fmt in (Format.json, Format.csv):
+        echo(render_table(rows, ["generator", "preset", "default", "version", "settings", "description"], fmt))
+        return
+    tables = []  # what a generator's presets share, said once above them (on every line it made 894 columns)
+    for name in list_generators():
+        g = get_generator(name)
+        tables.append(render_table([r for r in rows if r["generator"] == name], ["preset", "default", "settings"],
+                                   fmt, title=f"{name} v{g.version}: {g.description}",
+                                   width=None if wide else TABLE_WIDTH))
+    echo("\n\n".join(tables))
 
 def info(
     path: Path = typer.Argument(..., help="Dataset directory."),

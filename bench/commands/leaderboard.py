@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.text import Text
 
-from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, render_table, stderr, wrap
+from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, stderr, wrap
 from bench.core.errors import BenchError
 
 
@@ -118,15 +118,14 @@ def compare(
     wide: bool = _WIDE,
 ) -> None:
     """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
-    from bench.api import COMPARE_COLUMNS, compare_backbones, load_selected
+    from bench.api import compare_backbones, load_selected, render_compare
 
     selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
     if selected.note:
         stderr.print(wrap(selected.note), soft_wrap=True, markup=False, highlight=False)
     records = compare_backbones(selected.rows, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens,
                                 layer=layer)
-    echo(render_table(records, COMPARE_COLUMNS, fmt, title=f"{a} − {b} (paired, 95% interval over test F codes)",
-                      width=None if wide else TABLE_WIDTH))
+    echo(render_compare(records, a, b, fmt, None if wide else TABLE_WIDTH))
 
 
 class PlotKind(str, Enum):
