@@ -941,3 +941,58 @@ def test_a_ray_address_nothing_answers_at_fails_fast(tmp_path, capsys):
                     "--out", tmp_path / "d", "--executor", "ray",
                     "--address", f"127.0.0.1:{port}"], capsys, tmp_path)
     assert "address: nothing answers at 127.0.0.1:" in line and time.perf_counter() - t0 < 30
+
+
+# -- 9. hostile labels and output paths (issue 56) --------------------------------------------
+
+#: Labels no user may choose: TeX for matplotlib, too long for a file name, path separators,
+#: control characters, a newline, empty, a hidden or parent folder's name.
+HOSTILE_LABELS = ["a$^$b", "L" * 65, "L" * 250, "a/b", "a\\b", "a\nb", "a\x07b", "", "..", ".hidden", "a "]
+
+
+@pytest.mark.parametrize("label", [x for x in HOSTILE_LABELS if not any(c in x for c in "/\\")],
+                         ids=lambda x: repr(x[:12]))
+def test_a_hostile_backbone_name_is_refused_by_evaluate(ds, tmp_path, capsys, label):
+    """`evaluate -m 'a$^$b=pixels'` was accepted, and its rows then broke `report`, `plot` and `site`.
+    (A NAME with / or \\ makes the whole argument a spec, a path: see the api test below.)"""
+    line = refused(["evaluate", "-m", f"{label}=pixels", "--dataset", ds, "--results", tmp_path / "r"], capsys,
+                   tmp_path)
+    assert "model: the NAME of NAME=SPEC" in line and "1 to 64 characters: letters, digits, space" in line, line
+
+
+def test_a_name_inside_the_rule_is_accepted():
+    from evaluators.plan import named_spec
+
+    assert named_spec("DINOv2 small (v1.2)+reg_4-x=pixels").name == "DINOv2 small (v1.2)+reg_4-x"
+    assert named_spec("L" * 64 + "=pixels").name == "L" * 64
+    assert named_spec("./runs/lr=0.1").spec == "./runs/lr=0.1"  # a path holding `=` stays a spec
+
+
+@pytest.mark.parametrize("label", HOSTILE_LABELS, ids=lambda x: repr(x[:12]))
+def test_a_hostile_display_name_is_refused_by_the_api(tmp_path, label):
+    from bench.api import EvaluationPlan
+    from bench.core.errors import BenchError
+
+    with pytest.raises(BenchError) as e:
+        EvaluationPlan({label: "pixels"}, tmp_path)
+    assert "model: a display name" in str(e.value) and "\n" not in str(e.value)
+
+
+def _study(name: str = "s", dataset: str = "d", backbone: str = "b") -> str:
+    """A study's text with the three labels it names (TOML basic strings: JSON's escapes)."""
+    return (f"name = {json.dumps(name)}\n[datasets.{json.dumps(dataset)}]\ngenerator = 'colorshape'\n"
+            f"[[evaluate]]\nbackbones = {{ {json.dumps(backbone)} = 'pixels' }}\n")
+
+
+@pytest.mark.parametrize("label", HOSTILE_LABELS, ids=lambda x: repr(x[:12]))
+@pytest.mark.parametrize("where, key", [("name", "name: the study's name"),
+                                        ("dataset", "datasets: a dataset name"),
+                                        ("backbone", "evaluate[1].backbones.")])
+def test_a_hostile_study_label_is_refused_naming_the_rule(tmp_path, capsys, monkeypatch, label, where, key):
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "study.toml"
+    study.write_text(_study(**{where: label}))
+    line = refused(["run", study, "--out", tmp_path / "out", "--dry-run"], capsys, tmp_path)
+    assert f"{study}: {key}" in line and "1 to 64 characters: letters, digits, space" in line, line
+    study.write_text(_study(**{where: "Ok name (v2)+x_1.0-b"}))  # the same study under a label inside the rule
+    ok(["run", study, "--out", tmp_path / "out", "--dry-run"], capsys)
