@@ -30,6 +30,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bench.core.dataset import CARD_NAME, replacing  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
+from bench.core.labels import drawn_as_written  # noqa: E402
 from leaderboards.board import Leaderboard, build_leaderboard  # noqa: E402
 from leaderboards.render import column_name  # noqa: E402
 
@@ -127,6 +128,7 @@ def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Lead
 PANELS_PER_ROW = 3
 
 
+@drawn_as_written
 def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, formats: Sequence[str] = FORMATS,
                  **selection: Any) -> list[Path]:
     """Metric vs normalised depth per backbone, one panel per probe x tokens column (PNG and SVG,
@@ -188,6 +190,7 @@ def _mark_failed(ax: plt.Axes, points: list[tuple], scale: float) -> None:
                    label=None if label in ax.get_legend_handles_labels()[1] else label)
 
 
+@drawn_as_written
 def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
     """Grouped bars: backbones along x, one bar per probe x tokens column, 95% whiskers."""
     if not board.rows or not board.columns:
@@ -258,6 +261,7 @@ def sweep_series(rows: Sequence[dict[str, Any]], x_values: dict[str, float],
     return board, {k: sorted(v) for k, v in series.items()}
 
 
+@drawn_as_written
 def sweep_curve(rows: Sequence[dict[str, Any]], x_values: dict[str, float], axis: str,
                 out: str | os.PathLike, **selection: Any) -> list[Path]:
     """Metric vs a dataset-level quantity; each dataset of the sweep is one point."""

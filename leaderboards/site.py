@@ -24,6 +24,7 @@ site writes is recorded in a manifest; a rebuild removes only files the last bui
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -96,10 +97,19 @@ def build_site(results_dirs: Sequence[str | os.PathLike], out: str | os.PathLike
     return written
 
 
+#: The longest slug kept whole; a longer one is cut and ends in a hash of the whole name.
+MAX_SLUG = 48
+
+
 def slug(name: str) -> str:
-    """A file-name-safe form of a backbone or dataset name (`facebook/dinov2-small` ->
-    `facebook-dinov2-small`)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "x"
+    """A file-name-safe, short form of a backbone or dataset name (`facebook/dinov2-small` ->
+    `facebook-dinov2-small`). A long name (a spec's path; an older results folder can hold any
+    label) keeps its first 40 characters and ends in 8 hex digits of its SHA-256, so its page
+    name stays short, stable from build to build and apart from other names."""
+    short = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "x"
+    if len(short) <= MAX_SLUG:
+        return short
+    return f"{short[:40].rstrip('-.')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def _unique(names: Iterable[str], prefix: str) -> dict[str, str]:

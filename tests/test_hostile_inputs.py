@@ -996,3 +996,72 @@ def test_a_hostile_study_label_is_refused_naming_the_rule(tmp_path, capsys, monk
     assert f"{study}: {key}" in line and "1 to 64 characters: letters, digits, space" in line, line
     study.write_text(_study(**{where: "Ok name (v2)+x_1.0-b"}))  # the same study under a label inside the rule
     ok(["run", study, "--out", tmp_path / "out", "--dry-run"], capsys)
+
+
+@pytest.fixture(scope="module")
+def hostile_results(tmp_path_factory) -> Path:
+    """A results folder written before labels were checked: backbones and a dataset named with
+    TeX, a 250-character name, path separators and a newline, two layers each."""
+    import numpy as np
+
+    from bench.core.results import write_run
+    from test_leaderboard import per_scene_rows
+
+    rng = np.random.default_rng(0)
+    base = rng.uniform(2.0, 9.0, 60)
+    rows = []
+    for name in ["a$^$b", "L" * 250, "a/b\\c", "x\ny", "ok"]:
+        for layer in (1, 2):
+            row = per_scene_rows(name, base + rng.normal(0, 0.05, 60), layer=layer, n_layers=2, val_bits=5.0)
+            row.update(dataset="cs $x$", dataset_fingerprint="f" * 64)
+            rows.append(row)
+    results = tmp_path_factory.mktemp("hostile-labels") / "results"
+    write_run(rows, results, "r1")
+    return results
+
+
+def test_old_results_with_hostile_labels_still_render(hostile_results, tmp_path, capsys):
+    """`report` and `plot` ended in matplotlib's ParseSyntaxException on a `$`; `site` in `File
+    name too long` on the 250-character name, with some pages left behind."""
+    ok(["report", hostile_results, "-o", tmp_path / "report.html"], capsys)
+    for kind in ("bars", "layers"):
+        ok(["plot", kind, hostile_results, "-o", tmp_path / kind], capsys)
+        assert (tmp_path / f"{kind}.png").stat().st_size > 0 and (tmp_path / f"{kind}.svg").stat().st_size > 0
+    pages = []
+    for build in ("site", "again"):
+        ok(["site", hostile_results, "-o", tmp_path / build], capsys)
+        pages.append(sorted(p.name for p in (tmp_path / build).iterdir()))
+    backbone_pages = [p for p in pages[0] if p.startswith("backbone-")]
+    assert len(backbone_pages) == 5 and pages[0] == pages[1]  # every backbone its page, named alike each build
+    assert max(map(len, pages[0])) <= 120, max(pages[0], key=len)
+    long_page = next(p for p in backbone_pages if p.startswith("backbone-LLLL"))
+    assert "L" * 250 in html_text(tmp_path / "site" / long_page)
+
+
+def html_text(path: Path) -> str:
+    import html
+
+    return html.unescape(path.read_text())
+
+
+def test_matplotlib_draws_a_dollar_as_written():
+    """Mathtext off only while a figure is drawn: the label's text is its name, and the caller's
+    own settings are as they were."""
+    import matplotlib
+
+    from leaderboards.board import build_leaderboard
+    from leaderboards import plots
+    from test_leaderboard import result_row
+
+    drawn = []
+    board = build_leaderboard([result_row("a$^$b", "linear", 0.5)])
+
+    def keep(fig, out, *formats):
+        fig.canvas.draw()  # lays the ticks out, as saving does
+        drawn.extend(t.get_text() for t in fig.axes[0].get_xticklabels())
+        return []
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(plots, "save_figure", keep)
+        plots.probe_bars(board, "unused")
+    assert drawn == ["a$^$b"] and matplotlib.rcParams["text.parse_math"] is True

@@ -12,9 +12,13 @@ where they are read: figures draw them as plain text and a site names their page
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import Any, Callable, TypeVar
 
 from bench.core.errors import BenchError
+
+Draw = TypeVar("Draw", bound=Callable[..., Any])
 
 MAX_LABEL = 64
 RULE = (f"1 to {MAX_LABEL} characters: letters, digits, space and . _ + - ( ), the first a letter or digit, "
@@ -36,3 +40,18 @@ def check_label(value: object, what: str) -> str:
     raise BenchError(f"{what}: {shown} is not a valid name; a name is {RULE}")
 
 
+
+def drawn_as_written(draw: Draw) -> Draw:
+    """`draw` (a function that makes and saves a matplotlib figure) with mathtext off throughout,
+    so a label holding `$` (an older results folder, a spec's path) is drawn as written rather
+    than parsed as TeX, which ended in a ParseSyntaxException traceback. Off for the whole call:
+    matplotlib lays tick labels and legends out when the figure is saved, not when they are set."""
+
+    @functools.wraps(draw)
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return plain  # type: ignore[return-value]
