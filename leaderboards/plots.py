@@ -31,6 +31,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from bench.core.dataset import CARD_NAME, replacing  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
 from bench.core.labels import drawn_as_written  # noqa: E402
+from bench.core.paths import output_path  # noqa: E402
 from leaderboards.board import Leaderboard, build_leaderboard  # noqa: E402
 from leaderboards.render import column_name  # noqa: E402
 
@@ -58,14 +59,19 @@ def _mark(board: Leaderboard, label: str, dataset: str | None = None) -> str:
     return EMPIRICAL_MARK if priors == {"empirical"} else UNANCHORED_MARK
 
 
-def save_figure(fig: plt.Figure, out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write `out` as .png and .svg, or the `formats` given (a given .png/.svg suffix is replaced);
-    close the figure."""
-    stem = Path(out)
+def figure_paths(out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """The files a figure drawn to `out` is saved as: `out` as .png and .svg, or the `formats`
+    given (a given .png/.svg suffix is replaced); an empty `out` is refused."""
+    stem = output_path(out, "out")
     if stem.suffix.lower() in tuple(f".{f}" for f in FORMATS):
         stem = stem.with_suffix("")
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_name(f"{stem.name}.{f}") for f in formats]
+    return [stem.with_name(f"{stem.name}.{f}") for f in formats]
+
+
+def save_figure(fig: plt.Figure, out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Write the figure as `figure_paths(out, formats)`; close it."""
+    paths = figure_paths(out, formats)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
     try:
         for p in paths:
             with replacing(p) as tmp:  # a full disk leaves the old figure, not half a new one
@@ -191,8 +197,9 @@ def _mark_failed(ax: plt.Axes, points: list[tuple], scale: float) -> None:
 
 
 @drawn_as_written
-def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
-    """Grouped bars: backbones along x, one bar per probe x tokens column, 95% whiskers."""
+def probe_bars(board: Leaderboard, out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Grouped bars: backbones along x, one bar per probe x tokens column, 95% whiskers (PNG and
+    SVG, or the `formats` given)."""
     if not board.rows or not board.columns:
         raise BenchError("plot: no results to draw for this selection")
     scale = _scale(board)
@@ -226,7 +233,7 @@ def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
     ax.set_title(f"{board.metric.label} by probe family — {', '.join(board.datasets)}")
-    return save_figure(fig, out)
+    return save_figure(fig, out, formats)
 
 
 def sweep_values(datasets: Iterable[str], root: str | os.PathLike, axis: str) -> dict[str, float]:

@@ -1065,3 +1065,73 @@ def test_matplotlib_draws_a_dollar_as_written():
         m.setattr(plots, "save_figure", keep)
         plots.probe_bars(board, "unused")
     assert drawn == ["a$^$b"] and matplotlib.rcParams["text.parse_math"] is True
+
+
+EMPTY_OUT = [["report", "RES", "-o", ""], ["leaderboard", "RES", "--reference", "--out", ""],
+             ["plot", "layers", "RES", "-o", ""], ["plot", "bars", "RES", "--out", ""], ["site", "RES", "-o", ""],
+             ["run", "demo", "--dry-run", "--out", ""], ["run", "demo", "--dry-run", "--out", " "]]
+
+
+@pytest.mark.parametrize("args", EMPTY_OUT, ids=lambda a: " ".join(a[:2]))
+def test_an_empty_output_path_is_refused_in_one_line(hostile_results, tmp_path, capsys, monkeypatch, args):
+    """`Path("")` is the working directory: report, leaderboard and plot ended in `PosixPath('.')
+    has an empty name` (a traceback); run and site wrote into the working directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    line = refused([hostile_results if a == "RES" else a for a in args], capsys, tmp_path)
+    assert "out: empty; name the file or folder to write" in line, line
+
+
+def test_a_site_goes_only_into_a_new_or_empty_folder_or_its_own(hostile_results, tmp_path, capsys, monkeypatch):
+    """`bench site -o DIR` overwrote a user's `index.html` and `compare.html` in a folder it did not
+    make; also through a link to that folder, beside a damaged manifest, and in `.`."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("index.html", "compare.html", "notes.txt"):
+        (mine / name).write_text(f"my {name}")
+    (tmp_path / "link").symlink_to(mine)
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / ".index.html.files.json").write_text("{not json")
+    (damaged / "index.html").write_text("my page")
+    listed_elsewhere = tmp_path / "linked-page"  # a site folder whose page is a link to a user's file
+    listed_elsewhere.mkdir()
+    (listed_elsewhere / ".index.html.files.json").write_text(json.dumps({"files": ["index.html"]}))
+    (listed_elsewhere / "index.html").symlink_to(mine / "index.html")
+    for out, why in ((mine, "is not empty and holds no site bench wrote"),
+                     (tmp_path / "link", "is not empty and holds no site bench wrote"),
+                     (damaged, "is damaged"), (listed_elsewhere, "holds files the site did not write")):
+        assert why in refused(["site", hostile_results, "-o", out], capsys, tmp_path)
+    monkeypatch.chdir(mine)
+    assert "out: . is not empty" in refused(["site", hostile_results, "-o", "."], capsys, tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    ok(["site", hostile_results, "-o", "."], capsys)  # an empty folder, then the site's own
+    ok(["site", hostile_results, "-o", "."], capsys)
+    (empty / "notes.txt").write_text("added by the user")
+    assert "holds files the site did not write (e.g. 'notes.txt')" in refused(
+        ["site", hostile_results, "-o", "."], capsys, tmp_path)
+
+
+def test_file_outputs_never_overwrite_a_file_they_did_not_write(hostile_results, tmp_path, capsys):
+    """`report -o`, `leaderboard --out` and `plot -o` overwrite only what they wrote (their
+    `.NAME.files.json` lists it): a user's file in the way is refused before anything is read,
+    a report's figure name included; their own output is written again."""
+    for name in ("page.html", "board.md", "fig.png", "report_binding_bars.png"):
+        (tmp_path / name).write_text(f"my {name}")
+    (tmp_path / "dir.html").mkdir()
+    for args, name in ((["report", hostile_results, "-o", tmp_path / "page.html"], "page.html"),
+                       (["leaderboard", hostile_results, "--out", tmp_path / "board.md"], "board.md"),
+                       (["plot", "bars", hostile_results, "-o", tmp_path / "fig"], "fig.png"),
+                       (["report", hostile_results, "-o", tmp_path / "report.html"], "report_binding_bars.png")):
+        line = refused(args, capsys, tmp_path)
+        assert f"{tmp_path / name} exists and bench did not write it" in line, line
+    assert "is a directory" in refused(["report", hostile_results, "-o", tmp_path / "dir.html"], capsys, tmp_path)
+    mine = {name: (tmp_path / name).read_bytes() for name in ("page.html", "board.md", "fig.png")}
+    for args in (["report", hostile_results, "-o", tmp_path / "out" / "report.html"],
+                 ["leaderboard", hostile_results, "--out", tmp_path / "out" / "board.md"],
+                 ["plot", "bars", hostile_results, "-o", tmp_path / "out" / "fig"]):
+        ok(args, capsys)
+        ok(args, capsys)  # its own files: written again
+    assert {name: (tmp_path / name).read_bytes() for name in mine} == mine
