@@ -272,7 +272,8 @@ def site(results: PathLike | Sequence[PathLike], out: PathLike, *, datasets: Seq
          analyses: Sequence[PathLike] = (), include_limited: bool = False, figures: bool = True,
          say: Any = None) -> list[Path]:
     """Build the static leaderboard site of one or more results folders into `out` (as `bench site`
-    does) and return the files written, `index.html` first. `datasets`: folders holding the
+    does: a new or empty folder, or one a site was built in; anything else is refused) and return
+    the files written, `index.html` first. `datasets`: folders holding the
     datasets the results were measured on (each a dataset, or a folder of them), so each dataset's
     page shows its generator's settings and a preview sheet; `analyses`: `bench toys-analysis`
     outputs; `say(line)` hears what was set aside and what was written."""

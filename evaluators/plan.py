@@ -21,6 +21,7 @@ from typing import Mapping, Sequence, Union
 import torch
 
 from bench.core.errors import BenchError
+from bench.core.labels import check_label
 from evaluators.backbones import resolve_backbone
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.module_adapter import ModuleAdapter
@@ -64,10 +65,13 @@ ModelInput = Union[str, Backbone, ModuleAdapter, Model]
 def named_spec(model: str) -> Model:
     """The model of a spec argument: `NAME=SPEC` names a spec for tables (the `backbone`
     column; the spec keeps its own column), so a long path or a zoo card reads as `mine`.
-    A NAME holds no `/`, `:` or `=`, so a path or hub id that contains `=` stays a spec."""
+    What comes before the first `=` is a NAME unless it holds `/`, `:` or `\\` (then the whole
+    argument is a spec: a path or hub id that contains `=`); a NAME is a label
+    (`bench.core.labels`), refused in one line otherwise."""
     name, sep, spec = model.partition("=")
-    if not sep or any(c in name for c in "/:\\") or not name:
+    if not sep or any(c in name for c in "/:\\"):
         return Model(model, model)
+    check_label(name, "model: the NAME of NAME=SPEC")
     if not spec:
         raise BenchError(f"model: {model!r} names no spec; use NAME=SPEC, e.g. mine=oracle:objects")
     return Model(name, spec)
@@ -84,9 +88,9 @@ def model_of(item: ModelInput, name: str | None = None) -> Model:
     the state dict of the object (if it is a `torch.nn.Module`) or of its `model` attribute,
     so editing the weights measures the model again."""
     if isinstance(item, Model):
-        return item if name is None else replace(item, name=_checked_name(name))
+        return item if name is None else replace(item, name=check_label(name, "model: a display name"))
     if isinstance(item, str):
-        return named_spec(item) if name is None else Model(_checked_name(name), item)
+        return named_spec(item) if name is None else Model(check_label(name, "model: a display name"), item)
     if isinstance(item, ModuleAdapter):  # a plain module: its adapter says where its blocks and tokens are
         item = item.backbone(f"module:{type(item.module).__name__}")
     if not isinstance(item, Backbone):
@@ -97,7 +101,7 @@ def model_of(item: ModelInput, name: str | None = None) -> Model:
     if not info.revision:
         item = _fingerprinted(item, info)
     shown = name if name is not None else getattr(item, "display_name", None)
-    return Model(info.spec if shown is None else _checked_name(shown), info.spec, item)
+    return Model(info.spec if shown is None else check_label(shown, "model: a display name"), info.spec, item)
 
 
 def _fingerprinted(backbone: Backbone, info: BackboneInfo) -> Backbone:
@@ -109,12 +113,6 @@ def _fingerprinted(backbone: Backbone, info: BackboneInfo) -> Backbone:
     out = copy.copy(backbone)  # the caller's object keeps its own info
     out.info = replace(info, revision=f"sha256:{state_dict_hash(module)[:12]}")
     return out
-
-
-def _checked_name(name: object) -> str:
-    if not isinstance(name, str) or not name or any(c in name for c in "/:\\="):
-        raise BenchError(f"model: a display name is a non-empty string without / : \\ or =, got {name!r}")
-    return name
 
 
 def models_of(models: ModelInput | Sequence[ModelInput] | Mapping[str, str | Backbone | ModuleAdapter]

@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 from bench.core.dataset import Dataset, decode_image  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
 from bench.core.hashing import derive_seed  # noqa: E402
+from bench.core.labels import drawn_as_written  # noqa: E402
 from evaluators.issameobject import (  # noqa: E402
     PairConfig,
     Pairs,
@@ -283,6 +284,7 @@ def table_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
     return [{c: r.get(c) for c in TABLE_COLUMNS} for r in analysis["stats"] if r["n"]]
 
 
+@drawn_as_written
 def plot_toy_analysis(analysis: dict[str, Any], out: str | os.PathLike) -> Path:
     """One panel per category with pairs: median score vs layer, 25-75 and 5-95 % bands, mean dashed."""
     cats = [c for c in analysis["categories"] if any(r["category"] == c and r["n"] for r in analysis["stats"])]

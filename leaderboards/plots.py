@@ -30,6 +30,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bench.core.dataset import CARD_NAME, replacing  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
+from bench.core.labels import drawn_as_written  # noqa: E402
+from bench.core.paths import output_path  # noqa: E402
 from leaderboards.board import Leaderboard, build_leaderboard  # noqa: E402
 from leaderboards.render import column_name  # noqa: E402
 
@@ -65,14 +67,19 @@ def _mark(board: Leaderboard, label: str, dataset: str | None = None) -> str:
     return EMPIRICAL_MARK if priors == {"empirical"} else UNANCHORED_MARK
 
 
-def save_figure(fig: plt.Figure, out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write `out` as .png and .svg, or the `formats` given (a given .png/.svg suffix is replaced);
-    close the figure."""
-    stem = Path(out)
+def figure_paths(out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """The files a figure drawn to `out` is saved as: `out` as .png and .svg, or the `formats`
+    given (a given .png/.svg suffix is replaced); an empty `out` is refused."""
+    stem = output_path(out, "out")
     if stem.suffix.lower() in tuple(f".{f}" for f in FORMATS):
         stem = stem.with_suffix("")
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_name(f"{stem.name}.{f}") for f in formats]
+    return [stem.with_name(f"{stem.name}.{f}") for f in formats]
+
+
+def save_figure(fig: plt.Figure, out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Write the figure as `figure_paths(out, formats)`; close it."""
+    paths = figure_paths(out, formats)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
     try:
         for p in paths:
             with replacing(p) as tmp:  # a full disk leaves the old figure, not half a new one
@@ -135,6 +142,7 @@ def layer_series(rows: Sequence[dict[str, Any]], **selection: Any) -> tuple[Lead
 PANELS_PER_ROW = 3
 
 
+@drawn_as_written
 def layer_curves(rows: Sequence[dict[str, Any]], out: str | os.PathLike, formats: Sequence[str] = FORMATS,
                  **selection: Any) -> list[Path]:
     """Metric vs normalised depth per backbone, one panel per probe x tokens column (PNG and SVG,
@@ -196,8 +204,10 @@ def _mark_failed(ax: plt.Axes, points: list[tuple], scale: float) -> None:
                    label=None if label in ax.get_legend_handles_labels()[1] else label)
 
 
-def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
-    """Grouped bars: backbones along x, one bar per probe x tokens column, 95% whiskers."""
+@drawn_as_written
+def probe_bars(board: Leaderboard, out: str | os.PathLike, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Grouped bars: backbones along x, one bar per probe x tokens column, 95% whiskers (PNG and
+    SVG, or the `formats` given)."""
     if not board.rows or not board.columns:
         raise NothingToDraw()
     scale = _scale(board)
@@ -231,7 +241,7 @@ def probe_bars(board: Leaderboard, out: str | os.PathLike) -> list[Path]:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
     ax.set_title(f"{board.metric.label} by probe family — {', '.join(board.datasets)}")
-    return save_figure(fig, out)
+    return save_figure(fig, out, formats)
 
 
 def sweep_values(datasets: Iterable[str], root: str | os.PathLike, axis: str) -> dict[str, float]:
@@ -266,6 +276,7 @@ def sweep_series(rows: Sequence[dict[str, Any]], x_values: dict[str, float],
     return board, {k: sorted(v) for k, v in series.items()}
 
 
+@drawn_as_written
 def sweep_curve(rows: Sequence[dict[str, Any]], x_values: dict[str, float], axis: str,
                 out: str | os.PathLike, **selection: Any) -> list[Path]:
     """Metric vs a dataset-level quantity; each dataset of the sweep is one point."""

@@ -43,9 +43,10 @@ from typing import Any, Callable, Sequence
 
 from bench.core.dataset import replacing, write_text_atomic
 from bench.core.errors import BenchError
-from bench.core.outdir import remove_stale_outputs
+from bench.core.outdir import WrittenFiles
+from bench.core.paths import output_path
 from leaderboards import html
-from leaderboards.board import Leaderboard, build_leaderboard
+from leaderboards.board import build_leaderboard
 from leaderboards.plots import MAX_PNG_WIDTH, layer_curves, probe_bars
 from leaderboards.store import load_selected
 
@@ -75,8 +76,9 @@ def build_report(
     sections are empty and why (the page says the same)."""
     if metric not in METRIC_KEYS[:3]:
         raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(METRIC_KEYS[:3])}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = output_path(out, "out")
+    files = WrittenFiles(out, "out")
+    files.check([out])  # a page of the user's is refused before anything is read or drawn
     selected = (load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
                 if results_dir is not None else None)
     all_rows = selected.rows if selected else []
@@ -85,6 +87,14 @@ def build_report(
     loaded = [read_analysis(Path(a)) for a in analyses]
     if not all_rows and not loaded:
         raise BenchError("report: nothing to show (no results and no --analysis directory)")
+    groups = {group: present for group, probes in PROBE_GROUPS.items()
+              if (present := [p for p in probes if any(r["probe"] == p for r in rows)])}
+    drawn = {"binding_layers": any(r["n_layers"] for r in binding), "binding_bars": bool(binding),
+             **{f"{CURVES_STEM}_{group}": True for group in groups}, **{f"toys_{k}": True for k in range(len(loaded))}}
+    # every figure this report draws, by what it shows: claimed (refused where a file of the
+    # user's holds the name) before any is drawn
+    figures = {key: out.with_name(f"{out.stem}_{key}.png") for key, shown in drawn.items() if shown}
+    files.claim([out, *figures.values()])
     where = f"in {results_dir}" if results_dir is not None else "(no results directory given)"
     empty = {
         "Binding": None if binding else f"no binding rows {where}: run `bench evaluate --task binding`",
@@ -97,33 +107,28 @@ def build_report(
     for n in [*notes, *(["not shown: " + "; ".join(folded)] if folded else [])]:
         if say is not None:
             say(n)
-    figures: list[Path] = []
     context: dict[str, Any] = {"page_title": "BindingBench report", "nav": [], "notes": notes,
                                "folded": "; ".join(folded), "binding": None, "issameobject": None,
                                "analyses": [], "provenance": None, "boards_script": bool(binding)}
     if binding:
         board = build_leaderboard(binding, task="binding")
-        pngs = _binding_figures(binding, board, out)
-        figures += pngs
+        if "binding_layers" in figures:  # β* by depth, when some backbone has layers to compare
+            layer_curves(binding, figures["binding_layers"], formats=("png",), task="binding")
+        probe_bars(board, figures["binding_bars"], formats=("png",))
         context.update(binding=html.board_view(board, anchor="binding"),
-                       binding_figures=[html.data_uri(p) for p in pngs])
+                       binding_figures=[html.data_uri(p) for k, p in figures.items() if k.startswith("binding_")])
     if rows:
-        pngs = []
-        for group, probes in PROBE_GROUPS.items():
-            present = [p for p in probes if any(r["probe"] == p for r in rows)]
-            if present:
-                stem = out.with_name(f"{out.stem}_{CURVES_STEM}_{group}")
-                pngs.append(layer_curves(rows, stem, task="issameobject", metric=metric, probes=present)[0])
-        figures += pngs
+        pngs = [figures[f"{CURVES_STEM}_{group}"] for group in groups]
+        for group, png in zip(groups, pngs):
+            layer_curves(rows, png, formats=("png",), task="issameobject", metric=metric, probes=groups[group])
         lines = html.issameobject_view(build_leaderboard(rows, task="issameobject", metric=metric))
         context.update(issameobject=lines, issameobject_metric=metric,
                        issameobject_figures=[html.data_uri(p) for p in pngs],
                        issameobject_any_test=any(x["on_test"] for x in lines),
                        issameobject_errors=sum(r["status"] != "ok" for r in rows))
     for k, (analysis, fig) in enumerate(loaded):
-        copy = out.with_name(f"{out.stem}_toys_{k}.png")
+        copy = figures[f"toys_{k}"]
         fit_png(fig, copy)
-        figures.append(copy)
         context["analyses"].append(html.analysis_view(analysis, k, html.data_uri(copy)))
     if loaded:
         context["heatmap_data"] = html.script_json({"analyses": [html.heatmap_data(a) for a, _ in loaded],
@@ -131,20 +136,11 @@ def build_report(
     if all_rows:
         context["provenance"] = html.provenance(all_rows)
     write_text_atomic(html.render("report.html", **context), out)
-    stale = remove_stale_outputs(out, [out, *figures], prefix=f"{out.stem}_")
+    stale = files.finish([out, *figures.values()], prefix=f"{out.stem}_")
     if stale and say is not None:
         say(f"removed {len(stale)} figure(s) the last report drew and this one does not: "
             + ", ".join(p.name for p in stale))
-    return [out, *figures]
-
-
-def _binding_figures(rows: list[dict[str, Any]], board: Leaderboard, out: Path) -> list[Path]:
-    """β* by depth (when some backbone has layers to compare) and by probe family."""
-    pngs = []
-    if any(r["n_layers"] for r in rows):
-        pngs.append(layer_curves(rows, out.with_name(f"{out.stem}_binding_layers"), task="binding")[0])
-    pngs.append(probe_bars(board, out.with_name(f"{out.stem}_binding_bars"))[0])
-    return pngs
+    return [out, *figures.values()]
 
 
 def fit_png(src: Path, dst: Path) -> None:

@@ -19,12 +19,15 @@ few lines of script are inside each page, figures are files beside them):
   command; `toys.html` when toy analyses are given (`-a`, as the report takes them).
 
 Rows come from `leaderboards.store.load_folders`: the newest row per key across the folders, a
-dataset measured on two fingerprints as two datasets, `--limit` runs kept apart. Every file the
-site writes is recorded in a manifest; a rebuild removes only files the last build recorded.
+dataset measured on two fingerprints as two datasets, `--limit` runs kept apart. The site's folder
+is new, empty, or one a site was built in: every file the site writes is listed in its manifest
+(`.index.html.files.json`) before it is written, a folder holding anything else (a user's page, a
+link, a damaged manifest) is refused, and a rebuild removes only files the last build listed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -36,11 +39,12 @@ from typing import Any, Callable, Iterable, Sequence
 from bench.core.dataset import write_text_atomic
 from bench.core.errors import BenchError
 from bench.core.numbers import plus_minus
-from bench.core.outdir import remove_stale_outputs
+from bench.core.outdir import WrittenFiles
+from bench.core.paths import output_path
 from leaderboards import html
 from leaderboards.board import Leaderboard, build_leaderboard, paired_cells, verdict
 from leaderboards.metrics import DEFAULT_METRIC, TASKS, resolve_metric
-from leaderboards.plots import NothingToDraw, layer_curves
+from leaderboards.plots import NothingToDraw, figure_paths, layer_curves
 from leaderboards.render import column_name, scale_digits
 from leaderboards.report import fit_png, read_analysis
 from leaderboards.store import load_folders
@@ -76,9 +80,9 @@ def build_site(results_dirs: Sequence[str | os.PathLike], out: str | os.PathLike
     for d in results_dirs:
         if not Path(d).is_dir():
             raise BenchError(f"results: {d} is not a directory")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BenchError(f"out: {out} exists and is not a directory")
+    out = output_path(out, "out")
+    files = WrittenFiles(out / INDEX, "out")
+    files.check_folder("site")  # new, empty, or a site's own (its manifest lists everything in it)
     selected = load_folders(results_dirs, include_limited=include_limited)
     rows = selected.rows
     loaded = [read_analysis(Path(a)) for a in analyses]
@@ -87,22 +91,30 @@ def build_site(results_dirs: Sequence[str | os.PathLike], out: str | os.PathLike
         raise BenchError(f"site: no result rows in {', '.join(map(str, results_dirs))}{aside}")
     if selected.note and say is not None:
         say(selected.note)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    site = _Site(out, rows, datasets, loaded, figures, notes=[selected.note] if selected.note else [],
+    site = _Site(files, rows, datasets, loaded, figures, notes=[selected.note] if selected.note else [],
                  sources=[str(d) for d in results_dirs])
     written = site.build()
-    stale = remove_stale_outputs(out / INDEX, written, prefix="")
+    stale = files.finish(written, prefix="")
     if say is not None:
         say(f"wrote {len(written)} files to {out} in {time.perf_counter() - t0:.1f} s"
             + (f"; removed {len(stale)} the last build wrote and this one does not" if stale else ""))
     return written
 
 
+#: The longest slug kept whole; a longer one is cut and ends in a hash of the whole name.
+MAX_SLUG = 48
+
+
 def slug(name: str) -> str:
-    """A file-name-safe form of a backbone or dataset name (`facebook/dinov2-small` ->
-    `facebook-dinov2-small`)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "x"
+    """A file-name-safe, short form of a backbone or dataset name (`facebook/dinov2-small` ->
+    `facebook-dinov2-small`). A long name (a spec's path; an older results folder can hold any
+    label) keeps its first 40 characters and ends in 8 hex digits of its SHA-256, so its page
+    name stays short, stable from build to build and apart from other names."""
+    short = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "x"
+    if len(short) <= MAX_SLUG:
+        return short
+    return f"{short[:40].rstrip('-.')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def _unique(names: Iterable[str], prefix: str) -> dict[str, str]:
@@ -120,10 +132,11 @@ def _unique(names: Iterable[str], prefix: str) -> dict[str, str]:
 
 
 class _Site:
-    def __init__(self, out: Path, rows: list[dict[str, Any]], folders: Sequence[DatasetFolder],
+    def __init__(self, files: WrittenFiles, rows: list[dict[str, Any]], folders: Sequence[DatasetFolder],
                  analyses: list[tuple[dict[str, Any], Path]], figures: bool, notes: list[str],
                  sources: list[str]) -> None:
-        self.out, self.rows, self.folders, self.analyses = out, rows, folders, analyses
+        self.files, self.out = files, files.folder
+        self.rows, self.folders, self.analyses = rows, folders, analyses
         self.figures, self.notes, self.sources = figures, notes, sources
         self.written: list[Path] = []
         self.by_key: dict[tuple[str, str], list[dict]] = {}
@@ -156,6 +169,7 @@ class _Site:
     def _page(self, filename: str, template: str, **context: Any) -> None:
         context.setdefault("boards_script", False)
         path = self.out / filename
+        self.files.claim([path])
         write_text_atomic(html.render(template, nav=self.nav, **context), path)
         self.written.append(path)
 
@@ -225,6 +239,7 @@ class _Site:
                               "dataset_page": self.dataset_pages[ds], "anchor": f"{slug(ds)}--{task}--{m.name}"})
             if self.figures and len(layers) > 1:
                 stem = self.out / f"fig-{self.backbone_pages[name][:-5]}-{slug(ds)}-{task}"
+                self.files.claim(figure_paths(stem, ("png",)))
                 try:
                     paths = layer_curves(mine, stem, formats=("png",), task=task, metric=m.name)
                 except NothingToDraw:  # every value NaN or unfinished: a line in the figure's place
@@ -252,6 +267,7 @@ class _Site:
         preview = None
         if folder is not None and folder.preview is not None:
             path = self.out / f"fig-{self.dataset_pages[name][:-5]}-preview.png"
+            self.files.claim([path])
             folder.preview(path)
             self.written.append(path)
             preview = path.name
@@ -312,6 +328,7 @@ class _Site:
         views = []
         for k, (analysis, fig) in enumerate(self.analyses):
             path = self.out / f"fig-toys-{k}.png"
+            self.files.claim([path])
             fit_png(fig, path)
             self.written.append(path)
             views.append(html.analysis_view(analysis, k, path.name))

@@ -109,7 +109,7 @@ def test_a_plan_fills_the_task_defaults_and_is_frozen(tmp_path):
     (dict(gpus_per_task=1.0), "executor: --address and --gpus-per-task need --executor ray"),
     (dict(models=["a=pixels", "a=oracle:objects"]), "model: two models are named a (pixels, oracle:objects)"),
     (dict(models=["mine="]), "model: 'mine=' names no spec"),
-    (dict(models={"a/b": "pixels"}), "model: a display name is a non-empty string without"),
+    (dict(models={"a/b": "pixels"}), "model: a display name: 'a/b' is not a valid name; a name is 1 to 64 characters"),
     (dict(models=[3]), "model: expected a spec string, a Backbone or a ModuleAdapter, got int"),
     (dict(models=[PixelsBackbone("pixels", 16)], executor="ray"), "executor: Ray workers build each backbone"),
     (dict(image_size=0), "image_size: a positive number of pixels, got 0"),

@@ -1047,3 +1047,197 @@ def test_a_layer_holding_nan_or_inf_is_its_own_error_rows(ds, tmp_path, capsys, 
     reading = [r for r in both[2] if r[0] != "majority"]  # majority reads no activations: its row stands
     assert reading and all(r[status] == "error" and "NaN or inf" in r[status + 1] for r in reading), both[2]
     assert all(r[status] == "ok" for r in both[2] if r[0] == "majority")
+
+
+# -- 10. hostile labels and output paths (issue 56) -------------------------------------------
+
+#: Labels no user may choose: TeX for matplotlib, too long for a file name, path separators,
+#: control characters, a newline, empty, a hidden or parent folder's name.
+HOSTILE_LABELS = ["a$^$b", "L" * 65, "L" * 250, "a/b", "a\\b", "a\nb", "a\x07b", "", "..", ".hidden", "a "]
+
+
+@pytest.mark.parametrize("label", [x for x in HOSTILE_LABELS if not any(c in x for c in "/\\")],
+                         ids=lambda x: repr(x[:12]))
+def test_a_hostile_backbone_name_is_refused_by_evaluate(ds, tmp_path, capsys, label):
+    """`evaluate -m 'a$^$b=pixels'` was accepted, and its rows then broke `report`, `plot` and `site`.
+    (A NAME with / or \\ makes the whole argument a spec, a path: see the api test below.)"""
+    line = refused(["evaluate", "-m", f"{label}=pixels", "--dataset", ds, "--results", tmp_path / "r"], capsys,
+                   tmp_path)
+    assert "model: the NAME of NAME=SPEC" in line and "1 to 64 characters: letters, digits, space" in line, line
+
+
+def test_a_name_inside_the_rule_is_accepted():
+    from evaluators.plan import named_spec
+
+    assert named_spec("DINOv2 small (v1.2)+reg_4-x=pixels").name == "DINOv2 small (v1.2)+reg_4-x"
+    assert named_spec("L" * 64 + "=pixels").name == "L" * 64
+    assert named_spec("./runs/lr=0.1").spec == "./runs/lr=0.1"  # a path holding `=` stays a spec
+
+
+@pytest.mark.parametrize("label", HOSTILE_LABELS, ids=lambda x: repr(x[:12]))
+def test_a_hostile_display_name_is_refused_by_the_api(tmp_path, label):
+    from bench.api import EvaluationPlan
+    from bench.core.errors import BenchError
+
+    with pytest.raises(BenchError) as e:
+        EvaluationPlan({label: "pixels"}, tmp_path)
+    assert "model: a display name" in str(e.value) and "\n" not in str(e.value)
+
+
+def _study(name: str = "s", dataset: str = "d", backbone: str = "b") -> str:
+    """A study's text with the three labels it names (TOML basic strings: JSON's escapes)."""
+    return (f"name = {json.dumps(name)}\n[datasets.{json.dumps(dataset)}]\ngenerator = 'colorshape'\n"
+            f"[[evaluate]]\nbackbones = {{ {json.dumps(backbone)} = 'pixels' }}\n")
+
+
+@pytest.mark.parametrize("label", HOSTILE_LABELS, ids=lambda x: repr(x[:12]))
+@pytest.mark.parametrize("where, key", [("name", "name: the study's name"),
+                                        ("dataset", "datasets: a dataset name"),
+                                        ("backbone", "evaluate[1].backbones.")])
+def test_a_hostile_study_label_is_refused_naming_the_rule(tmp_path, capsys, monkeypatch, label, where, key):
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "study.toml"
+    study.write_text(_study(**{where: label}))
+    line = refused(["run", study, "--out", tmp_path / "out", "--dry-run"], capsys, tmp_path)
+    assert f"{study}: {key}" in line and "1 to 64 characters: letters, digits, space" in line, line
+    study.write_text(_study(**{where: "Ok name (v2)+x_1.0-b"}))  # the same study under a label inside the rule
+    ok(["run", study, "--out", tmp_path / "out", "--dry-run"], capsys)
+
+
+@pytest.fixture(scope="module")
+def hostile_results(tmp_path_factory) -> Path:
+    """A results folder written before labels were checked: backbones and a dataset named with
+    TeX, a 250-character name, path separators and a newline, two layers each."""
+    import numpy as np
+
+    from bench.core.results import write_run
+    from test_leaderboard import per_scene_rows
+
+    rng = np.random.default_rng(0)
+    base = rng.uniform(2.0, 9.0, 60)
+    rows = []
+    for name in ["a$^$b", "L" * 250, "a/b\\c", "x\ny", "ok"]:
+        for layer in (1, 2):
+            row = per_scene_rows(name, base + rng.normal(0, 0.05, 60), layer=layer, n_layers=2, val_bits=5.0)
+            row.update(dataset="cs $x$", dataset_fingerprint="f" * 64)
+            rows.append(row)
+    results = tmp_path_factory.mktemp("hostile-labels") / "results"
+    write_run(rows, results, "r1")
+    return results
+
+
+def test_old_results_with_hostile_labels_still_render(hostile_results, tmp_path, capsys):
+    """`report` and `plot` ended in matplotlib's ParseSyntaxException on a `$`; `site` in `File
+    name too long` on the 250-character name, with some pages left behind."""
+    ok(["report", hostile_results, "-o", tmp_path / "report.html"], capsys)
+    for kind in ("bars", "layers"):
+        ok(["plot", kind, hostile_results, "-o", tmp_path / kind], capsys)
+        assert (tmp_path / f"{kind}.png").stat().st_size > 0 and (tmp_path / f"{kind}.svg").stat().st_size > 0
+    pages = []
+    for build in ("site", "again"):
+        ok(["site", hostile_results, "-o", tmp_path / build], capsys)
+        pages.append(sorted(p.name for p in (tmp_path / build).iterdir()))
+    backbone_pages = [p for p in pages[0] if p.startswith("backbone-")]
+    assert len(backbone_pages) == 5 and pages[0] == pages[1]  # every backbone its page, named alike each build
+    assert max(map(len, pages[0])) <= 120, max(pages[0], key=len)
+    long_page = next(p for p in backbone_pages if p.startswith("backbone-LLLL"))
+    assert "L" * 250 in html_text(tmp_path / "site" / long_page)
+
+
+def html_text(path: Path) -> str:
+    import html
+
+    return html.unescape(path.read_text())
+
+
+def test_matplotlib_draws_a_dollar_as_written():
+    """Mathtext off only while a figure is drawn: the label's text is its name, and the caller's
+    own settings are as they were."""
+    import matplotlib
+
+    from leaderboards.board import build_leaderboard
+    from leaderboards import plots
+    from test_leaderboard import result_row
+
+    drawn = []
+    board = build_leaderboard([result_row("a$^$b", "linear", 0.5)])
+
+    def keep(fig, out, *formats):
+        fig.canvas.draw()  # lays the ticks out, as saving does
+        drawn.extend(t.get_text() for t in fig.axes[0].get_xticklabels())
+        return []
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(plots, "save_figure", keep)
+        plots.probe_bars(board, "unused")
+    assert drawn == ["a$^$b"] and matplotlib.rcParams["text.parse_math"] is True
+
+
+EMPTY_OUT = [["report", "RES", "-o", ""], ["leaderboard", "RES", "--reference", "--out", ""],
+             ["plot", "layers", "RES", "-o", ""], ["plot", "bars", "RES", "--out", ""], ["site", "RES", "-o", ""],
+             ["run", "demo", "--dry-run", "--out", ""], ["run", "demo", "--dry-run", "--out", " "]]
+
+
+@pytest.mark.parametrize("args", EMPTY_OUT, ids=lambda a: " ".join(a[:2]))
+def test_an_empty_output_path_is_refused_in_one_line(hostile_results, tmp_path, capsys, monkeypatch, args):
+    """`Path("")` is the working directory: report, leaderboard and plot ended in `PosixPath('.')
+    has an empty name` (a traceback); run and site wrote into the working directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    line = refused([hostile_results if a == "RES" else a for a in args], capsys, tmp_path)
+    assert "out: empty; name the file or folder to write" in line, line
+
+
+def test_a_site_goes_only_into_a_new_or_empty_folder_or_its_own(hostile_results, tmp_path, capsys, monkeypatch):
+    """`bench site -o DIR` overwrote a user's `index.html` and `compare.html` in a folder it did not
+    make; also through a link to that folder, beside a damaged manifest, and in `.`."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("index.html", "compare.html", "notes.txt"):
+        (mine / name).write_text(f"my {name}")
+    (tmp_path / "link").symlink_to(mine)
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / ".index.html.files.json").write_text("{not json")
+    (damaged / "index.html").write_text("my page")
+    listed_elsewhere = tmp_path / "linked-page"  # a site folder whose page is a link to a user's file
+    listed_elsewhere.mkdir()
+    (listed_elsewhere / ".index.html.files.json").write_text(json.dumps({"files": ["index.html"]}))
+    (listed_elsewhere / "index.html").symlink_to(mine / "index.html")
+    for out, why in ((mine, "is not empty and holds no site bench wrote"),
+                     (tmp_path / "link", "is not empty and holds no site bench wrote"),
+                     (damaged, "is damaged"), (listed_elsewhere, "holds files the site did not write")):
+        assert why in refused(["site", hostile_results, "-o", out], capsys, tmp_path)
+    monkeypatch.chdir(mine)
+    assert "out: . is not empty" in refused(["site", hostile_results, "-o", "."], capsys, tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    ok(["site", hostile_results, "-o", "."], capsys)  # an empty folder, then the site's own
+    ok(["site", hostile_results, "-o", "."], capsys)
+    (empty / "notes.txt").write_text("added by the user")
+    assert "holds files the site did not write (e.g. 'notes.txt')" in refused(
+        ["site", hostile_results, "-o", "."], capsys, tmp_path)
+
+
+def test_file_outputs_never_overwrite_a_file_they_did_not_write(hostile_results, tmp_path, capsys):
+    """`report -o`, `leaderboard --out` and `plot -o` overwrite only what they wrote (their
+    `.NAME.files.json` lists it): a user's file in the way is refused before anything is read,
+    a report's figure name included; their own output is written again."""
+    for name in ("page.html", "board.md", "fig.png", "report_binding_bars.png"):
+        (tmp_path / name).write_text(f"my {name}")
+    (tmp_path / "dir.html").mkdir()
+    for args, name in ((["report", hostile_results, "-o", tmp_path / "page.html"], "page.html"),
+                       (["leaderboard", hostile_results, "--out", tmp_path / "board.md"], "board.md"),
+                       (["plot", "bars", hostile_results, "-o", tmp_path / "fig"], "fig.png"),
+                       (["report", hostile_results, "-o", tmp_path / "report.html"], "report_binding_bars.png")):
+        line = refused(args, capsys, tmp_path)
+        assert f"{tmp_path / name} exists and bench did not write it" in line, line
+    assert "is a directory" in refused(["report", hostile_results, "-o", tmp_path / "dir.html"], capsys, tmp_path)
+    mine = {name: (tmp_path / name).read_bytes() for name in ("page.html", "board.md", "fig.png")}
+    for args in (["report", hostile_results, "-o", tmp_path / "out" / "report.html"],
+                 ["leaderboard", hostile_results, "--out", tmp_path / "out" / "board.md"],
+                 ["plot", "bars", hostile_results, "-o", tmp_path / "out" / "fig"]):
+        ok(args, capsys)
+        ok(args, capsys)  # its own files: written again
+    assert {name: (tmp_path / name).read_bytes() for name in mine} == mine

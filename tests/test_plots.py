@@ -94,7 +94,7 @@ def test_sweep_plot_command(tmp_path, capsys):
 
 def test_bars_of_failed_probes_are_drawn_faint_and_hatched(tmp_path, monkeypatch):
     figures = []
-    monkeypatch.setattr(plots, "save_figure", lambda fig, out: figures.append(fig) or [])
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, *formats: figures.append(fig) or [])
     plots.probe_bars(build_leaderboard(failed_probe_rows()), tmp_path / "bars")
     ax = figures[0].axes[0]
     heights = {round(p.get_height(), 1): bool(p.get_hatch()) for p in ax.patches if np.isfinite(p.get_height())}

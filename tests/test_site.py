@@ -190,14 +190,18 @@ def test_every_internal_link_and_image_resolves(site):
 
 
 def test_a_rebuild_removes_only_what_the_last_build_wrote(tmp_path, capsys):
+    """A site's folder is its own (hostile inputs: a folder of the user's is refused): a rebuild
+    writes its pages again and removes the pages of a backbone no longer in the results."""
     write_run(board_rows(), tmp_path / "results", "r1")
+    write_run([r for r in board_rows() if r["backbone"] != "C"], tmp_path / "without-c", "r1")
     out = tmp_path / "site"
-    out.mkdir()
-    (out / "mine.html").write_text("my page")
     assert main(["site", str(tmp_path / "results"), "-o", str(out)]) == 0
     (out / "backbone-A.html").unlink()
     assert main(["site", str(tmp_path / "results"), "-o", str(out)]) == 0
-    assert (out / "mine.html").read_text() == "my page" and (out / "backbone-A.html").exists()
+    assert (out / "backbone-A.html").exists() and (out / "backbone-C.html").exists()
+    assert main(["site", str(tmp_path / "without-c"), "-o", str(out)]) == 0
+    assert (out / "backbone-A.html").exists() and not list(out.glob("*-C*"))
+    assert "removed 2 the last build wrote" in capsys.readouterr().err
     assert main(["site", str(tmp_path / "nowhere"), "-o", str(out)]) == 2
     assert "is not a directory" in capsys.readouterr().err
 

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, stderr, wrap
 from bench.core.errors import BenchError
+from bench.core.paths import output_path
 
 
 def register(app: typer.Typer) -> None:
@@ -74,7 +75,7 @@ def leaderboard(
     include_limited: bool = _INCLUDE_LIMITED,
     show_old: bool = _SHOW_OLD,
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json (tidy records)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write to this file instead of stdout."),
+    out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Write to this file instead of stdout."),
     wide: bool = _WIDE,
     reference: bool = typer.Option(
         False, "--reference",
@@ -82,7 +83,12 @@ def leaderboard(
 ) -> None:
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
     from bench.api import render_leaderboard
+    from bench.core.outdir import WrittenFiles
 
+    files = None
+    if out is not None:  # a file of the user's there is refused before the results are read
+        files = WrittenFiles(output_path(out, "out"), "out")
+        files.check([files.main])
     _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old,
                       dataset=dataset,
                       task=task, metric=metric, probes=probe, tokens=tokens, layer=layer, reference=reference)
@@ -93,14 +99,15 @@ def leaderboard(
         why = none_published(board.metric)
         if why:
             stderr.print(wrap(why), soft_wrap=True, markup=False, highlight=False)
-    if out is None:
+    if files is None:
         echo(text)
         return
     from bench.core.dataset import write_text_atomic
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Text.from_ansi(text).plain + "\n", out)  # a full disk leaves the old file, not half a new one
-    stderr.print(f"wrote {out}")
+    files.claim([files.main])
+    write_text_atomic(Text.from_ansi(text).plain + "\n", files.main)  # a full disk leaves the old file, not half a new one
+    files.finish([files.main])
+    stderr.print(f"wrote {files.main}")
 
 
 def compare(
@@ -137,7 +144,7 @@ class PlotKind(str, Enum):
 def plot(
     kind: PlotKind = typer.Argument(..., help="layers (metric vs depth), bars (probe families), sweep (metric vs a dataset quantity)."),
     results_dir: Path = _RESULTS,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="File stem; writes STEM.png and STEM.svg (default plots/KIND)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", metavar="STEM", help="File stem; writes STEM.png and STEM.svg (default plots/KIND)."),
     dataset: Optional[str] = _DATASET,
     task: Optional[str] = _TASK,
     metric: Optional[str] = _METRIC,
@@ -151,20 +158,27 @@ def plot(
 ) -> None:
     """Draw results as PNG + SVG: layer-wise curves, probe-family bars, or a sweep curve."""
     from bench.api import plots
+    from bench.core.outdir import WrittenFiles
 
-    out = out or Path("plots") / kind.value
+    figure = plots.figure_paths(Path("plots") / kind.value if out is None else out)
+    files = WrittenFiles(figure[0], "out")
+    files.check(figure)  # a file of the user's there is refused before the results are read
     selection = dict(dataset=dataset, task=task, metric=metric, probes=probe, tokens=tokens)
     chosen = dict(fingerprint=fingerprint, include_limited=include_limited)
     if kind == PlotKind.layers:
         rows, _ = _board(results_dir, **chosen, **selection)
-        paths = plots.layer_curves(rows, out, **selection)
+        files.claim(figure)
+        paths = plots.layer_curves(rows, figure[0], **selection)
     elif kind == PlotKind.bars:
         _, board = _board(results_dir, layer=layer, **chosen, **selection)
-        paths = plots.probe_bars(board, out)
+        files.claim(figure)
+        paths = plots.probe_bars(board, figure[0])
     else:
         if datasets is None:
             raise BenchError("datasets: a sweep plot needs --datasets DIR (the sweep's dataset cards hold each x value)")
         rows, board = _board(results_dir, layer=layer, **chosen, **selection)
         x_values = plots.sweep_values(board.datasets, datasets, x)
-        paths = plots.sweep_curve(rows, x_values, x, out, layer=layer, **selection)
+        files.claim(figure)
+        paths = plots.sweep_curve(rows, x_values, x, figure[0], layer=layer, **selection)
+    files.finish(paths)
     stderr.print("wrote " + ", ".join(map(str, paths)))

@@ -58,7 +58,7 @@ def report(
     results_dir: Optional[Path] = typer.Argument(
         None, help="Results directory (binding and issameobject rows are drawn; default: results, when it exists)."),
     analysis: list[Path] = typer.Option([], "--analysis", "-a", help="A `bench toys-analysis` output directory (repeatable)."),
-    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file; PNG figures go beside it."),
+    out: str = typer.Option("report.html", "--out", "-o", metavar="FILE", help="The HTML file; PNG figures go beside it."),
     metric: str = typer.Option("accuracy", "--metric", help="IsSameObject metric: accuracy, balanced_accuracy or auroc."),
     fingerprint: Optional[str] = typer.Option(
         None, "--fingerprint", help="Show the measurement on this dataset fingerprint (a prefix) instead of the newest."),
@@ -83,7 +83,8 @@ def report(
 
 def site(
     results_dirs: list[Path] = typer.Argument(..., help="Results folders (the newest row per key wins across them)."),
-    out: Path = typer.Option(..., "--out", "-o", help="The site's folder (index.html and the pages beside it)."),
+    out: str = typer.Option(..., "--out", "-o", metavar="DIR",
+                            help="The site's folder (index.html and the pages beside it): new, empty, or a site's."),
     datasets: list[Path] = typer.Option(
         [], "--datasets", help="A dataset folder, or a folder of them, to show cards and preview sheets (repeatable)."),
     analysis: list[Path] = typer.Option([], "--analysis", "-a", help="A `bench toys-analysis` output directory (repeatable)."),

@@ -12,6 +12,7 @@ import typer
 from bench import api
 from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr, wrap
 from bench.core.errors import BenchError
+from bench.core.paths import output_path
 from bench.core.results import check_writable
 
 
@@ -23,7 +24,7 @@ def register(app: typer.Typer) -> None:
 def run(
     ctx: typer.Context,
     study: str = typer.Argument(..., help="A study file (TOML), or the name of a shipped study (`bench studies`)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write datasets, results (and a private cache) here [default: ./NAME after the study, or NAME-2, … when one of another study or other settings is there]."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR", help="Write datasets, results (and a private cache) here [default: ./NAME after the study, or NAME-2, … when one of another study or other settings is there]."),
     values: list[str] = typer.Option([], "--set", help="VAR=VALUE for the study's ${VAR} references (repeatable; else the environment, else the study's default)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (datasets, row sets, what results hold, disk, time) and stop; loads no model."),
     executor: str = typer.Option("local", help="local (in this process) or ray (shards and probes as Ray tasks)."),
@@ -31,8 +32,8 @@ def run(
     fmt: Format = typer.Option(Format.table, "--format", help="Leaderboard format."),
 ) -> None:
     """Run a study: check the whole file, print the plan, make the datasets and fit the rows that are missing, rank."""
-    run_and_report(study, _variables(values), out, dry_run=dry_run, executor=executor, address=address, fmt=fmt,
-                   command=(ctx.obj or {}).get("command"))
+    run_and_report(study, _variables(values), None if out is None else output_path(out, "out"), dry_run=dry_run,
+                   executor=executor, address=address, fmt=fmt, command=(ctx.obj or {}).get("command"))
 
 
 def run_and_report(study: str, variables: Mapping[str, str], out: Path | None, *, dry_run: bool = False,

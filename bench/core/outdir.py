@@ -17,6 +17,11 @@ swaps it in whole. A staging folder whose lock nobody holds was left by a run th
 what it holds of its own. An unfinished `generate` folder of other settings (manifest `about`)
 is refused without `--overwrite`, naming what differs: its shards are neither deleted
 unasked nor mixed into a card that would not describe them.
+
+Files written beside a user's own (`report`, `leaderboard --out`, `plot -o`) and a site's folder
+follow the same rule through a list of their own, `.NAME.files.json` (`WrittenFiles`): a name
+is overwritten only when the list holds it, and a folder output goes only into a new or empty
+folder or one its list covers whole (`check_own_folder`, which a study's folder can use too).
 """
 
 from __future__ import annotations
@@ -81,9 +86,10 @@ def _is_owned(entry: Path, owned: set[str]) -> bool:
     return entry.is_file() and not entry.is_symlink() and (entry.name in owned or bool(match and match["name"] in owned))
 
 
-def foreign_files(folder: Path) -> list[str]:
-    """Names in `folder` that no bench writer can be shown to have made, sorted."""
-    owned = owned_files(folder)
+def foreign_files(folder: Path, owned: set[str] | None = None) -> list[str]:
+    """Names in `folder` that no bench writer can be shown to have made, sorted. `owned`: the
+    names the writer's own manifest lists (default: a dataset writer's, `owned_files`)."""
+    owned = owned_files(folder) if owned is None else owned
     return sorted(e.name for e in folder.iterdir() if not _is_owned(e, owned))
 
 
@@ -252,29 +258,109 @@ class DatasetTarget:
         self._fds.clear()
 
 
-def remove_stale_outputs(main: Path, written: Sequence[Path], prefix: str) -> list[Path]:
-    """For a command that writes files into a folder the user owns (`bench report`): record in
-    `.MAIN.files.json` the files this run wrote, and remove those the previous run recorded and
-    this one did not (a figure no longer drawn). Only names the manifest lists, starting with
-    `prefix`, are ever removed, so a file of the user's beside them is never touched; returns
-    what was removed."""
-    folder = Path(main).parent
-    manifest = folder / f".{Path(main).name}.files.json"
-    try:
-        listed = json.loads(manifest.read_text())["files"]
-    except (OSError, ValueError, TypeError, KeyError):
-        listed = []  # none yet, or damaged: then nothing is removed
-    before = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
-    now = sorted({Path(p).name for p in written})
-    removed = []
-    for name in before:
-        path = folder / name
-        if name not in now and Path(name).name == name and name.startswith(prefix) and path.is_file() \
-                and not path.is_symlink():
-            path.unlink()
-            removed.append(path)
-    write_json_atomic({"files": now}, manifest)
-    return removed
+class WrittenFiles:
+    """The files a command writes beside `main` (itself included), listed in `.MAIN.files.json`:
+    the proof that they are bench's, for commands that write into a folder the user may share
+    (`report`'s page and figures, `leaderboard --out`, `plot -o`) or that is theirs alone (a site).
+
+    `check` refuses, touching nothing, a name to be written that holds anything the list does
+    not (a user's file, a link, a folder); `claim` checks too, then adds the names to the list
+    before they are written, so a run killed half-way leaves no file unlisted; `finish` records
+    what this run wrote and removes what the list held, this run did not write and starts with
+    `prefix` (a figure no longer drawn). A damaged list proves nothing: every existing name is
+    then refused."""
+
+    def __init__(self, main: str | os.PathLike, what: str) -> None:
+        self.main, self.what = Path(main), what
+        if self.main.is_dir() or not self.main.name or self.main.name in (".", ".."):
+            raise BenchError(f"{what}: {self.main} is a directory; name a file inside it")
+        self.folder = self.main.parent
+        self.manifest = self.folder / f".{self.main.name}.files.json"
+        self.damaged = False
+        try:
+            listed = json.loads(self.manifest.read_text())["files"]
+            if not isinstance(listed, list):
+                raise TypeError
+        except FileNotFoundError:
+            listed = []
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+            listed, self.damaged = [], True
+        self.listed = {n for n in listed if isinstance(n, str) and Path(n).name == n and n not in (".", "..")}
+
+    def check(self, paths: Iterable[str | os.PathLike]) -> list[Path]:
+        """The paths, each in this folder; BenchError when one holds anything bench cannot show it wrote."""
+        out = []
+        for p in map(Path, paths):
+            if p.parent != self.folder:
+                raise ValueError(f"{p} is not beside {self.main}")  # a caller's bug, not the user's input
+            if p.is_symlink() or (p.exists() and not p.is_file()):
+                kind = "a link" if p.is_symlink() else "a directory"
+                raise BenchError(f"{self.what}: {p} is {kind}; bench writes only files it made there, so choose "
+                                 "another name (nothing was changed)")
+            if p.exists() and p.name not in self.listed:
+                why = f"{self.manifest.name} is damaged" if self.damaged else f"{self.manifest.name} does not list it"
+                raise BenchError(f"{self.what}: {p} exists and bench did not write it ({why}); move it or choose "
+                                 "another name (nothing was changed)")
+            out.append(p)
+        return out
+
+    def claim(self, paths: Iterable[str | os.PathLike]) -> None:
+        """`check` the paths, then list them before they are written."""
+        names = {p.name for p in self.check(paths)}
+        if names - self.listed:
+            self.listed |= names
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_json_atomic({"files": sorted(self.listed)}, self.manifest)
+
+    def finish(self, written: Sequence[str | os.PathLike], prefix: str | None = None) -> list[Path]:
+        """List what this run wrote, and remove (when `prefix` is given) the listed files starting
+        with it that this run did not write; returns what was removed. A listed file kept stays
+        listed: it is still bench's."""
+        now = {Path(p).name for p in written}
+        removed, kept = [], set()
+        for name in sorted(self.listed - now):
+            path = self.folder / name
+            if not path.is_file() or path.is_symlink():
+                continue
+            if prefix is not None and name.startswith(prefix):
+                path.unlink()
+                removed.append(path)
+            else:
+                kept.add(name)
+        self.listed = now | kept
+        write_json_atomic({"files": sorted(self.listed)}, self.manifest)
+        return removed
+
+    def check_folder(self, kind: str) -> None:
+        """For a writer that owns the whole folder (a site): `check_own_folder` with this list."""
+        if self.damaged and self.folder.is_dir():
+            raise BenchError(f"{self.what}: {self.manifest} is damaged, so nothing in {self.folder} can be shown "
+                             f"to be a {kind} bench wrote; choose another folder (nothing was changed)")
+        check_own_folder(self.folder, self.listed | {self.manifest.name} if self.manifest.exists() else None,
+                         self.what, kind)
+
+
+def check_own_folder(folder: str | os.PathLike, owned: set[str] | None, what: str, kind: str) -> None:
+    """Refuse, touching nothing, a folder output (`kind`: a site, a study) that is neither new,
+    nor empty, nor wholly the writer's own. `owned`: the names the folder's manifest proves the
+    writer made (None: it has no manifest). Anything else in it (a user's page, a link, a sub-folder)
+    is the user's, so the folder is refused: the working directory with files in it, a folder a
+    link points to, all alike, by what they hold."""
+    folder = Path(folder)
+    if folder.is_symlink() and not folder.exists():
+        raise BenchError(f"{what}: {folder} is a link to nothing; choose a folder")
+    if folder.exists() and not folder.is_dir():
+        raise BenchError(f"{what}: {folder} exists and is not a directory")
+    if folder.is_dir():
+        entries = sorted(e.name for e in folder.iterdir())
+        if entries and owned is None:
+            raise BenchError(f"{what}: {folder} is not empty and holds no {kind} bench wrote (e.g. {entries[0]!r}); "
+                             "choose a new or empty folder (nothing was changed)")
+        foreign = foreign_files(folder, owned) if entries else []
+        if foreign:
+            raise BenchError(f"{what}: {folder} holds files the {kind} did not write (e.g. {foreign[0]!r}); move "
+                             "them out or choose another folder (nothing was changed)")
+    check_output_dir(folder, what)
 
 
 def _differences(old: Any, new: dict[str, Any]) -> str:

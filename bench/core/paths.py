@@ -13,6 +13,14 @@ from typing import Sequence
 from bench.core.errors import BenchError
 
 
+def output_path(value: str | os.PathLike, what: str) -> Path:
+    """`value` as a path, an empty one (or only spaces) refused: `Path("")` is the working
+    directory, so an empty `--out` would write there, or fail later with a traceback."""
+    if not os.fspath(value).strip():
+        raise BenchError(f"{what}: empty; name the file or folder to write")
+    return Path(value)
+
+
 def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str] = ()) -> Path:
     """Refuse an output file that could not be written: a wrong suffix, a directory in its
     place, a parent that is missing, not a directory, or not writable. Returns the path."""

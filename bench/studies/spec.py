@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from bench.core.errors import BenchError
+from bench.core.labels import check_label
 
 try:  # Python 3.11+; `tomli` is the same parser, for 3.10
     import tomllib
@@ -34,7 +35,6 @@ except ModuleNotFoundError:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib  # type: ignore[no-redef]
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: The options of a study's `import` beside `src` (those of `bench import`), with their types;
 #: which importers take which of `_IMPORT_OWN` is `generators.importers.IMPORTERS`'s to say.
 _IMPORT_COMMON = {"split_seed": int, "max_scenes": int, "val_fraction": float, "test_fraction": float,
@@ -203,6 +203,13 @@ class _Checker:
     def fail(self, key: str, message: str) -> BenchError:
         return BenchError(f"{self.source}: {key}: {message}")
 
+    def label(self, value: str, key: str, what: str) -> None:
+        """Refuse, at `key`, a name that is not a label (`bench.core.labels`: it names rows and folders)."""
+        try:
+            check_label(value, what)
+        except BenchError as e:
+            raise self.fail(key, str(e)) from None
+
     def table(self, value: Any, key: str, allowed: Mapping[str, Any], required: tuple[str, ...] = ()) -> dict:
         """`value` as a table with only `allowed` keys (each of its type) and every `required` one."""
         if not isinstance(value, dict):
@@ -302,8 +309,7 @@ _LEFT_OUT = object()
 def _build(data: dict, check: _Checker, source: str, root: Path, default_name: str, resolver: _Resolver) -> Study:
     check.table(data, "", _TOP_KEYS, required=("datasets", "evaluate"))
     name = data.get("name", default_name)
-    if not _DATASET_NAME.fullmatch(name):
-        raise check.fail("name", f"letters, digits, '.', '_' and '-' only, got {name!r}")
+    check.label(name, "name", "the study's name (it names its folder)")
     datasets = _datasets(data["datasets"], check, root)
     if not data["evaluate"]:
         raise check.fail("evaluate", "give at least one [[evaluate]] block")
@@ -334,8 +340,7 @@ def _datasets(table: Any, check: _Checker, root: Path) -> dict[str, DatasetEntry
     out = {}
     for name, entry in table.items():
         key = f"datasets.{name}"
-        if not _DATASET_NAME.fullmatch(name):
-            raise check.fail(key, "a dataset name is letters, digits, '.', '_' and '-' (it names a folder)")
+        check.label(name, "datasets", "a dataset name (it names a folder)")
         check.typed(entry, key, dict)
         kinds = [k for k in ("generator", "import", "path") if k in entry]
         if len(kinds) != 1:
@@ -523,9 +528,8 @@ def _check_backbone(entry: BackboneEntry, key: str, check: _Checker) -> None:
         backbone_metadata(entry.spec)
     except BenchError as e:
         raise check.fail(key, str(e)) from None
-    if any(c in entry.name for c in "/:\\=") or not entry.name:
-        if entry.name != entry.spec:
-            raise check.fail(key, f"a backbone name is non-empty without / : \\ or =, got {entry.name!r}")
+    if entry.name != entry.spec:  # a spec written alone names its rows itself
+        check.label(entry.name, key, "a backbone name")
 
 
 def _check_names(blocks: tuple[EvaluateBlock, ...], check: _Checker) -> None:
