@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -124,6 +124,22 @@ class ModuleBackbone(HFBackbone):
 def load_py(spec: str, target: str) -> Backbone:
     """`py:<file>:<function>`: call the function (torch seeded with 0, so random init is
     reproducible); it returns a ModuleAdapter or a Backbone."""
+    fn = py_function(spec, target)
+    with torch.random.fork_rng(devices=[]):  # an untrained module inits the same each time: same fingerprint
+        torch.manual_seed(0)
+        result = fn()
+    if isinstance(result, Backbone):
+        return result
+    if isinstance(result, ModuleAdapter):
+        return result.backbone(spec)
+    hint = " (wrap it: ModuleAdapter(module, blocks=..., patch_size=...))" if isinstance(result, torch.nn.Module) else ""
+    raise BenchError(f"model: {spec}: {target.rpartition(':')[2]}() returned {type(result).__name__}; expected a "
+                     f"ModuleAdapter or a Backbone{hint}")
+
+
+def py_function(spec: str, target: str) -> Callable[[], Any]:
+    """The function `py:<file>:<function>` names: the file imported (its top level
+    runs), the function not called. A study checks its `py:` backbones with it before any work."""
     file, sep, func = target.rpartition(":")
     if not sep or not file or not func:
         raise BenchError(f"model: {spec}: expected py:<file.py>:<function>")
@@ -133,16 +149,7 @@ def load_py(spec: str, target: str) -> Backbone:
     fn = getattr(_import(spec, path), func, None)
     if not callable(fn):
         raise BenchError(f"model: {spec}: {path.name} defines no function {func!r}")
-    with torch.random.fork_rng(devices=[]):  # an untrained module inits the same each time: same fingerprint
-        torch.manual_seed(0)
-        result = fn()
-    if isinstance(result, Backbone):
-        return result
-    if isinstance(result, ModuleAdapter):
-        return result.backbone(spec)
-    hint = " (wrap it: ModuleAdapter(module, blocks=..., patch_size=...))" if isinstance(result, torch.nn.Module) else ""
-    raise BenchError(f"model: {spec}: {func}() returned {type(result).__name__}; expected a ModuleAdapter or a "
-                     f"Backbone{hint}")
+    return fn
 
 
 def _import(spec: str, path: Path) -> Any:
