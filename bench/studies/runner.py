@@ -117,19 +117,26 @@ def _run(study: Study, plan: StudyPlan, executor: str, address: str | None, prog
 def _claimed(folder: Path, study: Study, command: str | None) -> Iterator[None]:
     """The study's folder, made if missing and held by this run until it ends: a second run
     into it (of this study or another) is refused in one line naming this one. The lock is an
-    `flock` (`bench.core.locks`), so a run that dies, by kill -9 too, leaves nothing locked.
-    Under the lock the folder is checked again (`check_folder`) and its manifest written."""
-    from bench.core.locks import try_lock
+    `flock` (`bench.core.locks`), so a run that dies, by kill -9 too, leaves nothing locked;
+    one that ends removes its lock file while it still holds it (a run that opened the file
+    meanwhile finds it gone, `same_file`, and locks a new one). Under the lock the folder is
+    checked again (`check_folder`) and its manifest written."""
+    from bench.core.locks import same_file, try_lock
 
     folder.mkdir(parents=True, exist_ok=True)
-    fd = try_lock(folder / LOCK, create=True)
-    if fd is None:
-        try:
-            holder = " ".join((folder / LOCK).read_text().split()) or "starting"
-        except (OSError, UnicodeDecodeError):
-            holder = "unknown"
-        raise BenchError(f"out: {folder} is being written by another bench run ({holder}); wait for it to finish "
-                         "or choose another --out")
+    lock = folder / LOCK
+    while True:
+        fd = try_lock(lock, create=True)
+        if fd is None:
+            try:
+                holder = " ".join(lock.read_text().split()) or "starting"
+            except (OSError, UnicodeDecodeError):
+                holder = "unknown"
+            raise BenchError(f"out: {folder} is being written by another bench run ({holder}); wait for it to "
+                             "finish or choose another --out")
+        if same_file(fd, lock):
+            break
+        os.close(fd)  # removed by the run that held it as it ended: lock the new one
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}, {command or 'bench run ' + study.source}, since "
@@ -137,6 +144,7 @@ def _claimed(folder: Path, study: Study, command: str | None) -> Iterator[None]:
         _write_manifest(folder, study, check_folder(folder, study))
         yield
     finally:
+        lock.unlink(missing_ok=True)
         os.close(fd)
 
 

@@ -126,8 +126,7 @@ def _library(spec: str, seed: int) -> Backbone:
 @backbone_source("random", "random:<preset> (random-init controls)", lambda s: s.startswith("random:"),
                  lambda: [*(_preset_info(f"random:{n}", p, "seed=0") for n, p in PRESETS.items()),
                           *(_library_info(f"random:{n}", p, "seed=0") for n, p in LIBRARY_PRESETS.items())],
-                 check=lambda s: _check_library(s, s.split(":", 1)[1], seeded=True) if _is_library(s.split(":", 1)[1])
-                 else None)
+                 check=lambda s: _check_random(s))
 def _random(spec: str, seed: int) -> Backbone:
     name = spec.split(":", 1)[1]
     if _is_library(name):
@@ -157,6 +156,13 @@ def _py(spec: str, seed: int) -> Backbone:
     from evaluators.backbones.module_adapter import load_py
 
     return load_py(spec, spec[3:])
+
+
+def _check_random(spec: str) -> None:
+    """An untrained library model's name (a preset's is `backbone_metadata`'s to check); no download."""
+    name = spec.split(":", 1)[1]
+    if _is_library(name):
+        _check_library(spec, name, seeded=True)
 
 
 def _check_py(spec: str) -> None:
