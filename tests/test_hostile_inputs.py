@@ -955,6 +955,8 @@ _EVALUATE = "[[evaluate]]\nbackbones = {backbones}\n{extra}"
 #: million threads died in libgomp with exit 1.
 _STUDY_REFUSALS = [
     ("damaged-path", "[datasets.a]\npath = 'bad'", '["pixels"]', "", "", "datasets.a.path: dataset:", "is damaged"),
+    ("damaged-card", "[datasets.a]\npath = 'bad-card'", '["pixels"]', "", "", "datasets.a.path: dataset:",
+     "dataset.json is damaged"),
     ("no-import-src", "[datasets.a]\nimport = 'clevr'\nsrc = 'nosuch'", '["pixels"]', "", "", "datasets.a: src:",
      "is not a folder"),
     ("timm-nosuch", "{ds}", '["timm:nosuch"]', "", "", "evaluate[1].backbones[1]: model:", "timm has no model"),
@@ -993,6 +995,7 @@ def test_a_study_is_checked_whole_before_anything_is_made(ds, tmp_path, tmp_path
     monkeypatch.chdir(tmp_path)  # a default folder, had one been made, would be here
     bad = copy(ds, tmp_path, "bad")
     (bad / "test-00000.parquet").write_bytes(b"not a parquet file")
+    (copy(ds, tmp_path, "bad-card") / CARD_NAME).write_text('{"cut')
     (tmp_path / "mine.py").write_text("def other():\n    return None\n")
     study = tmp_path / "study.toml"
     study.write_text(f"{top}\n" + datasets.format(ds=f"[datasets.a]\npath = '{ds}'") + "\n"

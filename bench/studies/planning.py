@@ -192,8 +192,7 @@ def check_run(plan: StudyPlan, executor: str = "local") -> None:
         try:
             _check_dataset(study, step)
         except BenchError as e:
-            raise BenchError(f"{study.source}: datasets.{step.entry.name}"
-                             f"{'.path' if step.entry.kind == 'path' else ''}: {e}") from None
+            raise BenchError(f"{study.source}: {_dataset_key(step.entry)}: {e}") from None
     for block in study.blocks:
         if executor == "local" and "device" in block.options:
             from evaluators.extract import resolve_device
@@ -207,6 +206,11 @@ def check_run(plan: StudyPlan, executor: str = "local") -> None:
             need.require()
         except BenchError as e:
             raise BenchError(f"{study.source}: {backbone.key}: {e}") from None
+
+
+def _dataset_key(entry: DatasetEntry) -> str:
+    """The key path a refusal about a dataset names: its `path` when it is an existing folder."""
+    return f"datasets.{entry.name}.path" if entry.kind == "path" else f"datasets.{entry.name}"
 
 
 def _check_dataset(study: Study, step: DatasetStep) -> None:
@@ -327,7 +331,10 @@ def _dataset_step(study: Study, entry: DatasetEntry, folder: Path) -> DatasetSte
     if entry.kind == "path" and "${" in str(target):  # a dry run with the variable unset
         return DatasetStep(entry, target, "not set", None, None)
     present = (target / CARD_NAME).is_file()
-    card = Dataset(target).card if present else None
+    try:
+        card = Dataset(target).card if present else None
+    except BenchError as e:  # a damaged card: named with the key that led here
+        raise BenchError(f"{study.source}: {_dataset_key(entry)}: {e}") from None
     if entry.kind == "generate":
         from generators.base import config_to_dict
 
