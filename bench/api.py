@@ -354,13 +354,15 @@ def plan_study(study: Any, out: PathLike | None = None) -> Any:
 
 
 def run_study(study: Any, out: PathLike | None = None, *, executor: str = "local", address: str | None = None,
-              progress: bool = False, command: str | None = None) -> Any:
+              progress: bool = False, command: str | None = None, on_plan: Any = None) -> Any:
     """Run `study` into `out`: make the datasets it lacks and fit the rows it lacks (the rows
     `evaluate` would write), locally or as Ray tasks; a run stopped at any point resumes when
-    started again. Returns a `bench.studies.runner.StudyRun` (its folder, results, files written)."""
+    started again. The whole study is checked first (its datasets, devices, backbones' files),
+    and a refusal creates nothing; one run of a folder at a time. `on_plan(plan)` hears the plan
+    once it is checked. Returns a `bench.studies.runner.StudyRun` (its folder, results, files written)."""
     from bench.studies.runner import run_study as run
 
-    return run(study, out, executor=executor, address=address, progress=progress, command=command)
+    return run(study, out, executor=executor, address=address, progress=progress, command=command, on_plan=on_plan)
 
 
 def study_site(done: Any, say: Any = None) -> list[Path]:

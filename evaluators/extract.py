@@ -110,9 +110,21 @@ def parse_views(views: str | Sequence[str]) -> list[str]:
     return out
 
 
-def resolve_device(device: str) -> torch.device:
+def check_dtype(dtype: str) -> None:
+    """Refuse an unknown dtype in one line (`EvaluationPlan` does when it is made, before any work)."""
+    if dtype not in DTYPES:
+        raise BenchError(f"dtype: unknown {dtype!r}; allowed: {', '.join(DTYPES)}")
+
+
+def check_device(device: str) -> None:
+    """Refuse an unknown device name in one line (whether cuda is there is `resolve_device`'s to say)."""
     if device not in DEVICES:
         raise BenchError(f"device: unknown {device!r}; allowed: {', '.join(DEVICES)}")
+
+
+def resolve_device(device: str) -> torch.device:
+    """The torch device `device` names, refused in one line when unknown or (cuda) absent."""
+    check_device(device)
     if device == "cuda" and not torch.cuda.is_available():
         raise BenchError("device: cuda requested but no CUDA device is available")
     if device == "auto":
@@ -227,8 +239,7 @@ def extract_activations(
     writers of other shards (`row_shards`); the entry returned is complete only once every
     shard is (`is_complete`).
     """
-    if dtype not in DTYPES:
-        raise BenchError(f"dtype: unknown {dtype!r}; allowed: {', '.join(DTYPES)}")
+    check_dtype(dtype)
     if batch_size < 1:
         raise BenchError(f"batch_size: must be ≥ 1, got {batch_size}")
     if limit is not None and limit < 1:

@@ -27,10 +27,11 @@ from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.presets import checked_preprocessing
 from evaluators.backbones.weights import state_dict_hash
-from evaluators.extract import parse_views
+from evaluators.extract import check_device, check_dtype, parse_views
 from evaluators.families import DEFAULT_PROBES
 from evaluators.issameobject import check_probes
 from evaluators.probes import check_family
+from evaluators.threads import check_threads
 from evaluators.training import TrainConfig, resolve_device
 
 TASKS = ("binding", "issameobject")
@@ -223,6 +224,8 @@ class EvaluationPlan:
                              "settings (set them on it, e.g. ModuleAdapter(image_size=..., mean=..., std=...))")
         if self.task not in TASKS:
             raise BenchError(f"task: unknown {self.task!r}; allowed: {', '.join(TASKS)}")
+        check_dtype(self.dtype)
+        check_device(self.device)
         if not self.models:
             raise BenchError("model: give at least one backbone")
         if not self.families:
@@ -239,10 +242,12 @@ class EvaluationPlan:
         if not self.seeds or not all(0 <= s < 2**32 for s in self.seeds) or len(self.seeds) > MAX_SEEDS:
             raise BenchError(f"seeds: 1 to {MAX_SEEDS} integers in [0, 2^32), got "
                              f"{', '.join(map(str, self.seeds)) or 'none'}")
-        for name in ("epochs", "limit", "threads"):
+        for name in ("epochs", "limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BenchError(f"{name}: must be ≥ 1, got {value}")
+        if self.threads is not None:
+            check_threads(self.threads)
 
     @property
     def preprocessing(self) -> dict[str, object]:

@@ -7,7 +7,8 @@ default two threads and 55 s at one (`benchmarks/threads.py` measures it). One t
 always would be safe but wastes an idle machine's other cores on a backbone's forward
 pass. So the default measures, once at start, how busy the usable cores are (their
 `/proc/stat` counters over a fraction of a second, else the load average) and takes the
-free ones, at least one; `--threads N` sets the number outright.
+free ones, at least one; `--threads N` sets the number outright, up to the machine's cores
+(a million made libgomp fail allocating them, exit 1, after the run's folders were made).
 """
 
 from __future__ import annotations
@@ -45,15 +46,29 @@ class ThreadChoice:
 def choose_threads(requested: int | None = None) -> ThreadChoice:
     """`requested` threads, or (None) the usable cores other work leaves free, at least one."""
     if requested is not None:
-        if requested < 1:
-            raise BenchError(f"threads: must be ≥ 1, got {requested}")
-        return ThreadChoice(requested, "--threads")
+        return ThreadChoice(check_threads(requested), "--threads")
     cores = usable_cores()
     busy = busy_cores(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
     free = max(0.0, cores - busy)
     threads = max(1, min(cores, math.floor(free + (1 - FREE_SHARE))))
     return ThreadChoice(threads, f"auto: {cores} usable core{'s' if cores != 1 else ''}, {busy:.1f} busy with other "
                                  "work; --threads N to choose")
+
+
+def check_threads(requested: int) -> int:
+    """`requested` threads, refused in one line unless 1 to the machine's cores: more only spin
+    against each other, and torch's thread pool cannot even be allocated at a million."""
+    if requested < 1:
+        raise BenchError(f"threads: must be ≥ 1, got {requested}")
+    cores = machine_cores()
+    if requested > cores:
+        raise BenchError(f"threads: at most {cores} (this machine's cores), got {requested:,}")
+    return requested
+
+
+def machine_cores() -> int:
+    """The machine's logical cores: the most threads a run may ask for."""
+    return os.cpu_count() or 1
 
 
 def usable_cores() -> int:

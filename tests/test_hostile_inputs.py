@@ -959,7 +959,8 @@ def test_empty_and_absurd_arguments_are_refused_before_any_work(ds, tmp_path, ca
     assert "preset" in refused(["generate", "colorshape", "--preset", "", "--out", tmp_path / "d"], capsys, tmp_path)
     assert "model: empty spec" in refused(["models", ""], capsys)
     for args, message in ((["--probes", ""], "probes: empty"), (["--seeds", "-1"], "seeds: 1 to 1000"),
-                          (["--seeds", ",".join(map(str, range(1001)))], "seeds: 1 to 1000")):
+                          (["--seeds", ",".join(map(str, range(1001)))], "seeds: 1 to 1000"),
+                          (["--threads", "1000000"], "threads: at most"), (["--dtype", "fp8"], "dtype: unknown")):
         assert message in refused(["evaluate", "--model", "pixels", "--dataset", ds, "--results", tmp_path / "r",
                                    *args], capsys, tmp_path)
     assert "metric: unknown 'nosuch'" in refused(["report", "--metric", "nosuch", "-o", tmp_path / "r.html"],
@@ -1241,3 +1242,130 @@ def test_file_outputs_never_overwrite_a_file_they_did_not_write(hostile_results,
         ok(args, capsys)
         ok(args, capsys)  # its own files: written again
     assert {name: (tmp_path / name).read_bytes() for name in mine} == mine
+
+
+# -- 11. a study is checked whole before anything is made, writes only into its own folder, ----
+# --    and one run at a time holds it ---------------------------------------------------------
+
+_EVALUATE = "[[evaluate]]\nbackbones = {backbones}\n{extra}"
+#: (case, [datasets] table, backbones, extra evaluate keys, top-level keys, the key path the line
+#: names and a piece of its message). Each was refused only after the study's folder (its
+#: bench-study.json and an empty results/) was made, naming neither the file nor the key; an
+#: empty spec became the study file's folder, a `folder` of ../../escape was written, and a
+#: million threads died in libgomp with exit 1.
+_STUDY_REFUSALS = [
+    ("damaged-path", "[datasets.a]\npath = 'bad'", '["pixels"]', "", "", "datasets.a.path: dataset:", "is damaged"),
+    ("damaged-card", "[datasets.a]\npath = 'bad-card'", '["pixels"]', "", "", "datasets.a.path: dataset:",
+     "dataset.json is damaged"),
+    ("no-import-src", "[datasets.a]\nimport = 'clevr'\nsrc = 'nosuch'", '["pixels"]', "", "", "datasets.a: src:",
+     "is not a folder"),
+    ("timm-nosuch", "{ds}", '["timm:nosuch"]', "", "", "evaluate[1].backbones[1]: model:", "timm has no model"),
+    ("py-no-file", "{ds}", '["py:nosuch.py:make"]', "", "", "evaluate[1].backbones[1]: model:", "no such Python file"),
+    ("py-no-function", "{ds}", '["pixels", "py:mine.py:make"]', "", "", "evaluate[1].backbones[2]: model:",
+     "defines no function 'make'"),
+    ("empty-spec", "{ds}", '["pixels", ""]', "", "", "evaluate[1].backbones[2]: empty spec", ""),
+    ("empty-named-spec", "{ds}", '{ a = "pixels", b = " " }', "", "", "evaluate[1].backbones.b.spec: empty spec", ""),
+    ("uncached-hub", "{ds}", '["facebook/dinov2-small"]', "", "", "evaluate[1].backbones[1]: model:",
+     "not in the local Hugging Face cache"),
+    ("fp8", "{ds}", '["pixels"]', "dtype = 'fp8'", "", "evaluate[1]: dtype: unknown 'fp8'", ""),
+    ("device-unknown", "{ds}", '["pixels"]', "device = 'tpu'", "", "evaluate[1]: device: unknown 'tpu'", ""),
+    ("device-cuda", "{ds}", '["pixels"]', "device = 'cuda'", "", "evaluate[1]: device: cuda requested", ""),
+    ("n-train-1e12", "[datasets.a]\ngenerator = 'colorshape'\npreset = 'small'\nn_train = 1000000000000", '["pixels"]',
+     "", "", "datasets.a: n_train:", "room for at most"),
+    ("n-train-2^70", f"[datasets.a]\ngenerator = 'colorshape'\npreset = 'small'\nn_train = {2**70}", '["pixels"]',
+     "", "", "datasets.a: n_train:", "room for at most"),
+    ("image-size", "[datasets.a]\ngenerator = 'colorshape'\npreset = 'small'\nimage_size = 100000", '["pixels"]',
+     "", "", "datasets.a: image_size:", "at most image_size 46,340 fits"),
+    ("folder-escape", "{ds}", '["pixels"]', "", "folder = '../../escape'", "folder: letters, digits", ""),
+    ("folder-absolute", "{ds}", '["pixels"]', "", "folder = '/tmp/escape'", "folder: letters, digits", ""),
+    ("threads", "{ds}", '["pixels"]', "", "threads = 1000000", "threads: at most", "(this machine's cores)"),
+]
+
+
+@pytest.mark.parametrize("case, datasets, backbones, extra, top, key, message", _STUDY_REFUSALS,
+                         ids=[c[0] for c in _STUDY_REFUSALS])
+def test_a_study_is_checked_whole_before_anything_is_made(ds, tmp_path, tmp_path_factory, capsys, monkeypatch,
+                                                           memory_8gib, case, datasets, backbones, extra, top, key,
+                                                           message):
+    if case == "timm-nosuch":
+        pytest.importorskip("timm")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf")))  # an empty hub cache
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.chdir(tmp_path)  # a default folder, had one been made, would be here
+    bad = copy(ds, tmp_path, "bad")
+    (bad / "test-00000.parquet").write_bytes(b"not a parquet file")
+    (copy(ds, tmp_path, "bad-card") / CARD_NAME).write_text('{"cut')
+    (tmp_path / "mine.py").write_text("def other():\n    return None\n")
+    study = tmp_path / "study.toml"
+    study.write_text(f"{top}\n" + datasets.format(ds=f"[datasets.a]\npath = '{ds}'") + "\n"
+                     + _EVALUATE.format(backbones=backbones, extra=extra))
+    for out in (["--out", tmp_path / "out"], []):
+        line = refused(["run", study, *out], capsys, tmp_path)  # nothing made: no folder, manifest or results/
+        assert line.startswith(f"bench: error: {study}: {key}") and message in line, line
+
+
+def _ok_study(tmp_path: Path, ds: Path) -> Path:
+    study = tmp_path / "ok.toml"
+    study.write_text(f"[datasets.a]\npath = '{ds}'\n[[evaluate]]\nbackbones = ['pixels', 'oracle:objects']\n"
+                     "probes = ['linear']\nepochs = 1\n")
+    return study
+
+
+@pytest.mark.parametrize("kind", ["notes", "symlink", "damaged", "not-a-study", "working-directory"])
+def test_a_study_writes_only_into_a_folder_it_made(ds, tmp_path, capsys, monkeypatch, kind):
+    """`bench run STUDY --out DIR` wrote its manifest and results/ into any folder: the user's
+    notes, one reached through a symbolic link, one whose bench-study.json is damaged, `.`."""
+    study = _ok_study(tmp_path, ds)
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    out = {"notes": user, "symlink": tmp_path / "link", "damaged": tmp_path / "dmg", "not-a-study": tmp_path / "dmg",
+           "working-directory": Path(".")}[kind]
+    if kind == "symlink":
+        out.symlink_to(tmp_path / "empty", target_is_directory=True)
+        (tmp_path / "empty").mkdir()
+    elif kind in ("damaged", "not-a-study"):
+        out.mkdir()
+        (out / "bench-study.json").write_text("{cut sh" if kind == "damaged" else '["a list"]')
+    elif kind == "working-directory":
+        monkeypatch.chdir(user)
+    for dry in ([], ["--dry-run"]):
+        line = refused(["run", study, "--out", out, *dry], capsys, tmp_path)
+        what = {"notes": "is not empty and no study made it", "symlink": "is a symbolic link",
+                "damaged": "bench-study.json is damaged", "not-a-study": "bench-study.json is damaged",
+                "working-directory": "is not empty and no study made it"}[kind]
+        assert line.startswith(f"bench: error: out: {out}") and what in line, line
+
+
+def test_a_study_runs_in_an_empty_folder_it_is_given_and_again_in_its_own(ds, tmp_path, capsys, monkeypatch):
+    study = _ok_study(tmp_path, ds)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    ok(["run", study, "--out", "."], capsys)
+    ok(["run", study, "--out", "."], capsys)  # its own folder now
+    assert len(read_rows(tmp_path / "empty" / "results")) == 2
+
+
+def read_rows(results: Path) -> list[dict]:
+    from bench.core.results import read_results
+
+    return read_results(results).to_pylist()
+
+
+def test_a_second_run_of_a_study_folder_is_refused_naming_the_running_one(ds, tmp_path, capsys):
+    """Two `bench run` of one study into one folder at once both fitted every row (8 rows for 4 keys)."""
+    from bench import api
+    from bench.studies.runner import _claimed
+
+    study = _ok_study(tmp_path, ds)
+    out = tmp_path / "out"
+    with _claimed(out, api.load_study(study), "bench run ok.toml --out out (the first)"):
+        line = refused(["run", study, "--out", out], capsys, tmp_path)
+    assert f"out: {out} is being written by another bench run (pid {os.getpid()}, bench run ok.toml --out out " \
+           "(the first), since " in line, line
+    assert not (out / "results").exists()
+    ok(["run", study, "--out", out], capsys)  # the lock died with its holder's run
+    ok(["run", study, "--out", out], capsys)
+    rows = read_rows(out / "results")
+    assert len(rows) == 2 and {r["backbone"] for r in rows} == {"pixels", "oracle:objects"}

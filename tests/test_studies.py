@@ -230,6 +230,10 @@ def test_a_folder_of_another_study_is_refused(grid, tmp_path, capsys):
     assert code == 2 and "holds study 'other'" in err
 
 
+#: The first hub download each paper's study names in its dry run (its first backbone's).
+PRESET_HUB_IDS = {"fbp": "facebook/dinov2-large", "obv": "facebook/dinov2-small"}
+
+
 @pytest.mark.parametrize("name, layers", [
     ("fbp", {"dinov2-large": 24, "dinov2-large-336": 24, "clip-vit-large-14": 24, "clip-vit-large-14-336": 24}),
     ("obv", {"dinov2-small": 12, "dinov2-base": 12, "dinov2-large": 24, "dinov2-giant": 40, "clip-vit-large-14": 24,
@@ -243,6 +247,8 @@ def test_the_papers_studies_plan_offline_with_every_layer_count(name, layers, tm
     assert code == 0, err
     for backbone, n in layers.items():
         assert f"· {backbone}" in out and f"{n} layers" in out
+    # named as needing the hub (a run offline refuses them before it makes anything: test_hostile_inputs)
+    assert f"not in the local cache, downloaded when it runs: {PRESET_HUB_IDS[name]}" in out
     assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").rglob("*.safetensors"))
     assert not (tmp_path / name).exists()  # a dry run writes nothing
 

@@ -33,14 +33,18 @@ def test_proc_stat_is_read_for_the_cpus_asked():
     assert list(times) == [0] and times[0][1] >= times[0][0] > 0
 
 
-def test_threads_asked_for_are_used_and_bad_counts_refused():
-    assert threads.choose_threads(3).threads == 3
+def test_threads_asked_for_are_used_and_bad_counts_refused(monkeypatch):
+    monkeypatch.setattr(threads, "machine_cores", lambda: 4)
+    assert threads.choose_threads(3).threads == 3 and threads.choose_threads(4).threads == 4
     with pytest.raises(BenchError, match="threads: must be ≥ 1"):
         threads.choose_threads(0)
+    with pytest.raises(BenchError, match="threads: at most 4 \\(this machine's cores\\), got 5"):
+        threads.choose_threads(5)
 
 
 def test_evaluate_says_its_thread_count_once_and_restores_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(threads, "machine_cores", lambda: 4)  # 3 threads on any machine
     data = make_dataset(tmp_path / "d", n_train=24, n_val=8, n_test=8, **TINY_SCENES)
     before = torch.get_num_threads()
     seen = []

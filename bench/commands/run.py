@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import typer
 
@@ -13,7 +13,6 @@ from bench import api
 from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr, wrap
 from bench.core.errors import BenchError
 from bench.core.paths import output_path
-from bench.core.results import check_writable
 
 
 def register(app: typer.Typer) -> None:
@@ -43,18 +42,17 @@ def run_and_report(study: str, variables: Mapping[str, str], out: Path | None, *
     the study's notes, where everything is and what to run next."""
     t0 = time.perf_counter()
     loaded = api.load_study(study, variables, allow_unset=dry_run)
-    plan = api.plan_study(loaded, out)
-    if not dry_run:  # a folder that cannot be written is refused in one line, before the plan is shown
-        check_writable(plan.out if out is None else Path(out), "out")
-    for line in plan.lines():
-        if dry_run:
-            echo(line)
-        else:
-            stderr.print(line, soft_wrap=True, markup=False, highlight=False)
     if dry_run:
+        for line in api.plan_study(loaded, out).lines():
+            echo(line)
         return
-    done = api.run_study(loaded, plan.out if out is None else out, executor=executor, address=address, progress=True,
-                         command=command)
+
+    def show(plan: Any) -> None:  # once the whole study passed its checks: a refusal is the only line
+        for line in plan.lines():
+            stderr.print(line, soft_wrap=True, markup=False, highlight=False)
+
+    done = api.run_study(loaded, out, executor=executor, address=address, progress=True, command=command,
+                         on_plan=show)
     stderr.print("3/3 leaderboard")
     text, note = api.study_report(loaded, done.results, fmt.value)
     if note:

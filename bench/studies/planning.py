@@ -16,12 +16,16 @@ growth (entries already cached are not subtracted).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from bench.core.errors import BenchError
 from bench.studies.spec import BackboneEntry, DatasetEntry, EvaluateBlock, Study
+
+if TYPE_CHECKING:
+    from evaluators.backbones import Download
 
 #: Without rows to time from: seconds per row set (one backbone, layer, token view and seed,
 #: every family fitted in one pass) — the demo's row sets took 5 to 40 s on 2 CPU cores at
@@ -29,6 +33,8 @@ from bench.studies.spec import BackboneEntry, DatasetEntry, EvaluateBlock, Study
 ROW_SET_SECONDS = 30.0
 #: The manifest a study writes into its folder: which study made it, with which settings.
 MANIFEST = "bench-study.json"
+#: The lock a run holds on its study's folder (`runner.run_study`): one run of a folder at a time.
+LOCK = ".bench-study.lock"
 SPLITS = ("train", "val", "test")
 
 
@@ -77,6 +83,8 @@ class StudyPlan:
     estimate_source: str
     activation_bytes: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The backbones whose files are not in the local cache, with the download each needs.
+    downloads: tuple[tuple[BackboneEntry, Download], ...] = ()
 
     @property
     def pending(self) -> tuple[Unit, ...]:
@@ -123,9 +131,12 @@ class StudyPlan:
 def plan_study(study: Study, out: str | Path | None = None, cwd: Path | None = None) -> StudyPlan:
     """The plan of `study` writing into `out` (None: the default folder in `cwd`, see `choose_out`).
 
-    Refuses, in one line, what the run would refuse before any work: an output folder made by
-    another study, a dataset folder that holds other scenes, a layer a backbone does not have."""
+    Refuses, in one line, what the run would refuse before any work: an output folder it may
+    not write (`check_folder`), a dataset folder that holds other scenes, a layer a backbone
+    does not have. What needs this machine as it is now (free disk, a device, the network) is
+    `check_run`'s, before a run."""
     from bench.core.results import existing_keys, read_results
+    from evaluators.backbones import check_loadable
 
     folder, note = choose_out(study, out, cwd or Path.cwd())
     results = folder / "results"
@@ -156,33 +167,126 @@ def plan_study(study: Study, out: str | Path | None = None, cwd: Path | None = N
         how = "from the wall_time_s of the rows already present"
     else:
         how = f"{ROW_SET_SECONDS:.0f} s a row set, a stated constant: no rows present to time from"
+    first: dict[str, BackboneEntry] = {}
+    for b in study.backbones.values():
+        first.setdefault(b.spec, b)  # each spec once, under the key path that names it first
+    downloads = tuple((b, need) for b in first.values() if (need := check_loadable(b.spec)) is not None)
+    notes = (f"not in the local cache, downloaded when it runs: {', '.join(n.what for _, n in downloads)}",) \
+        if downloads else ()
     return StudyPlan(study, folder, note, steps, units, sum(u.held for u in units), seconds, how,
-                     _activation_bytes(units, by_name))
+                     _activation_bytes(units, by_name), notes, downloads)
+
+
+def check_run(plan: StudyPlan, executor: str = "local") -> None:
+    """Refuse, in one line naming the study file and key path and creating nothing, what the
+    run would otherwise refuse only once its folder is made: a dataset folder that cannot be
+    read (damaged, no codes or priors a block needs), an import that cannot be made (no
+    source, options `bench import` refuses), scenes this disk or memory cannot hold, a device
+    this machine lacks (local runs), a backbone whose files are neither cached nor
+    downloadable now. The checks are those the run makes, made earlier."""
+    from bench.core.paths import check_output_dir
+
+    study = plan.study
+    check_output_dir(plan.out, "out")
+    for step in plan.datasets:
+        try:
+            _check_dataset(study, step)
+        except BenchError as e:
+            raise BenchError(f"{study.source}: {_dataset_key(step.entry)}: {e}") from None
+    for block in study.blocks:
+        if executor == "local" and "device" in block.options:
+            from evaluators.extract import resolve_device
+
+            try:
+                resolve_device(block.options["device"])
+            except BenchError as e:
+                raise BenchError(f"{study.source}: {block.key}: {e}") from None
+    for backbone, need in plan.downloads:
+        try:
+            need.require()
+        except BenchError as e:
+            raise BenchError(f"{study.source}: {backbone.key}: {e}") from None
+
+
+def _dataset_key(entry: DatasetEntry) -> str:
+    """The key path a refusal about a dataset names: its `path` when it is an existing folder."""
+    return f"datasets.{entry.name}.path" if entry.kind == "path" else f"datasets.{entry.name}"
+
+
+def _check_dataset(study: Study, step: DatasetStep) -> None:
+    """One dataset as the run will use it: made (an import's source and options, a render's
+    size against this machine), or opened with the checks `bench evaluate` makes first."""
+    if step.entry.kind == "import" and step.status == "to import":
+        from generators.importers import check_import
+
+        if not step.entry.path.is_dir():
+            raise BenchError(f"src: {step.entry.path} is not a folder")
+        check_import(step.entry.importer, step.entry.path, step.target,
+                     **{k: v for k, v in step.entry.options.items() if k != "split_seed"})
+        return
+    if step.entry.kind == "generate" and step.status != "present":
+        from generators.engine import check_resources
+
+        gen, config = generator_config(step.entry)
+        check_resources(gen, config, step.target, workers=1)  # `_make_dataset` renders with one
+        return
+    from evaluators.binding.task import check_control, check_priors, open_dataset
+
+    blocks = [b for b in study.blocks if step.entry.name in b.datasets]
+    ds = open_dataset(step.target, need_codes=any(b.task == "binding" for b in blocks))
+    for b in blocks:
+        if b.task == "binding":
+            unanchored = b.options.get("unanchored", False)
+            check_priors(ds, unanchored)
+            check_control(ds, b.options.get("control"), unanchored)
 
 
 def choose_out(study: Study, out: str | Path | None, cwd: Path) -> tuple[Path, str]:
-    """The study's folder: `out`, or the first of ./FOLDER, ./FOLDER-2, … (FOLDER: the study's
-    `folder`, else its name) that is free or that this study made with the same settings (its
-    manifest says so); a folder holding another study's manifest is refused (given) or passed
-    over (default), and nothing in a folder is ever deleted."""
+    """The study's folder: `out` (`check_folder` says whether it may be written), or the first
+    of ./FOLDER, ./FOLDER-2, … (FOLDER: the study's `folder`, else its name) that is free or
+    that this study made with the same settings (its manifest says so); any other is passed
+    over, and nothing in a folder is ever deleted."""
     if out is not None:
         folder = Path(out)
-        made = read_manifest(folder)
-        if made is not None and made.get("study") != study.name:
-            raise BenchError(f"out: {folder} holds study {made.get('study')!r} (its {MANIFEST}); choose another "
-                             f"--out for study {study.name!r}")
-        if folder.exists() and not folder.is_dir():
-            raise BenchError(f"out: {folder} exists and is not a directory")
+        made = check_folder(folder, study)
         return folder, "reused: made by this study" if made else "given"
     for k in range(1, 10_000):
         folder = cwd / (study.folder if k == 1 else f"{study.folder}-{k}")
         if not folder.exists() and not folder.is_symlink():
             return _shown(folder, cwd), "new"
-        made = read_manifest(folder)
-        if (folder.is_dir() and not folder.is_symlink() and made is not None and made.get("study") == study.name
-                and made.get("settings") == dict(study.settings)):
+        try:
+            made = check_folder(folder, study)
+        except BenchError:  # another's, damaged, a link: not ours to write
+            continue
+        if made is not None and made.get("settings") == dict(study.settings):
             return _shown(folder, cwd), "reused: made by this study with the same settings"
     raise BenchError(f"out: {cwd} already holds {study.folder} … {study.folder}-9999; pass --out DIR")
+
+
+def check_folder(folder: Path, study: Study) -> dict[str, Any] | None:
+    """The manifest of `folder` when `study` made it, None when it is new or empty; refused in
+    one line, touching nothing, when a study may not write there: a symbolic link (it would
+    write into the folder it points at), a file, a damaged manifest, another study's, or a
+    folder holding anything without a manifest (bench did not make it: the working directory
+    with your files, a dataset, your notes). A study writes only into a folder it made."""
+    if folder.is_symlink():
+        raise BenchError(f"out: {folder} is a symbolic link (to {os.readlink(folder)}); a study writes only into a "
+                         "folder it made or an empty one: give that folder itself, or a new one")
+    if not folder.exists():
+        return None
+    if not folder.is_dir():
+        raise BenchError(f"out: {folder} exists and is not a directory")
+    made = read_manifest(folder)
+    if made is None:
+        others = sorted(e.name for e in folder.iterdir() if e.name != LOCK)
+        if others:
+            raise BenchError(f"out: {folder} is not empty and no study made it (no {MANIFEST}; it holds "
+                             f"{others[0]!r}); choose a new or empty folder for study {study.name!r}")
+        return None
+    if made["study"] != study.name:
+        raise BenchError(f"out: {folder} holds study {made['study']!r} (its {MANIFEST}); choose another "
+                         f"--out for study {study.name!r}")
+    return made
 
 
 def _shown(folder: Path, cwd: Path) -> Path:
@@ -191,11 +295,20 @@ def _shown(folder: Path, cwd: Path) -> Path:
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+    """A study folder's manifest: None when it has none; a damaged one (unreadable, not a
+    study's) is refused in one line, as nothing in the folder can be shown to be the study's."""
+    path = folder / MANIFEST
+    if not path.exists() and not path.is_symlink():
         return None
-    return manifest if isinstance(manifest, dict) else None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise BenchError(f"out: {path} is damaged ({type(e).__name__}); a study writes only into a folder it made: "
+                         "choose another --out") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("study"), str):
+        raise BenchError(f"out: {path} is damaged (not a study's manifest); a study writes only into a folder it "
+                         "made: choose another --out")
+    return manifest
 
 
 def dataset_target(entry: DatasetEntry, folder: Path) -> Path:
@@ -218,7 +331,10 @@ def _dataset_step(study: Study, entry: DatasetEntry, folder: Path) -> DatasetSte
     if entry.kind == "path" and "${" in str(target):  # a dry run with the variable unset
         return DatasetStep(entry, target, "not set", None, None)
     present = (target / CARD_NAME).is_file()
-    card = Dataset(target).card if present else None
+    try:
+        card = Dataset(target).card if present else None
+    except BenchError as e:  # a damaged card: named with the key that led here
+        raise BenchError(f"{study.source}: {_dataset_key(entry)}: {e}") from None
     if entry.kind == "generate":
         from generators.base import config_to_dict
 

@@ -7,6 +7,10 @@ killed at any point (even `kill -9`) resumes where it stopped when started again
 resume their unfinished shards, every backbone's rows are written atomically as it finishes,
 and interrupted activation-cache entries resume.
 
+Before anything is made the whole study is checked against this machine (`planning.check_run`),
+so a refusal leaves no folder behind; the folder is then this run's alone (an `flock`, which
+dies with its process) until it ends.
+
 Zoo models the study names that are not trained yet train in a second process while the
 other backbones are evaluated (the demo's two cores: one trains, one evaluates).
 """
@@ -17,13 +21,14 @@ import contextlib
 import os
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from bench.core.environ import environment
 from bench.core.errors import BenchError
-from bench.studies.planning import MANIFEST, DatasetStep, StudyPlan, generator_config, plan_study
+from bench.studies.planning import (LOCK, MANIFEST, DatasetStep, StudyPlan, check_folder, check_run, generator_config,
+                                    plan_study)
 from bench.studies.spec import EvaluateBlock, Study
 
 
@@ -41,14 +46,14 @@ class StudyRun:
 
 
 def run_study(study: Study, out: str | Path | None = None, *, executor: str = "local", address: str | None = None,
-              progress: bool = True, command: str | None = None,
-              say: Callable[[str], None] | None = None) -> StudyRun:
+              progress: bool = True, command: str | None = None, say: Callable[[str], None] | None = None,
+              on_plan: Callable[[StudyPlan], None] | None = None) -> StudyRun:
     """Run `study` into `out` (None: the default folder, `planning.choose_out`): what its plan
     says is missing, nothing else. `executor` "ray" renders and evaluates as Ray tasks (on the
     cluster at `address`); `command` goes into every row's provenance; `say` hears the stage
-    lines (default: stderr when `progress`)."""
-    from bench.core.results import check_writable
-
+    lines (default: stderr when `progress`); `on_plan` hears the plan once the whole study has
+    passed its checks (`planning.check_run`) and the folder is this run's: a refusal comes
+    before anything is made, and alone."""
     t0 = time.perf_counter()
     say = say or (_stderr if progress else (lambda text: None))
     if study.unset:
@@ -61,11 +66,20 @@ def run_study(study: Study, out: str | Path | None = None, *, executor: str = "l
     elif address is not None:
         raise BenchError("executor: --address needs --executor ray")
     plan = plan_study(study, out)
-    check_writable(plan.out, "out")  # now, not after minutes of work
-    for step in plan.datasets:
-        if step.entry.kind == "import" and not step.entry.path.is_dir():
-            raise BenchError(f"{study.source}: datasets.{step.entry.name}.src: {step.entry.path} is not a folder")
-    _write_manifest(plan.out, study)
+    check_run(plan, executor)
+    with _claimed(plan.out, study, command):
+        # again, now that no other run can change the folder (the first plan says what it found there)
+        plan = replace(plan_study(study, plan.out), out_note=plan.out_note)
+        if on_plan is not None:
+            on_plan(plan)
+        written, skipped = _run(study, plan, executor, address, progress, command, say)
+    return StudyRun(plan, plan.out, plan.out / "results", tuple(written), sum(skipped), time.perf_counter() - t0)
+
+
+def _run(study: Study, plan: StudyPlan, executor: str, address: str | None, progress: bool, command: str | None,
+         say: Callable[[str], None]) -> tuple[list[Path], list[int]]:
+    """Make the plan's datasets, then fit its rows (the zoo's in a second process): the run
+    files written and the counts of rows found already there."""
     results = plan.out / "results"
     written: list[Path] = []
     skipped: list[int] = []
@@ -96,7 +110,42 @@ def run_study(study: Study, out: str | Path | None = None, *, executor: str = "l
             for block, dataset, models in later:
                 written += _evaluate(study, block, dataset, models, results, executor, address, progress, command,
                                      skipped)
-    return StudyRun(plan, plan.out, results, tuple(written), sum(skipped), time.perf_counter() - t0)
+    return written, skipped
+
+
+@contextlib.contextmanager
+def _claimed(folder: Path, study: Study, command: str | None) -> Iterator[None]:
+    """The study's folder, made if missing and held by this run until it ends: a second run
+    into it (of this study or another) is refused in one line naming this one. The lock is an
+    `flock` (`bench.core.locks`), so a run that dies, by kill -9 too, leaves nothing locked;
+    one that ends removes its lock file while it still holds it (a run that opened the file
+    meanwhile finds it gone, `same_file`, and locks a new one). Under the lock the folder is
+    checked again (`check_folder`) and its manifest written."""
+    from bench.core.locks import same_file, try_lock
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK
+    while True:
+        fd = try_lock(lock, create=True)
+        if fd is None:
+            try:
+                holder = " ".join(lock.read_text().split()) or "starting"
+            except (OSError, UnicodeDecodeError):
+                holder = "unknown"
+            raise BenchError(f"out: {folder} is being written by another bench run ({holder}); wait for it to "
+                             "finish or choose another --out")
+        if same_file(fd, lock):
+            break
+        os.close(fd)  # removed by the run that held it as it ended: lock the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}, {command or 'bench run ' + study.source}, since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        _write_manifest(folder, study, check_folder(folder, study))
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def _names(work: Sequence[tuple]) -> list[str]:
@@ -164,15 +213,14 @@ def _make_dataset(step: DatasetStep, executor: str, address: str | None, progres
     say(f"wrote {n} scenes to {step.target} in {time.perf_counter() - t0:.1f} s")
 
 
-def _write_manifest(folder: Path, study: Study) -> None:
+def _write_manifest(folder: Path, study: Study, made: dict[str, Any] | None) -> None:
     """Record which study made the folder, with which settings (a later run of the same study and
-    settings reuses it; another study is refused), unless it says so already."""
-    if (folder / MANIFEST).exists():
+    settings reuses it; another study is refused), unless its manifest (`made`) says so already."""
+    if made is not None:
         return
     import bench
     from bench.core.dataset import write_json_atomic
 
-    folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic({"made_by": "bench run", "study": study.name, "source": study.source,
                        "bench_version": bench.__version__, "settings": dict(study.settings)}, folder / MANIFEST)
 

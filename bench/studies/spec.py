@@ -55,14 +55,15 @@ SUFFIX = ".toml"
 
 @dataclass(frozen=True)
 class BackboneEntry:
-    """One backbone of an evaluate block: the rows' `backbone` column (`name`), its spec, and
-    the input side and normalisation given in place of its own (None: its own)."""
+    """One backbone of an evaluate block: the rows' `backbone` column (`name`), its spec, the
+    input side and normalisation given in place of its own (None: its own), and its key path."""
 
     name: str
     spec: str
     image_size: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    key: str = field(default="", compare=False)  # where the study names it: `evaluate[1].backbones[2]`
 
     @property
     def model(self) -> Any:
@@ -310,6 +311,8 @@ def _build(data: dict, check: _Checker, source: str, root: Path, default_name: s
     check.table(data, "", _TOP_KEYS, required=("datasets", "evaluate"))
     name = data.get("name", default_name)
     check.label(name, "name", "the study's name (it names its folder)")
+    folder = data.get("folder", name)
+    check.label(folder, "folder", "the study's folder (in the working directory, as the name is by default)")
     datasets = _datasets(data["datasets"], check, root)
     if not data["evaluate"]:
         raise check.fail("evaluate", "give at least one [[evaluate]] block")
@@ -321,11 +324,16 @@ def _build(data: dict, check: _Checker, source: str, root: Path, default_name: s
     if "layer" in board:
         _check_board_layer(board["layer"], check)
     threads = data.get("threads")
-    if threads is not None and threads < 1:
-        raise check.fail("threads", f"must be ≥ 1, got {threads}")
+    if threads is not None:
+        from evaluators.threads import check_threads
+
+        try:
+            check_threads(threads)
+        except BenchError as e:
+            raise check.fail("threads", str(e).removeprefix("threads: ")) from None
     settings = {v: resolver.values.get(v, f"${{{v}}}") for v in sorted(resolver.by_key.get("datasets", ()))}
     return Study(name=name, source=source, root=root, datasets=datasets, blocks=blocks,
-                 description=data.get("description", "").strip(), folder=data.get("folder", name), threads=threads,
+                 description=data.get("description", "").strip(), folder=folder, threads=threads,
                  private_cache=data.get("private_cache", False), notes=" ".join(data.get("notes", "").split()),
                  next=tuple(check.items(data.get("next", []), "next", str)),
                  leaderboard_layer=board.get("layer", "best"), leaderboard_metrics=metrics,
@@ -482,8 +490,10 @@ def _backbones(raw: Any, key: str, check: _Checker, root: Path) -> tuple[Backbon
                 model = named_spec(item)
             except BenchError as e:
                 raise check.fail(f"{key}[{i + 1}]", str(e)) from None
+            _check_not_empty(model.spec, f"{key}[{i + 1}]", check)
             spec = _spec_path(model.spec, root)
-            entries.append((f"{key}[{i + 1}]", BackboneEntry(model.name if model.name != model.spec else spec, spec)))
+            entries.append((f"{key}[{i + 1}]", BackboneEntry(model.name if model.name != model.spec else spec, spec,
+                                                             key=f"{key}[{i + 1}]")))
     else:
         entries = []
         for name, value in raw.items():
@@ -491,17 +501,24 @@ def _backbones(raw: Any, key: str, check: _Checker, root: Path) -> tuple[Backbon
             if isinstance(value, str):
                 value = {"spec": value}
             check.table(value, where, _BACKBONE_KEYS, required=("spec",))
+            _check_not_empty(value["spec"], f"{where}.spec", check)
             pre = {}
             for k in ("mean", "std"):
                 if k in value:
                     pre[k] = tuple(check.items(value[k], f"{where}.{k}", (int, float)))
             entries.append((where, BackboneEntry(name, _spec_path(value["spec"], root), value.get("image_size"),
-                                                 pre.get("mean"), pre.get("std"))))
+                                                 pre.get("mean"), pre.get("std"), key=where)))
     if not entries:
         raise check.fail(key, "name at least one backbone")
     for where, entry in entries:
         _check_backbone(entry, where, check)
     return tuple(e for _, e in entries)
+
+
+def _check_not_empty(spec: str, key: str, check: _Checker) -> None:
+    """An empty spec names no backbone (resolved from the study's folder, it named that folder)."""
+    if not spec.strip():
+        raise check.fail(key, "empty spec; name a backbone (`bench models` lists them)")
 
 
 def _spec_path(spec: str, root: Path) -> str:
@@ -520,12 +537,13 @@ def _spec_path(spec: str, root: Path) -> str:
 
 
 def _check_backbone(entry: BackboneEntry, key: str, check: _Checker) -> None:
-    from evaluators.backbones import backbone_metadata
+    from evaluators.backbones import backbone_metadata, check_loadable
     from evaluators.backbones.presets import checked_preprocessing
 
     try:
         checked_preprocessing(entry.image_size, entry.mean, entry.std)
         backbone_metadata(entry.spec)
+        check_loadable(entry.spec)  # what it downloads, if anything, is the run's to check (a dry run needs no network)
     except BenchError as e:
         raise check.fail(key, str(e)) from None
     if entry.name != entry.spec:  # a spec written alone names its rows itself

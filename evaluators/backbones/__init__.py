@@ -19,15 +19,16 @@ from typing import Callable
 from bench.core.errors import BenchError
 from bench.core.registry import Registry
 from evaluators.backbones.base import Backbone, BackboneInfo
-from evaluators.backbones.hf import HFBackbone
+from evaluators.backbones.hf import Download, HFBackbone, check_checkpoint, hub_download
 from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels
 from evaluators.backbones.presets import (LIBRARY_PRESETS, PREPROCESSING, PRESETS, LibraryPreset, Preset,
                                          checked_preprocessing)
 from evaluators.zoo.listing import zoo_infos, zoo_specs
 
-__all__ = ["Backbone", "BackboneInfo", "BackboneSource", "ModuleAdapter", "LIBRARY_PRESETS", "PRESETS", "SOURCES",
-           "backbone_metadata", "backbone_source", "list_backbones", "resolve_backbone", "spec_source", "known_specs"]
+__all__ = ["Backbone", "BackboneInfo", "BackboneSource", "Download", "ModuleAdapter", "LIBRARY_PRESETS", "PRESETS",
+           "SOURCES", "backbone_metadata", "backbone_source", "check_loadable", "list_backbones", "resolve_backbone",
+           "spec_source", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
@@ -38,13 +39,17 @@ class BackboneSource:
     """One way to name a backbone: which specs it `matches`, how it `load`s one (spec, seed),
     the backbones `bench models` lists for it (`listing`, needing no download) and the
     spec forms it accepts (`forms`, shown by `bench models`). A `fallback` source is tried
-    after every other (a directory, a hub id), so a plugin's prefix wins over them."""
+    after every other (a directory, a hub id), so a plugin's prefix wins over them. `check`
+    refuses, without building the model or touching the network, a spec `load` would refuse
+    whatever the network, and returns the download loading it needs (None: none); a source
+    without one is checked when it loads."""
 
     forms: str
     matches: Callable[[str], bool]
     load: Callable[[str, int], Backbone]
     listing: Callable[[], list[BackboneInfo]] = list
     fallback: bool = False
+    check: Callable[[str], Download | None] = lambda spec: None
 
 
 #: Backbone sources by name (`bench models` lists them); plugins add more through the
@@ -53,11 +58,12 @@ SOURCES: Registry[BackboneSource] = Registry("backbone source", group="bindingbe
 
 
 def backbone_source(name: str, forms: str, matches: Callable[[str], bool],
-                    listing: Callable[[], list[BackboneInfo]] = list,
-                    fallback: bool = False) -> Callable[[Callable[[str, int], Backbone]], Callable[[str, int], Backbone]]:
+                    listing: Callable[[], list[BackboneInfo]] = list, fallback: bool = False,
+                    check: Callable[[str], Download | None] = lambda spec: None
+                    ) -> Callable[[Callable[[str, int], Backbone]], Callable[[str, int], Backbone]]:
     """Decorator: register a loader `fn(spec, seed) -> Backbone` as the source `name`."""
     def decorate(fn: Callable[[str, int], Backbone]) -> Callable[[str, int], Backbone]:
-        SOURCES.register(name, BackboneSource(forms, matches, fn, listing, fallback))
+        SOURCES.register(name, BackboneSource(forms, matches, fn, listing, fallback, check))
         return fn
     return decorate
 
@@ -102,7 +108,8 @@ def _is_library(spec: str) -> bool:
 
 
 @backbone_source("preset", "preset names (Hugging Face hub)", lambda s: s in PRESETS,
-                 lambda: [_preset_info(n, p, _cached_revision(p.hub_id)) for n, p in PRESETS.items()])
+                 lambda: [_preset_info(n, p, _cached_revision(p.hub_id)) for n, p in PRESETS.items()],
+                 check=lambda s: hub_download(PRESETS[s].hub_id))
 def _preset(spec: str, seed: int) -> Backbone:
     from evaluators.backbones.hf import load_hub
 
@@ -110,14 +117,16 @@ def _preset(spec: str, seed: int) -> Backbone:
 
 
 @backbone_source("library", "timm:<name>, open_clip:<arch>@<tag or file>, library presets", _is_library,
-                 lambda: [_library_info(n, p, _cached_weights(p)) for n, p in LIBRARY_PRESETS.items()])
+                 lambda: [_library_info(n, p, _cached_weights(p)) for n, p in LIBRARY_PRESETS.items()],
+                 check=lambda s: _check_library(s, s, seeded=False))
 def _library(spec: str, seed: int) -> Backbone:
     return _load_library(spec, spec, None)
 
 
 @backbone_source("random", "random:<preset> (random-init controls)", lambda s: s.startswith("random:"),
                  lambda: [*(_preset_info(f"random:{n}", p, "seed=0") for n, p in PRESETS.items()),
-                          *(_library_info(f"random:{n}", p, "seed=0") for n, p in LIBRARY_PRESETS.items())])
+                          *(_library_info(f"random:{n}", p, "seed=0") for n, p in LIBRARY_PRESETS.items())],
+                 check=lambda s: _check_random(s))
 def _random(spec: str, seed: int) -> Backbone:
     name = spec.split(":", 1)[1]
     if _is_library(name):
@@ -142,11 +151,24 @@ def _oracle(spec: str, seed: int) -> Backbone:
 
 
 @backbone_source("py", "py:<file>:<function> (a function returning a ModuleAdapter or a Backbone)",
-                 lambda s: s.startswith("py:"))
+                 lambda s: s.startswith("py:"), check=lambda s: _check_py(s))
 def _py(spec: str, seed: int) -> Backbone:
     from evaluators.backbones.module_adapter import load_py
 
     return load_py(spec, spec[3:])
+
+
+def _check_random(spec: str) -> None:
+    """An untrained library model's name (a preset's is `backbone_metadata`'s to check); no download."""
+    name = spec.split(":", 1)[1]
+    if _is_library(name):
+        _check_library(spec, name, seeded=True)
+
+
+def _check_py(spec: str) -> None:
+    from evaluators.backbones.module_adapter import py_function
+
+    py_function(spec, spec[3:])
 
 
 @backbone_source("zoo", "zoo:<name>", lambda s: s.startswith("zoo:"), zoo_infos)
@@ -162,43 +184,70 @@ def _is_path(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
 
 
-@backbone_source("folder", "a local checkpoint directory", _is_path, fallback=True)
+@backbone_source("folder", "a local checkpoint directory", _is_path, fallback=True,
+                 check=lambda s: check_checkpoint(_checkpoint_dir(s)))
 def _folder(spec: str, seed: int) -> Backbone:
+    from evaluators.backbones.hf import load_local
+
+    return load_local(spec, _checkpoint_dir(spec).resolve())
+
+
+def _checkpoint_dir(spec: str) -> Path:
     path = Path(spec).expanduser()
     if not path.is_dir():
         raise BenchError(f"model: {spec} is not a checkpoint directory")
-    from evaluators.backbones.hf import load_local
-
-    return load_local(spec, path.resolve())
+    return path
 
 
-@backbone_source("hub", "a Hugging Face id[@revision]", lambda s: bool(_HUB_ID.fullmatch(s)), fallback=True)
+@backbone_source("hub", "a Hugging Face id[@revision]", lambda s: bool(_HUB_ID.fullmatch(s)), fallback=True,
+                 check=lambda s: hub_download(*_hub_revision(s)))
 def _hub(spec: str, seed: int) -> Backbone:
     from evaluators.backbones.hf import load_hub
 
+    return load_hub(spec, *_hub_revision(spec))
+
+
+def _hub_revision(spec: str) -> tuple[str, str | None]:
+    """A hub id's repo and revision (None: the default branch)."""
     repo, _, revision = spec.partition("@")
-    return load_hub(spec, repo, revision or None)
+    return repo, revision or None
 
 
 def _load_library(spec: str, name: str, seed: int | None) -> Backbone:
     """A timm or OpenCLIP backbone (`name`: a library preset or `timm:`/`open_clip:` spec);
     `seed` builds it with random init instead of its weights."""
-    if name in LIBRARY_PRESETS:
-        name = LIBRARY_PRESETS[name].spec
-    library, _, rest = name.partition(":")
+    library, arch, weights = _library_parts(spec, name, seeded=seed is not None)
     if library == "timm":
         from evaluators.backbones.timm_models import load_timm, load_timm_file
 
-        arch, _, weights = rest.partition("@")
-        if weights:
-            if seed is not None:
-                raise BenchError(f"model: {spec}: random: builds an untrained model; drop @{weights}")
-            return load_timm_file(spec, arch, Path(weights))
-        return load_timm(spec, rest, seed=seed)
+        return load_timm_file(spec, arch, Path(weights)) if weights else load_timm(spec, arch, seed=seed)
     from evaluators.backbones.open_clip_models import load_open_clip
 
-    arch, _, tag = rest.partition("@")
-    return load_open_clip(spec, arch, tag or None, seed=seed)
+    return load_open_clip(spec, arch, weights, seed=seed)
+
+
+def _check_library(spec: str, name: str, seeded: bool) -> Download | None:
+    """What `_load_library` would refuse whatever the network, and the download it needs."""
+    library, arch, weights = _library_parts(spec, name, seeded)
+    if library == "timm":
+        from evaluators.backbones.timm_models import check_timm
+
+        return check_timm(spec, arch, Path(weights) if weights else None, seeded)
+    from evaluators.backbones.open_clip_models import check_open_clip
+
+    return check_open_clip(spec, arch, weights, seeded)
+
+
+def _library_parts(spec: str, name: str, seeded: bool) -> tuple[str, str, str | None]:
+    """(library, architecture, weights: a timm state-dict file or an OpenCLIP tag or file, None
+    when not named) of a library preset or a `timm:`/`open_clip:` spec."""
+    if name in LIBRARY_PRESETS:
+        name = LIBRARY_PRESETS[name].spec
+    library, _, rest = name.partition(":")
+    arch, _, weights = rest.partition("@")
+    if library == "timm" and weights and seeded:
+        raise BenchError(f"model: {spec}: random: builds an untrained model; drop @{weights}")
+    return library, arch, weights or None
 
 
 def spec_source(spec: str) -> str:
@@ -291,6 +340,20 @@ def backbone_metadata(spec: str) -> BackboneInfo | None:
     if name == "folder":
         return _folder_info(spec, Path(spec).expanduser())
     return None
+
+
+def check_loadable(spec: str) -> Download | None:
+    """Refuse, in one line, what loading `spec` would refuse whatever the network, found
+    without building the model or touching the network: an unknown name or architecture, a
+    missing `py:` file or function, a folder that is no checkpoint, a missing weight file.
+    Returns the download loading it needs (its files are not in the local cache), None when
+    it loads offline; a plugin's source without a `check` is checked when it loads. A study
+    checks every backbone with it before anything is made."""
+    spec = spec.strip()
+    name = source_of(spec)
+    if name == "unknown":
+        raise _unknown(spec, known_specs())
+    return SOURCES.get(name).check(spec)
 
 
 def _folder_info(spec: str, path: Path) -> BackboneInfo | None:

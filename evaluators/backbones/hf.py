@@ -204,14 +204,19 @@ def _family(model_type: str, where: str) -> Family:
     return FAMILIES[model_type]
 
 
+def check_checkpoint(path: Path) -> None:
+    """Refuse a folder that is no Hugging Face checkpoint (no config.json), in one line."""
+    if not (path / "config.json").is_file():
+        raise BenchError(f"model: {path} has no config.json (not a Hugging Face checkpoint directory)")
+
+
 def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone:
     """A checkpoint directory: config.json and weights, with or without preprocessor_config.json
     (without it, `_config_settings`; `resolve_backbone` then says which input settings it runs with)."""
     import transformers
     from transformers import AutoConfig, AutoImageProcessor
 
-    if not (path / "config.json").is_file():
-        raise BenchError(f"model: {path} has no config.json (not a Hugging Face checkpoint directory)")
+    check_checkpoint(path)
     with _quiet_transformers():
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         family = _family(config.model_type, str(path))
@@ -335,6 +340,30 @@ def load_hub(spec: str, repo_id: str, revision: str | None = None) -> HFBackbone
     return load_local(spec, path, revision=path.name)
 
 
+@dataclasses.dataclass(frozen=True)
+class Download:
+    """What loading a backbone fetches from the network, its files not being in the local
+    cache: `what` (shown), what to do without network (`how`), and the endpoint asked."""
+
+    what: str
+    how: str
+    endpoint: str | None = None
+
+    def require(self) -> None:
+        """A one-line BenchError unless the download can work now (`require_network`)."""
+        require_network(self.what, self.how, self.endpoint)
+
+
+def hub_download(repo_id: str, revision: str | None = None) -> Download | None:
+    """The download `load_hub` makes for a hub id: None when its snapshot is cached."""
+    return None if cached_snapshot(repo_id, revision) is not None else Download(repo_id, _how(repo_id))
+
+
+def _how(repo_id: str) -> str:
+    return (f"download it where there is network (`hf download {repo_id}`) and pass its directory as the model, "
+            "or point HF_HOME at a cache that holds it")
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -355,8 +384,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    how = (f"download it where there is network (`hf download {repo_id}`) and pass its directory as the model, "
-           f"or point HF_HOME at a cache that holds it")
+    how = _how(repo_id)
     require_network(repo_id, how, endpoint)
     repo_dir = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
     try:

@@ -34,7 +34,17 @@ def _endpoint() -> str:
 
 def require_network(what: str, url: str | None = None) -> None:
     """A one-line BenchError unless the weights of `what` can be downloaded now."""
-    hf.require_network(f"the weights of {what}", HOW, url)
+    weights_download(what, url).require()
+
+
+def weights_download(what: str, url: str | None = None) -> hf.Download:
+    """The download of the weights of `what` (from `url`, else the hub), not yet made."""
+    return hf.Download(f"the weights of {what}", HOW, url)
+
+
+def hub_file_download(what: str, repo_id: str, filenames: Sequence[str]) -> hf.Download | None:
+    """The download `hub_file` makes: None when the cache holds one of `filenames`."""
+    return None if cached_hub_file(repo_id, filenames) is not None else weights_download(what)
 
 
 def hub_file(what: str, repo_id: str, filenames: Sequence[str]) -> Path:

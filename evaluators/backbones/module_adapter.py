@@ -17,7 +17,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -129,14 +129,33 @@ def load_py(spec: str, target: str) -> Backbone:
     reproducible); it returns a ModuleAdapter or a Backbone. The backbone's revision (its rows'
     weights fingerprint and part of its activation cache key) is `with_source` of the one it
     states and the file's `source_hash`."""
+    fn, path = py_function(spec, target)
+    source = source_hash(spec, path)
+    with torch.random.fork_rng(devices=[]):  # an untrained module inits the same each time: same fingerprint
+        torch.manual_seed(0)
+        result = fn()
+    if isinstance(result, ModuleAdapter):
+        result = result.backbone(spec)
+    if isinstance(result, Backbone):
+        return with_source(result, source)
+    hint = " (wrap it: ModuleAdapter(module, blocks=..., patch_size=...))" if isinstance(result, torch.nn.Module) else ""
+    raise BenchError(f"model: {spec}: {target.rpartition(':')[2]}() returned {type(result).__name__}; expected a "
+                     f"ModuleAdapter or a Backbone{hint}")
+
+
+def py_function(spec: str, target: str) -> tuple[Callable[[], Any], Path]:
+    """The function `py:<file>:<function>` names and its file: the file imported (its top level
+    runs), the function not called. A study checks its `py:` backbones with it before any work."""
     file, sep, func = target.rpartition(":")
     if not sep or not file or not func:
         raise BenchError(f"model: {spec}: expected py:<file.py>:<function>")
     path = Path(file).expanduser()
     if not path.is_file():
         raise BenchError(f"model: {spec}: no such Python file {path}")
-    source = source_hash(spec, path)
-    return with_source(_call(spec, path, func), source)
+    fn = getattr(_import(spec, path), func, None)
+    if not callable(fn):
+        raise BenchError(f"model: {spec}: {path.name} defines no function {func!r}")
+    return fn, path
 
 
 def source_hash(spec: str, path: Path) -> str:
@@ -162,23 +181,6 @@ def with_source(backbone: Backbone, source: str) -> Backbone:
     both = hashlib.sha256(f"{backbone.info.revision}\0{source}".encode()).hexdigest()
     out.info = replace(backbone.info, revision=f"sha256:{both[:12]}")
     return out
-
-
-def _call(spec: str, path: Path, func: str) -> Backbone:
-    """The Backbone the function `func` of the file at `path` returns (or makes with its adapter)."""
-    fn = getattr(_import(spec, path), func, None)
-    if not callable(fn):
-        raise BenchError(f"model: {spec}: {path.name} defines no function {func!r}")
-    with torch.random.fork_rng(devices=[]):  # an untrained module inits the same each time: same fingerprint
-        torch.manual_seed(0)
-        result = fn()
-    if isinstance(result, Backbone):
-        return result
-    if isinstance(result, ModuleAdapter):
-        return result.backbone(spec)
-    hint = " (wrap it: ModuleAdapter(module, blocks=..., patch_size=...))" if isinstance(result, torch.nn.Module) else ""
-    raise BenchError(f"model: {spec}: {func}() returned {type(result).__name__}; expected a ModuleAdapter or a "
-                     f"Backbone{hint}")
 
 
 def _import(spec: str, path: Path) -> Any:

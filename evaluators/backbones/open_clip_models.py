@@ -29,8 +29,8 @@ from PIL import Image
 from bench.core.errors import BenchError
 from evaluators.backbones.base import AttentionQK, BackboneInfo
 from evaluators.backbones.fused_qk import fused_attention_qk
-from evaluators.backbones.hf import HFBackbone, autocast
-from evaluators.backbones.hub_weights import hub_file, require_network
+from evaluators.backbones.hf import Download, HFBackbone, autocast
+from evaluators.backbones.hub_weights import hub_file, hub_file_download, require_network, weights_download
 from evaluators.backbones.presets import Family, Preprocess
 from evaluators.backbones.weights import state_dict_hash
 
@@ -140,6 +140,36 @@ def load_open_clip(spec: str, arch: str, pretrained: str | None = None, seed: in
     """OpenCLIP `arch`'s vision tower: weights of a pretrained tag or a checkpoint file, or with
     `seed` a seeded random init."""
     open_clip = _open_clip(spec)
+    model_cfg = _model_config(open_clip, arch)
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            visual = _create(open_clip, arch, pretrained=None)
+        return OpenClipBackbone(spec, visual, arch, model_cfg, f"seed={seed}")
+    kwargs = _weights(open_clip, spec, arch, _named(open_clip, spec, arch, pretrained))
+    return OpenClipBackbone(spec, _create(open_clip, arch, **kwargs), arch,
+                            {**model_cfg, "quick_gelu": bool(model_cfg.get("quick_gelu") or kwargs.get("force_quick_gelu"))},
+                            None)
+
+
+def check_open_clip(spec: str, arch: str, pretrained: str | None, seeded: bool) -> Download | None:
+    """What `load_open_clip` would refuse whatever the network, found without building the
+    model, and the download its weights need (None: none; a `seeded` one has no weights)."""
+    open_clip = _open_clip(spec)
+    _model_config(open_clip, arch)
+    if seeded:
+        return None
+    pretrained = _named(open_clip, spec, arch, pretrained)
+    if os.path.isfile(pretrained):
+        return None
+    tag = _tag(open_clip, arch, pretrained)
+    if tag.get("hf_hub"):
+        return hub_file_download(spec, *_hub_file(tag))
+    return weights_download(spec, tag.get("url"))
+
+
+def _model_config(open_clip: Any, arch: str) -> dict[str, Any]:
+    """`arch`'s config, refused in one line unless its image tower is an OpenCLIP ViT."""
     model_cfg = open_clip.get_model_config(arch)
     if model_cfg is None:
         close = difflib.get_close_matches(arch, open_clip.list_models(), n=3, cutoff=0.5)
@@ -149,19 +179,35 @@ def load_open_clip(spec: str, arch: str, pretrained: str | None = None, seed: in
     if vision.get("timm_model_name") or isinstance(vision.get("layers"), (list, tuple)):
         raise BenchError(f"model: OpenCLIP's {arch} image tower is a timm model or a ResNet, not an OpenCLIP "
                          f"Vision Transformer; use timm:<name> for it")
-    if seed is not None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            visual = _create(open_clip, arch, pretrained=None)
-        return OpenClipBackbone(spec, visual, arch, model_cfg, f"seed={seed}")
+    return model_cfg
+
+
+def _named(open_clip: Any, spec: str, arch: str, pretrained: str | None) -> str:
+    """The weights a pretrained model names (a tag or a file), refused in one line when none."""
     if not pretrained:
         tags = ", ".join(open_clip.list_pretrained_tags_by_model(arch)) or "none"
         raise BenchError(f"model: {spec} names no weights; use open_clip:{arch}@<tag> (tags: {tags}) "
                          f"or random:open_clip:{arch}")
-    kwargs = _weights(open_clip, spec, arch, pretrained)
-    return OpenClipBackbone(spec, _create(open_clip, arch, **kwargs), arch,
-                            {**model_cfg, "quick_gelu": bool(model_cfg.get("quick_gelu") or kwargs.get("force_quick_gelu"))},
-                            None)
+    return pretrained
+
+
+def _tag(open_clip: Any, arch: str, pretrained: str) -> dict[str, Any]:
+    tag = open_clip.get_pretrained_cfg(arch, pretrained)
+    if not tag:
+        tags = ", ".join(open_clip.list_pretrained_tags_by_model(arch)) or "none"
+        raise BenchError(f"model: OpenCLIP has no pretrained tag {pretrained!r} for {arch} and no such file; "
+                         f"tags: {tags}")
+    return tag
+
+
+def _hub_file(tag: dict[str, Any]) -> tuple[str, list[str]]:
+    """A hub tag's repo and the weight files it may hold, safest first."""
+    from open_clip.constants import HF_WEIGHTS_NAME
+    from open_clip.pretrained import _get_safe_alternatives
+
+    repo, filename = os.path.split(tag["hf_hub"])  # 'org/repo/' names the default file
+    filename = filename or HF_WEIGHTS_NAME
+    return repo, [*_get_safe_alternatives(filename), filename]
 
 
 def _weights(open_clip: Any, spec: str, arch: str, pretrained: str) -> dict[str, Any]:
@@ -169,18 +215,9 @@ def _weights(open_clip: Any, spec: str, arch: str, pretrained: str) -> dict[str,
     now) with the tag's preprocessing and activation, or those of a checkpoint file as is."""
     if os.path.isfile(pretrained):
         return {"pretrained": pretrained}
-    tag = open_clip.get_pretrained_cfg(arch, pretrained)
-    if not tag:
-        tags = ", ".join(open_clip.list_pretrained_tags_by_model(arch)) or "none"
-        raise BenchError(f"model: OpenCLIP has no pretrained tag {pretrained!r} for {arch} and no such file; "
-                         f"tags: {tags}")
+    tag = _tag(open_clip, arch, pretrained)
     if tag.get("hf_hub"):
-        from open_clip.constants import HF_WEIGHTS_NAME
-        from open_clip.pretrained import _get_safe_alternatives
-
-        repo, filename = os.path.split(tag["hf_hub"])  # 'org/repo/' names the default file
-        filename = filename or HF_WEIGHTS_NAME
-        path: Path | str = hub_file(spec, repo, [*_get_safe_alternatives(filename), filename])
+        path: Path | str = hub_file(spec, *_hub_file(tag))
     else:
         require_network(spec, tag.get("url"))
         try:

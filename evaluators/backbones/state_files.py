@@ -18,12 +18,17 @@ NESTED_KEYS = ("state_dict", "model")
 DDP_PREFIX = "module."
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a weight file, unwrapped from `state_dict`/`model` and `module.`."""
+def check_state_file(path: Path) -> None:
+    """Refuse, without reading it, a weight file that is not there or not of a known kind."""
     if not path.is_file():
         raise BenchError(f"model: weight file {path} does not exist")
     if path.suffix not in SUFFIXES:
         raise BenchError(f"model: {path} is not a weight file (expected {', '.join(SUFFIXES)})")
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a weight file, unwrapped from `state_dict`/`model` and `module.`."""
+    check_state_file(path)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file

@@ -23,9 +23,10 @@ from PIL import Image
 from bench.core.errors import BenchError
 from evaluators.backbones.base import AttentionQK, BackboneInfo
 from evaluators.backbones.fused_qk import fused_attention_qk
-from evaluators.backbones.hf import HFBackbone, autocast
-from evaluators.backbones.hub_weights import hub_file, require_network
+from evaluators.backbones.hf import Download, HFBackbone, autocast
+from evaluators.backbones.hub_weights import hub_file, hub_file_download, require_network, weights_download
 from evaluators.backbones.presets import Family, Preprocess
+from evaluators.backbones.state_files import check_state_file
 from evaluators.backbones.weights import state_dict_hash
 
 FAMILY = Family("timm", "timm", False)
@@ -156,20 +157,47 @@ def _check_arch(timm: Any, name: str) -> None:
         raise BenchError(f"model: timm has no model {name!r}; {hint}")
 
 
-def _weights_source(timm: Any, spec: str, name: str) -> dict[str, str]:
-    """Where timm should read the weights: a cached (or just downloaded) hub file, or its own URL download."""
+def check_timm(spec: str, name: str, path: Path | None, seeded: bool) -> Download | None:
+    """What `load_timm` (`load_timm_file` with a state-dict `path`) would refuse whatever the
+    network, found without building the model, and the download its weights need (None: none;
+    a `seeded` one has no weights)."""
+    if path is not None:
+        check_state_file(path.expanduser())
+    timm = _timm(spec)
+    _check_arch(timm, name)
+    if path is not None or seeded:
+        return None
+    cfg = _pretrained_cfg(timm, spec, name)
+    if cfg.file:
+        return None
+    if cfg.hf_hub_id:
+        return hub_file_download(spec, cfg.hf_hub_id, _hub_names(cfg))
+    return weights_download(spec, cfg.url)
+
+
+def _pretrained_cfg(timm: Any, spec: str, name: str) -> Any:
     cfg = timm.models.get_pretrained_cfg(name)
     if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
         raise BenchError(f"model: timm has no pretrained weights for {name!r} (list them with "
                          f"timm.list_pretrained('{timm.models.split_model_name_tag(name)[0]}*')); "
                          f"random:{spec} builds it untrained")
+    return cfg
+
+
+def _hub_names(cfg: Any) -> list[str]:
+    """The weight files a timm config may name in its hub repo, safest first."""
+    from timm.models._hub import HF_WEIGHTS_NAME, _get_safe_alternatives
+
+    return [cfg.hf_hub_filename] if cfg.hf_hub_filename else [*_get_safe_alternatives(HF_WEIGHTS_NAME), HF_WEIGHTS_NAME]
+
+
+def _weights_source(timm: Any, spec: str, name: str) -> dict[str, str]:
+    """Where timm should read the weights: a cached (or just downloaded) hub file, or its own URL download."""
+    cfg = _pretrained_cfg(timm, spec, name)
     if cfg.file:
         return {}
     if cfg.hf_hub_id:
-        from timm.models._hub import HF_WEIGHTS_NAME, _get_safe_alternatives
-
-        names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else [*_get_safe_alternatives(HF_WEIGHTS_NAME), HF_WEIGHTS_NAME]
-        return {"file": str(hub_file(spec, cfg.hf_hub_id, names))}
+        return {"file": str(hub_file(spec, cfg.hf_hub_id, _hub_names(cfg)))}
     require_network(spec, cfg.url)
     return {}
 

@@ -21,16 +21,11 @@ def import_dataset(importer: str, src: Path, out: Path, *, split_seed: int = 0, 
                    **options: Any) -> dict[str, Any]:
     """Import the local copy at `src` (its official layout) into a dataset at `out` and return
     its card. Every option and the destination are checked before the source is read (parsing
-    it can take minutes); `options` are the importer's own (`top_n`, `coding`)."""
-    if importer not in IMPORTERS:
-        raise BenchError(f"import: unknown importer {importer!r}; allowed: {', '.join(IMPORTERS)}")
-    module, allowed = IMPORTERS[importer]
-    unknown = set(options) - set(allowed)
-    if unknown:
-        raise BenchError(f"import {importer}: unknown option {sorted(unknown)[0]}; allowed: "
-                         f"{', '.join(allowed) or 'none beyond the common ones'}")
+    it can take minutes, `check_import`); `options` are the importer's own (`top_n`, `coding`)."""
+    check_import(importer, src, out, max_scenes=max_scenes, val_fraction=val_fraction, test_fraction=test_fraction,
+                 image_size=image_size, overwrite=overwrite, **options)
     src, out = Path(src), Path(out)
-    _check(max_scenes, val_fraction, test_fraction, image_size, out, src, overwrite)
+    module, allowed = IMPORTERS[importer]
     source = importlib.import_module(module).load(src, max_scenes=max_scenes, **options)
     from bench.core.console import progress_bar
     from generators.importers.common import write_import
@@ -49,6 +44,19 @@ def import_dataset(importer: str, src: Path, out: Path, *, split_seed: int = 0, 
     if say is not None:
         say(f"wrote {n} scenes to {out} in {time.perf_counter() - t0:.1f} s ({per_split}; priors: empirical)")
     return card
+
+
+def check_import(importer: str, src: Path, out: Path, *, max_scenes: int | None = None, val_fraction: float = 0.1,
+                 test_fraction: float = 0.1, image_size: int = 448, overwrite: bool = False, **options: Any) -> None:
+    """Refuse, touching nothing and reading no source, what `import_dataset` would refuse of
+    these options and destination: a study checks its imports with it before anything is made."""
+    if importer not in IMPORTERS:
+        raise BenchError(f"import: unknown importer {importer!r}; allowed: {', '.join(IMPORTERS)}")
+    unknown = set(options) - set(IMPORTERS[importer][1])
+    if unknown:
+        raise BenchError(f"import {importer}: unknown option {sorted(unknown)[0]}; allowed: "
+                         f"{', '.join(IMPORTERS[importer][1]) or 'none beyond the common ones'}")
+    _check(max_scenes, val_fraction, test_fraction, image_size, Path(out), Path(src), overwrite)
 
 
 def _check(max_scenes: int | None, val_fraction: float, test_fraction: float, image_size: int, out: Path, src: Path,
