@@ -140,12 +140,12 @@ class _Batch:
         self.offsets = torch.cat([p.offsets for p in problems], 1)
         self.free = torch.cat([p.free for p in problems], 1)
         self.weight = self.free / len(self.free)  # a scene's share of the mean loss where its bit is free
-        mask = torch.zeros(len(self.owner), self.q_max, device=dev)
+        mask = torch.zeros(len(self.owner), self.q_max, device=dev, dtype=self.targets.dtype)
         for p, s in zip(problems, self.starts):
             mask[s : s + p.n_bits, : p.extra.shape[1]] = p.extra_mask
         self.v_mask = mask  # B x Qmax
         bias_col = torch.tensor([s.extra.shape[1] - 1 for s in problems], device=dev)[self.owner]  # B
-        self.is_bias = F.one_hot(bias_col, self.q_max).float() * mask  # B x Qmax
+        self.is_bias = F.one_hot(bias_col, self.q_max).to(mask.dtype) * mask  # B x Qmax
         # a scene's loss is softplus(sign·z) and its residual p − t is sign·sigmoid(sign·z), sign = 1 − 2t
         self.sign = 1 - 2 * self.targets
         self.extra_squares = [p.extra.square() for p in problems]  # the curvature's reads, every objective

@@ -19,7 +19,7 @@ from evaluators.plan import Model
 
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
-PROBE_CODE_VERSION = 15
+PROBE_CODE_VERSION = 16
 
 
 def effective_limit(ds: Dataset, limit: int | None) -> int | None:
