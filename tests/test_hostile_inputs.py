@@ -1173,19 +1173,56 @@ def test_matplotlib_draws_a_dollar_as_written():
     assert drawn == ["a$^$b"] and matplotlib.rcParams["text.parse_math"] is True
 
 
-EMPTY_OUT = [["report", "RES", "-o", ""], ["leaderboard", "RES", "--reference", "--out", ""],
-             ["plot", "layers", "RES", "-o", ""], ["plot", "bars", "RES", "--out", ""], ["site", "RES", "-o", ""],
-             ["run", "demo", "--dry-run", "--out", ""], ["run", "demo", "--dry-run", "--out", " "]]
+#: Every option that names a file or folder a command writes (or, `cache rm`, deletes from),
+#: given empty or as spaces, and the option's name in the refusal. RES: a results folder, DS: a
+#: dataset, SRC: a CLEVR source.
+EMPTY_OUT = [(["report", "RES", "-o", ""], "out"), (["leaderboard", "RES", "--reference", "--out", ""], "out"),
+             (["plot", "layers", "RES", "-o", ""], "out"), (["plot", "bars", "RES", "--out", ""], "out"),
+             (["site", "RES", "-o", ""], "out"), (["run", "demo", "--dry-run", "--out", ""], "out"),
+             (["run", "demo", "--dry-run", "--out", " "], "out"),
+             (["generate", *SMALL, "--out", ""], "out"), (["generate", *SMALL, "-o", " "], "out"),
+             (["import", "clevr", "--src", "SRC", "--out", "", *IMPORT], "out"),
+             (["import", "vg", "--src", "SRC", "-o", ""], "out"), (["import", "ade20k", "--src", "SRC", "-o", ""], "out"),
+             (["preview", "DS", "--out", ""], "out"), (["toys-analysis", "-m", "pixels", "-d", "DS", "--out", ""], "out"),
+             (["demo", "--out", ""], "out"), (["demo", "-o", " "], "out"),
+             (["evaluate", "-m", "pixels", "-d", "DS", "--probes", "linear", "--results", ""], "results"),
+             (["extract", "-m", "pixels", "-d", "DS", "--cache-dir", ""], "cache-dir"),
+             (["cache", "rm", "--all", "--cache-dir", ""], "cache-dir")]
 
 
-@pytest.mark.parametrize("args", EMPTY_OUT, ids=lambda a: " ".join(a[:2]))
-def test_an_empty_output_path_is_refused_in_one_line(hostile_results, tmp_path, capsys, monkeypatch, args):
+@pytest.mark.parametrize("args, what", EMPTY_OUT, ids=lambda a: " ".join(a[:2]) if isinstance(a, list) else a)
+def test_an_empty_output_path_is_refused_in_one_line(hostile_results, ds, clevr_src, tmp_path, capsys, monkeypatch,
+                                                     args, what):
     """`Path("")` is the working directory: report, leaderboard and plot ended in `PosixPath('.')
-    has an empty name` (a traceback); run and site wrote into the working directory."""
+    has an empty name` (a traceback); run, site, evaluate, extract (its cache) and demo wrote into
+    the working directory; generate, import and preview were refused for what `.` holds, not for
+    the empty name; `cache rm --all` looked for entries there."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
-    line = refused([hostile_results if a == "RES" else a for a in args], capsys, tmp_path)
-    assert "out: empty; name the file or folder to write" in line, line
+    given = {"RES": hostile_results, "DS": ds, "SRC": clevr_src}
+    line = refused([given.get(a, a) for a in args], capsys, tmp_path)
+    assert f"bench: error: {what}: empty; name the file or folder to write" == line, line
+
+
+def test_the_api_refuses_an_empty_output_path_too(ds, clevr_src, tmp_path, monkeypatch):
+    """The Python API behind those commands: `generate(out="")` and `import_dataset` were refused
+    for what the working directory holds, `evaluate(results="")` wrote its rows into it, and a
+    study planned into it."""
+    from bench import api
+    from bench.core.errors import BenchError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    before = tree(tmp_path)
+    calls = {"out": [lambda: api.generate("colorshape", preset="small", out=""),
+                     lambda: api.import_dataset("clevr", src=clevr_src, out=" "),
+                     lambda: api.plan_study(api.load_study("demo", allow_unset=True), "")],
+             "results": [lambda: api.evaluate("pixels", ds, probes="linear", results="")]}
+    for what, refusals in calls.items():
+        for call in refusals:
+            with pytest.raises(BenchError, match=f"^{what}: empty; name the file or folder to write$"):
+                call()
+    assert tree(tmp_path) == before
 
 
 def test_a_site_goes_only_into_a_new_or_empty_folder_or_its_own(hostile_results, tmp_path, capsys, monkeypatch):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.core.errors import BenchError
+from bench.core.paths import output_path
 from bench.studies.spec import BackboneEntry, DatasetEntry, EvaluateBlock, Study
 
 #: Without rows to time from: seconds per row set (one backbone, layer, token view and seed,
@@ -166,7 +167,7 @@ def choose_out(study: Study, out: str | Path | None, cwd: Path) -> tuple[Path, s
     manifest says so); a folder holding another study's manifest is refused (given) or passed
     over (default), and nothing in a folder is ever deleted."""
     if out is not None:
-        folder = Path(out)
+        folder = output_path(out, "out")
         made = read_manifest(folder)
         if made is not None and made.get("study") != study.name:
             raise BenchError(f"out: {folder} holds study {made.get('study')!r} (its {MANIFEST}); choose another "
