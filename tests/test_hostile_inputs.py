@@ -1144,6 +1144,60 @@ def test_old_results_with_hostile_labels_still_render(hostile_results, tmp_path,
     assert "L" * 250 in html_text(tmp_path / "site" / long_page)
 
 
+def test_a_reports_figures_go_only_into_a_folder_of_its_own(hostile_results, tmp_path, capsys):
+    """`report -o PAGE.html` wrote its figure PNGs beside the page, into the user's folder; now into
+    `PAGE_files/`, which it makes: a folder of that name holding a file of the user's (even one
+    named like a figure), a file or a link in its place, a damaged list, are refused before anything
+    is read, with nothing changed; in its own folder a rerun replaces its figures and nothing else."""
+    page, figures = tmp_path / "page.html", tmp_path / "page_files"
+    ok(["report", hostile_results, "-o", page], capsys)
+    assert sorted(p.name for p in figures.iterdir()) == [".files.json", "binding_bars.png", "binding_layers.png"]
+    assert not list(tmp_path.glob("*.png"))  # nothing beside the page but the page and its list
+    drawn = {p.name: p.read_bytes() for p in figures.iterdir()}
+    (figures / "binding_bars.png").write_bytes(b"stale")
+    ok(["report", hostile_results, "-o", page], capsys)  # its own figures: drawn again
+    assert {p.name: p.read_bytes() for p in figures.iterdir()} == drawn
+    (figures / "notes.txt").write_text("mine")
+    line = refused(["report", hostile_results, "-o", page], capsys, tmp_path)
+    assert f"out: {figures} holds files the report did not write (e.g. 'notes.txt')" in line, line
+    (figures / "notes.txt").unlink()
+    (figures / ".files.json").write_text("{not json")
+    assert "is damaged" in refused(["report", hostile_results, "-o", page], capsys, tmp_path)
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "mine_files").mkdir()
+    (mine / "mine_files" / "binding_bars.png").write_bytes(b"my own figure")
+    (mine / "file_files").write_text("a file, not a folder")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (mine / "link_files").symlink_to(empty)
+    for name, why in (("mine", "is not empty and holds no report bench wrote (e.g. 'binding_bars.png')"),
+                      ("file", "exists and is not a directory"), ("link", "is a link")):
+        line = refused(["report", hostile_results, "-o", mine / f"{name}.html"], capsys, tmp_path)
+        assert f"out: {mine / name}_files {why}" in line, line
+
+
+def test_a_figures_folder_with_nothing_left_to_list_is_removed_unless_a_user_file_is_in_it(tmp_path):
+    """A report that draws no figure (only a plugin probe's rows, say) makes no folder, and one
+    whose last figures are gone removes its list and its folder; a file of the user's added since
+    keeps the folder, untouched."""
+    from bench.core.outdir import FolderFiles
+
+    folder = tmp_path / "page_files"
+    assert FolderFiles(folder, "out").finish([], prefix="") == [] and not folder.exists()
+    for user_file in (False, True):
+        files = FolderFiles(folder, "out")
+        files.check_folder("report")
+        files.claim([folder / "a.png"])
+        (folder / "a.png").write_bytes(b"figure")
+        files.finish([folder / "a.png"], prefix="")
+        if user_file:
+            (folder / "notes.txt").write_text("mine")
+        assert FolderFiles(folder, "out").finish([], prefix="") == [folder / "a.png"]
+        assert sorted(p.name for p in tmp_path.rglob("*")) == (["notes.txt", "page_files"] if user_file else [])
+
+
 def html_text(path: Path) -> str:
     import html
 
@@ -1259,15 +1313,14 @@ def test_a_site_goes_only_into_a_new_or_empty_folder_or_its_own(hostile_results,
 
 def test_file_outputs_never_overwrite_a_file_they_did_not_write(hostile_results, tmp_path, capsys):
     """`report -o`, `leaderboard --out` and `plot -o` overwrite only what they wrote (their
-    `.NAME.files.json` lists it): a user's file in the way is refused before anything is read,
-    a report's figure name included; their own output is written again."""
-    for name in ("page.html", "board.md", "fig.png", "report_binding_bars.png"):
+    `.NAME.files.json` lists it): a user's file in the way is refused before anything is read;
+    their own output is written again."""
+    for name in ("page.html", "board.md", "fig.png"):
         (tmp_path / name).write_text(f"my {name}")
     (tmp_path / "dir.html").mkdir()
     for args, name in ((["report", hostile_results, "-o", tmp_path / "page.html"], "page.html"),
                        (["leaderboard", hostile_results, "--out", tmp_path / "board.md"], "board.md"),
-                       (["plot", "bars", hostile_results, "-o", tmp_path / "fig"], "fig.png"),
-                       (["report", hostile_results, "-o", tmp_path / "report.html"], "report_binding_bars.png")):
+                       (["plot", "bars", hostile_results, "-o", tmp_path / "fig"], "fig.png")):
         line = refused(args, capsys, tmp_path)
         assert f"{tmp_path / name} exists and bench did not write it" in line, line
     assert "is a directory" in refused(["report", hostile_results, "-o", tmp_path / "dir.html"], capsys, tmp_path)

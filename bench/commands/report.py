@@ -60,7 +60,7 @@ def report(
     results_dir: Optional[Path] = typer.Argument(
         None, help="Results directory (binding and issameobject rows are drawn; default: results, when it exists)."),
     analysis: list[Path] = typer.Option([], "--analysis", "-a", help="A `bench toys-analysis` output directory (repeatable)."),
-    out: str = typer.Option("report.html", "--out", "-o", metavar="FILE", help="The HTML file; PNG figures go beside it."),
+    out: str = typer.Option("report.html", "--out", "-o", metavar="FILE", help="The HTML file (self-contained); copies of its PNG figures go into STEM_files/ beside it."),
     metric: str = typer.Option("accuracy", "--metric", help="IsSameObject metric: accuracy, balanced_accuracy or auroc."),
     fingerprint: Optional[str] = typer.Option(
         None, "--fingerprint", help="Show the measurement on this dataset fingerprint (a prefix) instead of the newest."),
