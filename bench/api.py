@@ -71,9 +71,11 @@ def generate(
     shards as Ray tasks (on the cluster at `address`). `progress` shows a bar per dataset
     and a line when it is written."""
     from bench.core.outdir import check_target
+    from bench.core.paths import output_path
     from generators.base import build_config, get_generator
     from generators.engine import check_resources
 
+    out = output_path(out, "out")  # "" is the working directory: refused, not written into
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise BenchError(f"workers: must be ≥ 1, got {workers}")
@@ -95,7 +97,6 @@ def generate(
             raise BenchError(f"--set {key}={overrides[key]} and --{key.replace('_', '-')} {value} disagree; "
                              "give one of them")
     config = build_config(gen, preset, {**(overrides or {}), **named})
-    out = Path(out)
     variants = gen.expand(config)
     for sub, cfg in variants:
         gen(cfg)  # validate every variant, its destination and its size before any work
@@ -136,12 +137,14 @@ def import_dataset(importer: str, *, src: PathLike, out: PathLike, split_seed: i
     """Import a local copy of real images (`ade20k`, `vg`, `clevr`, in its official layout) into
     a dataset at `out`, as `bench import` does; `options` are the importer's own (`top_n`,
     `coding`); `say(text)` hears the closing line. Nothing is downloaded."""
+    from bench.core.paths import output_path
     from generators.importers import import_dataset as run_import
 
-    run_import(importer, Path(src), Path(out), split_seed=split_seed, max_scenes=max_scenes,
+    out = output_path(out, "out")
+    run_import(importer, Path(src), out, split_seed=split_seed, max_scenes=max_scenes,
                val_fraction=val_fraction, test_fraction=test_fraction, image_size=image_size, overwrite=overwrite,
                say=say, **dict(options or {}))
-    return Path(out)
+    return out
 
 
 def evaluate(
@@ -194,7 +197,7 @@ def evaluate(
 
     plan = EvaluationPlan(models, Path(dataset), task=task, layers=layers, tokens=tokens, probes=probes,
                           seeds=seeds, device=device, dtype=dtype, epochs=epochs, limit=limit,
-                          results_dir=Path(results), overwrite=overwrite, unanchored=unanchored, control=control,
+                          results_dir=results, overwrite=overwrite, unanchored=unanchored, control=control,
                           exclude_background=exclude_background, executor=executor, address=address,
                           gpus_per_task=gpus_per_task, threads=threads, image_size=image_size, mean=mean, std=std)
     run_evaluation(plan, progress=progress)

@@ -22,6 +22,7 @@ import torch
 
 from bench.core.errors import BenchError
 from bench.core.labels import check_label
+from bench.core.paths import output_path
 from evaluators.backbones import resolve_backbone
 from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.module_adapter import ModuleAdapter
@@ -190,9 +191,9 @@ class EvaluationPlan:
         def put(name: str, value: object) -> None:
             object.__setattr__(self, name, value)
 
+        put("results_dir", output_path(self.results_dir, "results"))  # refused before any model is resolved
         put("models", models_of(self.models))
         put("dataset", Path(self.dataset))
-        put("results_dir", Path(self.results_dir))
         if isinstance(self.layers, Sequence) and not isinstance(self.layers, str):
             put("layers", tuple(self.layers))
         for name in ("tokens", "probes"):  # a string is a comma-separated list, as on the command line

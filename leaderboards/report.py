@@ -28,9 +28,12 @@ tables scroll inside their own box).
 Rows are chosen as the leaderboard chooses them (`leaderboards.store.select_rows`); the
 page says what was set aside, and which sections are empty and why.
 
-The PNG figures are also written next to the page. For tests and screenshots the page
-accepts `?autoclick=X,Y` (fractions of the scene image) and `&layer=K` (slider index),
-applied once the page has drawn.
+Copies of the PNG figures, for slides or a paper, go into `PAGE_files/` beside the page (as a
+browser saves a page); the page itself needs none of them. That folder is the report's own
+(`bench.core.outdir.FolderFiles`: its `.files.json` lists them), so a rerun replaces its figures
+there and removes those it no longer draws, and a folder of that name holding anything else, or a
+link, is refused. For tests and screenshots the page accepts `?autoclick=X,Y` (fractions of the
+scene image) and `&layer=K` (slider index), applied once the page has drawn.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any, Callable, Sequence
 
 from bench.core.dataset import replacing, write_text_atomic
 from bench.core.errors import BenchError
-from bench.core.outdir import WrittenFiles
+from bench.core.outdir import FolderFiles, WrittenFiles
 from bench.core.paths import output_path
 from leaderboards import html
 from leaderboards.board import build_leaderboard
@@ -71,14 +74,16 @@ def build_report(
     include_limited: bool = False,
     say: Callable[[str], None] | None = None,
 ) -> list[Path]:
-    """Write the HTML page and its PNG figures; returns [page, *figures]. `metric` is the
-    IsSameObject metric drawn; `say` hears, one line each, what was set aside and which
-    sections are empty and why (the page says the same)."""
+    """Write the HTML page, and copies of its PNG figures into `PAGE_files/` beside it; returns
+    [page, *figures]. `metric` is the IsSameObject metric drawn; `say` hears, one line each, what
+    was set aside and which sections are empty and why (the page says the same)."""
     if metric not in METRIC_KEYS[:3]:
         raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(METRIC_KEYS[:3])}")
     out = output_path(out, "out")
     files = WrittenFiles(out, "out")
     files.check([out])  # a page of the user's is refused before anything is read or drawn
+    drawings = FolderFiles(out.with_name(f"{out.stem}_files"), "out")  # the figures' folder: new, empty or its own
+    drawings.check_folder("report")
     selected = (load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
                 if results_dir is not None else None)
     all_rows = selected.rows if selected else []
@@ -91,10 +96,10 @@ def build_report(
               if (present := [p for p in probes if any(r["probe"] == p for r in rows)])}
     drawn = {"binding_layers": any(r["n_layers"] for r in binding), "binding_bars": bool(binding),
              **{f"{CURVES_STEM}_{group}": True for group in groups}, **{f"toys_{k}": True for k in range(len(loaded))}}
-    # every figure this report draws, by what it shows: claimed (refused where a file of the
-    # user's holds the name) before any is drawn
-    figures = {key: out.with_name(f"{out.stem}_{key}.png") for key, shown in drawn.items() if shown}
-    files.claim([out, *figures.values()])
+    # every figure this report draws, by what it shows: listed in its folder before any is drawn
+    figures = {key: drawings.folder / f"{key}.png" for key, shown in drawn.items() if shown}
+    files.claim([out])
+    drawings.claim(figures.values())
     where = f"in {results_dir}" if results_dir is not None else "(no results directory given)"
     empty = {
         "Binding": None if binding else f"no binding rows {where}: run `bench evaluate --task binding`",
@@ -136,7 +141,8 @@ def build_report(
     if all_rows:
         context["provenance"] = html.provenance(all_rows)
     write_text_atomic(html.render("report.html", **context), out)
-    stale = files.finish([out, *figures.values()], prefix=f"{out.stem}_")
+    # figures no longer drawn, and those an older report drew beside the page (in the page's list)
+    stale = files.finish([out], prefix=f"{out.stem}_") + drawings.finish(list(figures.values()), prefix="")
     if stale and say is not None:
         say(f"removed {len(stale)} figure(s) the last report drew and this one does not: "
             + ", ".join(p.name for p in stale))

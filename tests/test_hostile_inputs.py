@@ -1145,6 +1145,60 @@ def test_old_results_with_hostile_labels_still_render(hostile_results, tmp_path,
     assert "L" * 250 in html_text(tmp_path / "site" / long_page)
 
 
+def test_a_reports_figures_go_only_into_a_folder_of_its_own(hostile_results, tmp_path, capsys):
+    """`report -o PAGE.html` wrote its figure PNGs beside the page, into the user's folder; now into
+    `PAGE_files/`, which it makes: a folder of that name holding a file of the user's (even one
+    named like a figure), a file or a link in its place, a damaged list, are refused before anything
+    is read, with nothing changed; in its own folder a rerun replaces its figures and nothing else."""
+    page, figures = tmp_path / "page.html", tmp_path / "page_files"
+    ok(["report", hostile_results, "-o", page], capsys)
+    assert sorted(p.name for p in figures.iterdir()) == [".files.json", "binding_bars.png", "binding_layers.png"]
+    assert not list(tmp_path.glob("*.png"))  # nothing beside the page but the page and its list
+    drawn = {p.name: p.read_bytes() for p in figures.iterdir()}
+    (figures / "binding_bars.png").write_bytes(b"stale")
+    ok(["report", hostile_results, "-o", page], capsys)  # its own figures: drawn again
+    assert {p.name: p.read_bytes() for p in figures.iterdir()} == drawn
+    (figures / "notes.txt").write_text("mine")
+    line = refused(["report", hostile_results, "-o", page], capsys, tmp_path)
+    assert f"out: {figures} holds files the report did not write (e.g. 'notes.txt')" in line, line
+    (figures / "notes.txt").unlink()
+    (figures / ".files.json").write_text("{not json")
+    assert "is damaged" in refused(["report", hostile_results, "-o", page], capsys, tmp_path)
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "mine_files").mkdir()
+    (mine / "mine_files" / "binding_bars.png").write_bytes(b"my own figure")
+    (mine / "file_files").write_text("a file, not a folder")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (mine / "link_files").symlink_to(empty)
+    for name, why in (("mine", "is not empty and holds no report bench wrote (e.g. 'binding_bars.png')"),
+                      ("file", "exists and is not a directory"), ("link", "is a link")):
+        line = refused(["report", hostile_results, "-o", mine / f"{name}.html"], capsys, tmp_path)
+        assert f"out: {mine / name}_files {why}" in line, line
+
+
+def test_a_figures_folder_with_nothing_left_to_list_is_removed_unless_a_user_file_is_in_it(tmp_path):
+    """A report that draws no figure (only a plugin probe's rows, say) makes no folder, and one
+    whose last figures are gone removes its list and its folder; a file of the user's added since
+    keeps the folder, untouched."""
+    from bench.core.outdir import FolderFiles
+
+    folder = tmp_path / "page_files"
+    assert FolderFiles(folder, "out").finish([], prefix="") == [] and not folder.exists()
+    for user_file in (False, True):
+        files = FolderFiles(folder, "out")
+        files.check_folder("report")
+        files.claim([folder / "a.png"])
+        (folder / "a.png").write_bytes(b"figure")
+        files.finish([folder / "a.png"], prefix="")
+        if user_file:
+            (folder / "notes.txt").write_text("mine")
+        assert FolderFiles(folder, "out").finish([], prefix="") == [folder / "a.png"]
+        assert sorted(p.name for p in tmp_path.rglob("*")) == (["notes.txt", "page_files"] if user_file else [])
+
+
 def html_text(path: Path) -> str:
     import html
 
@@ -1174,19 +1228,56 @@ def test_matplotlib_draws_a_dollar_as_written():
     assert drawn == ["a$^$b"] and matplotlib.rcParams["text.parse_math"] is True
 
 
-EMPTY_OUT = [["report", "RES", "-o", ""], ["leaderboard", "RES", "--reference", "--out", ""],
-             ["plot", "layers", "RES", "-o", ""], ["plot", "bars", "RES", "--out", ""], ["site", "RES", "-o", ""],
-             ["run", "demo", "--dry-run", "--out", ""], ["run", "demo", "--dry-run", "--out", " "]]
+#: Every option that names a file or folder a command writes (or, `cache rm`, deletes from),
+#: given empty or as spaces, and the option's name in the refusal. RES: a results folder, DS: a
+#: dataset, SRC: a CLEVR source.
+EMPTY_OUT = [(["report", "RES", "-o", ""], "out"), (["leaderboard", "RES", "--reference", "--out", ""], "out"),
+             (["plot", "layers", "RES", "-o", ""], "out"), (["plot", "bars", "RES", "--out", ""], "out"),
+             (["site", "RES", "-o", ""], "out"), (["run", "demo", "--dry-run", "--out", ""], "out"),
+             (["run", "demo", "--dry-run", "--out", " "], "out"),
+             (["generate", *SMALL, "--out", ""], "out"), (["generate", *SMALL, "-o", " "], "out"),
+             (["import", "clevr", "--src", "SRC", "--out", "", *IMPORT], "out"),
+             (["import", "vg", "--src", "SRC", "-o", ""], "out"), (["import", "ade20k", "--src", "SRC", "-o", ""], "out"),
+             (["preview", "DS", "--out", ""], "out"), (["toys-analysis", "-m", "pixels", "-d", "DS", "--out", ""], "out"),
+             (["demo", "--out", ""], "out"), (["demo", "-o", " "], "out"),
+             (["evaluate", "-m", "pixels", "-d", "DS", "--probes", "linear", "--results", ""], "results"),
+             (["extract", "-m", "pixels", "-d", "DS", "--cache-dir", ""], "cache-dir"),
+             (["cache", "rm", "--all", "--cache-dir", ""], "cache-dir")]
 
 
-@pytest.mark.parametrize("args", EMPTY_OUT, ids=lambda a: " ".join(a[:2]))
-def test_an_empty_output_path_is_refused_in_one_line(hostile_results, tmp_path, capsys, monkeypatch, args):
+@pytest.mark.parametrize("args, what", EMPTY_OUT, ids=lambda a: " ".join(a[:2]) if isinstance(a, list) else a)
+def test_an_empty_output_path_is_refused_in_one_line(hostile_results, ds, clevr_src, tmp_path, capsys, monkeypatch,
+                                                     args, what):
     """`Path("")` is the working directory: report, leaderboard and plot ended in `PosixPath('.')
-    has an empty name` (a traceback); run and site wrote into the working directory."""
+    has an empty name` (a traceback); run, site, evaluate, extract (its cache) and demo wrote into
+    the working directory; generate, import and preview were refused for what `.` holds, not for
+    the empty name; `cache rm --all` looked for entries there."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
-    line = refused([hostile_results if a == "RES" else a for a in args], capsys, tmp_path)
-    assert "out: empty; name the file or folder to write" in line, line
+    given = {"RES": hostile_results, "DS": ds, "SRC": clevr_src}
+    line = refused([given.get(a, a) for a in args], capsys, tmp_path)
+    assert f"bench: error: {what}: empty; name the file or folder to write" == line, line
+
+
+def test_the_api_refuses_an_empty_output_path_too(ds, clevr_src, tmp_path, monkeypatch):
+    """The Python API behind those commands: `generate(out="")` and `import_dataset` were refused
+    for what the working directory holds, `evaluate(results="")` wrote its rows into it, and a
+    study planned into it."""
+    from bench import api
+    from bench.core.errors import BenchError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    before = tree(tmp_path)
+    calls = {"out": [lambda: api.generate("colorshape", preset="small", out=""),
+                     lambda: api.import_dataset("clevr", src=clevr_src, out=" "),
+                     lambda: api.plan_study(api.load_study("demo", allow_unset=True), "")],
+             "results": [lambda: api.evaluate("pixels", ds, probes="linear", results="")]}
+    for what, refusals in calls.items():
+        for call in refusals:
+            with pytest.raises(BenchError, match=f"^{what}: empty; name the file or folder to write$"):
+                call()
+    assert tree(tmp_path) == before
 
 
 def test_a_site_goes_only_into_a_new_or_empty_folder_or_its_own(hostile_results, tmp_path, capsys, monkeypatch):
@@ -1223,15 +1314,14 @@ def test_a_site_goes_only_into_a_new_or_empty_folder_or_its_own(hostile_results,
 
 def test_file_outputs_never_overwrite_a_file_they_did_not_write(hostile_results, tmp_path, capsys):
     """`report -o`, `leaderboard --out` and `plot -o` overwrite only what they wrote (their
-    `.NAME.files.json` lists it): a user's file in the way is refused before anything is read,
-    a report's figure name included; their own output is written again."""
-    for name in ("page.html", "board.md", "fig.png", "report_binding_bars.png"):
+    `.NAME.files.json` lists it): a user's file in the way is refused before anything is read;
+    their own output is written again."""
+    for name in ("page.html", "board.md", "fig.png"):
         (tmp_path / name).write_text(f"my {name}")
     (tmp_path / "dir.html").mkdir()
     for args, name in ((["report", hostile_results, "-o", tmp_path / "page.html"], "page.html"),
                        (["leaderboard", hostile_results, "--out", tmp_path / "board.md"], "board.md"),
-                       (["plot", "bars", hostile_results, "-o", tmp_path / "fig"], "fig.png"),
-                       (["report", hostile_results, "-o", tmp_path / "report.html"], "report_binding_bars.png")):
+                       (["plot", "bars", hostile_results, "-o", tmp_path / "fig"], "fig.png")):
         line = refused(args, capsys, tmp_path)
         assert f"{tmp_path / name} exists and bench did not write it" in line, line
     assert "is a directory" in refused(["report", hostile_results, "-o", tmp_path / "dir.html"], capsys, tmp_path)

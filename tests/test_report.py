@@ -108,11 +108,13 @@ def test_page_is_self_contained(report):
     scene = data["analyses"][0]["scenes"][0]
     assert sorted(scene["scores"]) == ["0", "1", "2", "3"] and len(data["colormap"]) == 256
     assert data["analyses"][0]["grid"] == list(GRID)
-    figures = sorted(p.name for p in report.parent.glob("*.png"))
-    assert figures == ["report_binding_bars.png", "report_binding_layers.png", "report_issameobject_baselines.png",
-                       "report_issameobject_probes.png", "report_toys_0.png"]
+    # copies of the figures for use elsewhere go into a folder of the report's own beside the page
+    assert sorted(p.name for p in report.parent.iterdir()) == [".report.html.files.json", "report.html", "report_files"]
+    figures = sorted(p.name for p in (report.parent / "report_files").glob("*.png"))
+    assert figures == ["binding_bars.png", "binding_layers.png", "issameobject_baselines.png",
+                       "issameobject_probes.png", "toys_0.png"]
     for name in figures:
-        with Image.open(report.parent / name) as im:
+        with Image.open(report.parent / "report_files" / name) as im:
             assert 400 < im.width <= 1280 and np.asarray(im.convert("L")).std() > 5  # drawn, and fits a laptop
     # the layer is chosen on validation (2, planted), the test value shown is that layer's, with its
     # interval, beside pixels under the same probe, the majority class and the attention correlation
@@ -141,9 +143,11 @@ def test_empty_sections_fold_into_one_grey_line(tmp_path, capsys):
 
 
 def test_a_second_report_removes_only_its_own_stale_figures(tmp_path, capsys):
-    """A report writes into a folder the user may keep other files in: it overwrites its own names,
-    and removes a figure the last report drew and this one does not through its manifest only, so
-    the user's files (one named like a figure too) stay as they were."""
+    """A report writes its page into a folder the user may keep other files in, and its figures
+    into `PAGE_files/`, a folder of its own: a rerun overwrites its own figures there and removes
+    one the last report drew and this one does not, through its list only; figures an older
+    report drew beside the page (listed in the page's list) are removed once; the user's files,
+    one named like a figure too, stay as they were."""
     _results(tmp_path / "results")
     (tmp_path / "binding-only").mkdir()
     shutil.copy(tmp_path / "results" / "r-binding.parquet", tmp_path / "binding-only")
@@ -152,14 +156,22 @@ def test_a_second_report_removes_only_its_own_stale_figures(tmp_path, capsys):
     mine = {"notes.txt": b"my notes", "report_my_figure.png": b"my own figure"}
     for name, data in mine.items():
         (site / name).write_bytes(data)
-    out = site / "report.html"
+    (site / "report_binding_bars.png").write_bytes(b"drawn by an older report, beside its page")
+    (site / ".report.html.files.json").write_text(json.dumps({"files": ["report.html", "report_binding_bars.png"]}))
+    out, figures = site / "report.html", site / "report_files"
     assert main(["report", str(tmp_path / "results"), "--out", str(out)]) == 0
-    assert (site / "report_issameobject_probes.png").exists()
-    capsys.readouterr()
+    assert "removed 1 figure(s) the last report drew and this one does not: report_binding_bars.png" in (
+        capsys.readouterr().err)
+    assert (figures / "issameobject_probes.png").exists()
+    for name in ("binding_bars.png", "binding_layers.png"):
+        (figures / name).write_bytes(b"stale")
     assert main(["report", str(tmp_path / "binding-only"), "--out", str(out)]) == 0
-    assert "removed 2 figure(s) the last report drew" in capsys.readouterr().err
-    assert sorted(p.name for p in site.glob("*.png")) == ["report_binding_bars.png", "report_binding_layers.png",
-                                                          "report_my_figure.png"]
+    assert ("removed 2 figure(s) the last report drew and this one does not: issameobject_baselines.png, "
+            "issameobject_probes.png") in capsys.readouterr().err
+    assert sorted(p.name for p in figures.iterdir()) == [".files.json", "binding_bars.png", "binding_layers.png"]
+    assert all(figures.joinpath(n).read_bytes().startswith(b"\x89PNG") for n in ("binding_bars.png", "binding_layers.png"))
+    assert sorted(p.name for p in site.iterdir()) == [".report.html.files.json", "notes.txt", "report.html",
+                                                      "report_files", "report_my_figure.png"]
     assert all((site / name).read_bytes() == data for name, data in mine.items())
 
 

@@ -12,7 +12,7 @@ import typer
 from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
-from bench.core.paths import check_output_file
+from bench.core.paths import check_output_file, output_path
 from bench.api import get_generator, list_generators
 
 
@@ -35,7 +35,7 @@ def _parse_sets(items: list[str]) -> dict[str, str]:
 
 def generate(
     generator: str = typer.Argument(..., help="Generator name (see `bench generators`)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output dataset directory."),
+    out: str = typer.Option(..., "--out", "-o", metavar="DIR", help="Output dataset directory."),
     preset: Optional[str] = typer.Option(None, "--preset", "-p", help="Preset (default: the generator's own)."),
     n_train: Optional[int] = typer.Option(None, help="Training scenes."),
     n_val: Optional[int] = typer.Option(None, help="Validation scenes."),
@@ -110,7 +110,7 @@ def info(
 
 def preview(
     path: Path = typer.Argument(..., help="Dataset directory."),
-    out: Path = typer.Option(..., "--out", "-o", help="PNG file to write."),
+    out: str = typer.Option(..., "--out", "-o", metavar="FILE", help="PNG file to write."),
     split: str = typer.Option("test", help="Split to show."),
     n: int = typer.Option(16, help="Number of scenes."),
 ) -> None:
@@ -119,7 +119,7 @@ def preview(
 
     if n < 1:
         raise BenchError(f"n: must be ≥ 1, got {n}")
-    check_output_file(out, "out", (".png",))
+    png = check_output_file(output_path(out, "out"), "out", (".png",))
     ds = Dataset(path)
-    contact_sheet(ds, split, n).save(out)
-    stderr.print(f"wrote {out}")
+    contact_sheet(ds, split, n).save(png)
+    stderr.print(f"wrote {png}")

@@ -7,7 +7,6 @@ What it runs, and why those backbones and that dataset, is the study file
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -15,6 +14,7 @@ import typer
 from bench.commands.common import Format
 from bench.commands.run import run_and_report
 from bench.core.errors import BenchError
+from bench.core.paths import output_path
 
 #: The study's variables the options set (`bench run demo --set N_TRAIN=...` is the same).
 VARIABLES = {"n_train": "N_TRAIN", "n_val": "N_VAL", "n_test": "N_TEST", "image_size": "IMAGE_SIZE",
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
 
 def demo(
     ctx: typer.Context,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the dataset, results and activation cache here (default: ./bench-demo, or a numbered one beside it; kept, and reused by a demo of the same sizes)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", metavar="DIR", help="Write the dataset, results and activation cache here (default: ./bench-demo, or a numbered one beside it; kept, and reused by a demo of the same sizes)."),
     n_train: int = typer.Option(800, help="Training scenes."),
     n_val: int = typer.Option(200, help="Validation scenes."),
     n_test: int = typer.Option(400, help="Test scenes."),
@@ -36,6 +36,7 @@ def demo(
     fmt: Format = typer.Option(Format.table, "--format"),
 ) -> None:
     """Run the whole pipeline offline in minutes: train the zoo, generate, evaluate eight backbones and a control null, rank (`bench run demo`)."""
+    folder = None if out is None else output_path(out, "out")
     for name, n in (("n_train", n_train), ("n_val", n_val), ("n_test", n_test)):
         if n < 1:  # probes need all three splits: refused now, not after the zoo has trained
             raise BenchError(f"{name}: must be ≥ 1, got {n}")
@@ -44,5 +45,5 @@ def demo(
     if epochs is not None and epochs < 1:
         raise BenchError(f"epochs: must be ≥ 1, got {epochs}")
     given = dict(n_train=n_train, n_val=n_val, n_test=n_test, image_size=image_size, epochs=epochs)
-    run_and_report("demo", {VARIABLES[k]: str(v) for k, v in given.items() if v is not None}, out, fmt=fmt,
+    run_and_report("demo", {VARIABLES[k]: str(v) for k, v in given.items() if v is not None}, folder, fmt=fmt,
                    command=(ctx.obj or {}).get("command"))

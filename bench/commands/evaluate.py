@@ -77,7 +77,7 @@ def evaluate(
     epochs: Optional[int] = typer.Option(None, help="Maximum probe epochs (early-stopped on the validation plateau)."),
     unanchored: bool = typer.Option(False, help="For a dataset without exact priors (an older or hand-made card): train every probe from p = 1/2 and label the rows `prior: none`."),
     control: Optional[str] = typer.Option(None, "--control", help="A control null instead of the real O: resampled-o (each scene's O redrawn from the exact p(O|F), independent of the image: true β* = 0 for any backbone). Rows say so; controls are never ranked."),
-    results: Path = typer.Option(Path("results"), "--results", help="Results directory (one Parquet file per run)."),
+    results: str = typer.Option("results", "--results", metavar="DIR", help="Results directory (one Parquet file per run)."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N scenes of every split, to extract and to train (a trial run: its rows are kept apart from full runs)."),
     overwrite: bool = typer.Option(False, help="Re-run rows already present in the results directory."),
     exclude_background: bool = typer.Option(False, help="issameobject: drop patch pairs that involve background."),

@@ -19,7 +19,7 @@ import_app = typer.Typer(help="Import a real-image dataset from a local copy (no
                          no_args_is_help=True)
 
 _SRC = typer.Option(..., "--src", help="The source's root folder, in its official layout.")
-_OUT = typer.Option(..., "--out", "-o", help="Output dataset directory.")
+_OUT = typer.Option(..., "--out", "-o", metavar="DIR", help="Output dataset directory.")
 _SEED = typer.Option(0, "--split-seed", help="Salt of the hash that ranks F codes into train/val/test.")
 _MAX = typer.Option(None, "--max-scenes", help="Import only the first N scenes (by source id).")
 _VAL = typer.Option(0.1, "--val-fraction", help="Share of distinct F codes in val.")
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
 
 
 @import_app.command("ade20k")
-def ade20k(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
+def ade20k(src: Path = _SRC, out: str = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
            top_n: int = typer.Option(20, "--top-n", help="Object classes kept by name; the rest are 'other'."),
            val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
@@ -43,7 +43,7 @@ def ade20k(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scen
 
 
 @import_app.command("vg")
-def vg(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
+def vg(src: Path = _SRC, out: str = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
        coding: str = typer.Option("vg-color", "--coding", help="vg-color (colour x name) or vg-topattr."),
        top_n: int = typer.Option(10, "--top-n", help="Values kept per group (most frequent)."),
        val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
@@ -54,14 +54,14 @@ def vg(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: 
 
 
 @import_app.command("clevr")
-def clevr(src: Path = _SRC, out: Path = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
+def clevr(src: Path = _SRC, out: str = _OUT, split_seed: int = _SEED, max_scenes: Optional[int] = _MAX,
           val_fraction: float = _VAL, test_fraction: float = _TEST, image_size: int = _SIZE,
            overwrite: bool = _OVERWRITE) -> None:
     """CLEVR v1.0 (scenes/CLEVR_<split>_scenes.json + images/<split>/): size x colour x material x shape."""
     _run("clevr", src, out, split_seed, max_scenes, val_fraction, test_fraction, image_size, overwrite)
 
 
-def _run(importer: str, src: Path, out: Path, split_seed: int, max_scenes: int | None, val_fraction: float,
+def _run(importer: str, src: Path, out: str, split_seed: int, max_scenes: int | None, val_fraction: float,
          test_fraction: float, image_size: int, overwrite: bool, **options: object) -> None:
     api.import_dataset(importer, src=src, out=out, split_seed=split_seed, max_scenes=max_scenes,
                        val_fraction=val_fraction, test_fraction=test_fraction, image_size=image_size,

@@ -9,6 +9,7 @@ import typer
 
 from bench.commands.common import Format, echo, parse_floats, render_table, stderr
 from bench.core.errors import BenchError
+from bench.core.paths import output_path
 
 cache_app = typer.Typer(help="See and clear cached activations.")
 
@@ -61,7 +62,7 @@ def extract(
     batch_size: int = typer.Option(32, help="Images per forward pass."),
     resolution: str = typer.Option("native", help="native or match-grid."),
     image_size: Optional[int] = typer.Option(None, help="Input side in px (overrides native)."),
-    cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
+    cache_dir: Optional[str] = typer.Option(None, metavar="DIR", help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
     limit: Optional[int] = typer.Option(None, help="Only the first N scenes of each split (as `bench evaluate --limit`)."),
 ) -> None:
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
@@ -69,6 +70,7 @@ def extract(
     from bench.core.paths import check_output_dir
     from bench.api import cache_root, extract_activations
 
+    cache_dir = None if cache_dir is None else output_path(cache_dir, "cache-dir")
     ds = Dataset(dataset)
     for s in split:  # the cheap check at open, of every split asked for, before any is extracted
         ds.files(s)
@@ -105,12 +107,13 @@ def cache_rm(
     keys: list[str] = typer.Argument(None, help="Entry keys or key prefixes (see `bench cache ls`)."),
     all_: bool = typer.Option(False, "--all", help="Remove every entry."),
     partial: bool = typer.Option(False, "--partial", help="Remove unfinished entries only."),
-    cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
+    cache_dir: Optional[str] = typer.Option(None, metavar="DIR", help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
 ) -> None:
     """Remove cached activation entries."""
     from bench.api import list_entries, remove_entries, select_entries
 
-    entries = list_entries(cache_dir)
+    # "" would be the working directory, not a cache: refused rather than searched
+    entries = list_entries(None if cache_dir is None else output_path(cache_dir, "cache-dir"))
     if all_:
         chosen = entries
     elif partial:

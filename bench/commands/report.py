@@ -28,7 +28,7 @@ def toys_analysis(
                               "pointwise-identity, cosine, dot, distance."),
     layers: str = typer.Option("all", "--layers", help="all, last, mid, a fraction like 0.5, or indices 0,4,8."),
     split: str = typer.Option("test", "--split", help="Toy split whose pairs are scored."),
-    out: Path = typer.Option(Path("toy-analysis"), "--out", "-o", help="Directory for toy_analysis.json and .png."),
+    out: str = typer.Option("toy-analysis", "--out", "-o", metavar="DIR", help="Directory for toy_analysis.json and .png."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16 forward passes."),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Probe epochs (default 30, early stopping on val)."),
@@ -37,19 +37,21 @@ def toys_analysis(
     fmt: Format = typer.Option(Format.table, "--format", help="table, markdown, csv or json."),
 ) -> None:
     """Score patch pairs of identical-object toy scenes by pair category, per layer."""
+    from bench.core.paths import output_path
     from bench.core.results import check_writable
     from bench.api import TABLE_COLUMNS, check_probes, run_toy_analysis, table_rows, write_analysis
 
+    folder = output_path(out, "out")
     check_probes([probe])  # every check that can fail runs before the extraction
     if heatmap_scenes < 0:
         raise BenchError(f"heatmap-scenes: must be ≥ 0, got {heatmap_scenes}")
     _check_toys(dataset)
-    check_writable(out, "out")
+    check_writable(folder, "out")
     analysis = run_toy_analysis(
         model, dataset, train_dataset=train_dataset, probe=probe, layers=_layers(layers), split=split,
         device=device, dtype=dtype, epochs=epochs, limit=limit, heatmap_scenes=heatmap_scenes,
     )
-    json_path, png = write_analysis(analysis, out)
+    json_path, png = write_analysis(analysis, folder)
     echo(render_table(table_rows(analysis), TABLE_COLUMNS, fmt, title=f"IsSameObject scores by pair category — {model}"))
     stderr.print(f"wrote {json_path} and {png}")
 
@@ -58,7 +60,7 @@ def report(
     results_dir: Optional[Path] = typer.Argument(
         None, help="Results directory (binding and issameobject rows are drawn; default: results, when it exists)."),
     analysis: list[Path] = typer.Option([], "--analysis", "-a", help="A `bench toys-analysis` output directory (repeatable)."),
-    out: str = typer.Option("report.html", "--out", "-o", metavar="FILE", help="The HTML file; PNG figures go beside it."),
+    out: str = typer.Option("report.html", "--out", "-o", metavar="FILE", help="The HTML file (self-contained); copies of its PNG figures go into STEM_files/ beside it."),
     metric: str = typer.Option("accuracy", "--metric", help="IsSameObject metric: accuracy, balanced_accuracy or auroc."),
     fingerprint: Optional[str] = typer.Option(
         None, "--fingerprint", help="Show the measurement on this dataset fingerprint (a prefix) instead of the newest."),

@@ -22,6 +22,8 @@ Files written beside a user's own (`report`, `leaderboard --out`, `plot -o`) and
 follow the same rule through a list of their own, `.NAME.files.json` (`WrittenFiles`): a name
 is overwritten only when the list holds it, and a folder output goes only into a new or empty
 folder or one its list covers whole (`check_own_folder`, which a study's folder can use too).
+A folder a command makes beside its output (a report's figures, `PAGE_files/`) lists its files
+in `.files.json` inside it (`FolderFiles`).
 """
 
 from __future__ import annotations
@@ -261,7 +263,7 @@ class DatasetTarget:
 class WrittenFiles:
     """The files a command writes beside `main` (itself included), listed in `.MAIN.files.json`:
     the proof that they are bench's, for commands that write into a folder the user may share
-    (`report`'s page and figures, `leaderboard --out`, `plot -o`) or that is theirs alone (a site).
+    (`report`'s page, `leaderboard --out`, `plot -o`) or that is theirs alone (a site).
 
     `check` refuses, touching nothing, a name to be written that holds anything the list does
     not (a user's file, a link, a folder); `claim` checks too, then adds the names to the list
@@ -274,8 +276,11 @@ class WrittenFiles:
         self.main, self.what = Path(main), what
         if self.main.is_dir() or not self.main.name or self.main.name in (".", ".."):
             raise BenchError(f"{what}: {self.main} is a directory; name a file inside it")
-        self.folder = self.main.parent
-        self.manifest = self.folder / f".{self.main.name}.files.json"
+        self._read(self.main.parent / f".{self.main.name}.files.json")
+
+    def _read(self, manifest: Path) -> None:
+        """Load the list at `manifest`, which names the files beside it."""
+        self.folder, self.manifest = manifest.parent, manifest
         self.damaged = False
         try:
             listed = json.loads(self.manifest.read_text())["files"]
@@ -292,7 +297,7 @@ class WrittenFiles:
         out = []
         for p in map(Path, paths):
             if p.parent != self.folder:
-                raise ValueError(f"{p} is not beside {self.main}")  # a caller's bug, not the user's input
+                raise ValueError(f"{p} is not in {self.folder}")  # a caller's bug, not the user's input
             if p.is_symlink() or (p.exists() and not p.is_file()):
                 kind = "a link" if p.is_symlink() else "a directory"
                 raise BenchError(f"{self.what}: {p} is {kind}; bench writes only files it made there, so choose "
@@ -338,6 +343,35 @@ class WrittenFiles:
                              f"to be a {kind} bench wrote; choose another folder (nothing was changed)")
         check_own_folder(self.folder, self.listed | {self.manifest.name} if self.manifest.exists() else None,
                          self.what, kind)
+
+
+class FolderFiles(WrittenFiles):
+    """The files of a folder a command makes beside its main output and fills alone, with no main
+    file of its own: a report's figures in `PAGE_files/`, as a browser saves a page. Its list is
+    `FOLDER/.files.json`. `check_folder` refuses, touching nothing, a folder that is not new,
+    empty or wholly listed, and a link in its place (the command names this folder itself, so
+    a link there was not made by it); `finish` also removes the folder once nothing of its own
+    is left in it."""
+
+    def __init__(self, folder: str | os.PathLike, what: str) -> None:
+        self.main, self.what = Path(folder), what
+        self._read(self.main / ".files.json")
+
+    def check_folder(self, kind: str) -> None:
+        if self.folder.is_symlink():
+            raise BenchError(f"{self.what}: {self.folder} is a link; the {kind} writes only into a folder it makes "
+                             "there, so move the link or choose another name (nothing was changed)")
+        super().check_folder(kind)
+
+    def finish(self, written: Sequence[str | os.PathLike], prefix: str | None = None) -> list[Path]:
+        if not written and not self.manifest.is_file():
+            return []  # nothing written now or listed before: no folder of its own to keep or to clear
+        removed = super().finish(written, prefix)
+        if not self.listed:
+            self.manifest.unlink()
+            with contextlib.suppress(OSError):  # a user's file added since stays, and so does the folder
+                self.folder.rmdir()
+        return removed
 
 
 def check_own_folder(folder: str | os.PathLike, owned: set[str] | None, what: str, kind: str) -> None:

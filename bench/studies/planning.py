@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from bench.core.errors import BenchError
+from bench.core.paths import output_path
 from bench.studies.spec import BackboneEntry, DatasetEntry, EvaluateBlock, Study
 
 if TYPE_CHECKING:
@@ -247,7 +248,7 @@ def choose_out(study: Study, out: str | Path | None, cwd: Path) -> tuple[Path, s
     that this study made with the same settings (its manifest says so); any other is passed
     over, and nothing in a folder is ever deleted."""
     if out is not None:
-        folder = Path(out)
+        folder = output_path(out, "out")
         made = check_folder(folder, study)
         return folder, "reused: made by this study" if made else "given"
     for k in range(1, 10_000):
