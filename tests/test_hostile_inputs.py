@@ -1288,6 +1288,9 @@ def test_a_site_goes_only_into_a_new_or_empty_folder_or_its_own(hostile_results,
     for name in ("index.html", "compare.html", "notes.txt"):
         (mine / name).write_text(f"my {name}")
     (tmp_path / "link").symlink_to(mine)
+    empty_target = tmp_path / "empty-target"
+    empty_target.mkdir()
+    (tmp_path / "link-to-empty").symlink_to(empty_target)  # never through a link, whatever it points to
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / ".index.html.files.json").write_text("{not json")
@@ -1297,7 +1300,7 @@ def test_a_site_goes_only_into_a_new_or_empty_folder_or_its_own(hostile_results,
     (listed_elsewhere / ".index.html.files.json").write_text(json.dumps({"files": ["index.html"]}))
     (listed_elsewhere / "index.html").symlink_to(mine / "index.html")
     for out, why in ((mine, "is not empty and holds no site bench wrote"),
-                     (tmp_path / "link", "is not empty and holds no site bench wrote"),
+                     (tmp_path / "link", "is a link"), (tmp_path / "link-to-empty", "is a link"),
                      (damaged, "is damaged"), (listed_elsewhere, "holds files the site did not write")):
         assert why in refused(["site", hostile_results, "-o", out], capsys, tmp_path)
     monkeypatch.chdir(mine)

@@ -378,11 +378,13 @@ def check_own_folder(folder: str | os.PathLike, owned: set[str] | None, what: st
     """Refuse, touching nothing, a folder output (`kind`: a site, a study) that is neither new,
     nor empty, nor wholly the writer's own. `owned`: the names the folder's manifest proves the
     writer made (None: it has no manifest). Anything else in it (a user's page, a link, a sub-folder)
-    is the user's, so the folder is refused: the working directory with files in it, a folder a
-    link points to, all alike, by what they hold."""
+    is the user's, so the folder is refused: the working directory with files in it, all alike, by
+    what they hold. A link is refused whatever it points to: what it names is another folder, whose
+    owner the link does not say."""
     folder = Path(folder)
-    if folder.is_symlink() and not folder.exists():
-        raise BenchError(f"{what}: {folder} is a link to nothing; choose a folder")
+    if folder.is_symlink():
+        raise BenchError(f"{what}: {folder} is a link; name the folder itself (a {kind} is never written through a "
+                         "link; nothing was changed)")
     if folder.exists() and not folder.is_dir():
         raise BenchError(f"{what}: {folder} exists and is not a directory")
     if folder.is_dir():
