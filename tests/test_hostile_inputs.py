@@ -1145,6 +1145,24 @@ def test_old_results_with_hostile_labels_still_render(hostile_results, tmp_path,
     assert "L" * 250 in html_text(tmp_path / "site" / long_page)
 
 
+def test_compare_answers_for_hostile_labels_and_refuses_bad_pairs(hostile_results, tmp_path, capsys):
+    """`bench compare` on old results with hostile labels leads with the answer — difference,
+    interval, verdict — within 100 columns, the long names in its title, not on every line; a pair
+    it cannot compare (a backbone not in the results, a backbone with itself, an unknown metric) is
+    one line, exit 2."""
+    long_name = "L" * 250
+    code = main(["compare", "a$^$b", long_name, "--results", str(hostile_results)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    lines = [line for line in captured.out.splitlines() if line.strip()]
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    header = next(line for line in lines if "difference" in line)
+    assert all(word in header for word in ("difference", "lo", "hi", "verdict")), header
+    assert sum(long_name in line for line in lines) <= 1  # the long name once, in the title, or abbreviated
+    for args, why in ((["nosuch", "ok"], "nosuch"), (["ok", "ok"], "ok"), (["ok", "a$^$b", "--metric", "nosuch"], "nosuch")):
+        assert why in refused(["compare", *args, "--results", hostile_results], capsys, tmp_path)
+
+
 def test_a_reports_figures_go_only_into_a_folder_of_its_own(hostile_results, tmp_path, capsys):
     """`report -o PAGE.html` wrote its figure PNGs beside the page, into the user's folder; now into
     `PAGE_files/`, which it makes: a folder of that name holding a file of the user's (even one
