@@ -110,6 +110,12 @@ SHARES = {"fit_device": 0.35, "fit_device_again": 0.15, "attention_device": 0.2,
 FIT_RESERVE = 0.6
 
 
+#: The benchmark's one clock: every time it reports and every budget decision (a phase's share, the
+#: next row set, a stop) reads it. Tests put a fake clock here, advanced by fake fits, to check that
+#: logic without waiting on real time. (`deadline`'s alarm is the kernel's real timer.)
+now = time.perf_counter
+
+
 class OutOfBudget(BaseException):
     """A fit ran past its phase's share. A BaseException: the evaluator turns an Exception
     inside a fit into an error row and goes on, and this must end the phase instead."""
@@ -134,11 +140,11 @@ class Clock:
     """The run's budget: what is left, and each fitting phase's share of it."""
 
     def __init__(self, budget: float, phases: Iterable[str] = SHARES) -> None:
-        self.budget, self.t0 = budget, time.perf_counter()
+        self.budget, self.t0 = budget, now()
         self.pending = {phase: SHARES[phase] for phase in phases}
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
+        return now() - self.t0
 
     def left(self) -> float:
         return self.budget - self.elapsed()
@@ -186,7 +192,7 @@ class SmSampler:
 
     def _read(self) -> None:
         for value in read_dmon(self.proc.stdout):
-            self.samples.append((time.perf_counter(), value))
+            self.samples.append((now(), value))
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -218,12 +224,12 @@ def extract(spec: str | Backbone, ds: Dataset, layers: str, views: list[str], de
             input_size: int | None = None) -> tuple[dict, float]:
     """Every split's activations and the seconds they took (a fresh cache: nothing is read back).
     A resolved `spec` is built once, outside the time, not once per split."""
-    t0 = time.perf_counter()
+    t0 = now()
     acts = {s: extract_activations(spec, ds, s, layers=layers, views=views, device=device, dtype=dtype,
                                    image_size=input_size, cache_dir=cache, progress=False) for s in SPLITS}
     if device == "cuda":
         torch.cuda.synchronize()
-    return acts, time.perf_counter() - t0
+    return acts, now() - t0
 
 
 def fit(acts: dict, task, layer: int, view: str, families: list[str], device: str) -> tuple[float, dict]:
@@ -233,11 +239,11 @@ def fit(acts: dict, task, layer: int, view: str, families: list[str], device: st
 
 def fit_inputs(inputs: dict, task, families: list[str], device: str) -> tuple[float, dict]:
     """`fit` of a row set's readers."""
-    t0 = time.perf_counter()
+    t0 = now()
     res = evaluate_binding(inputs, task, families, train=TrainConfig(device=device), n_boot=200)
     if device == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - t0, {f: _num(r.metrics.get("beta_star")) for f, r in res.items()}
+    return now() - t0, {f: _num(r.metrics.get("beta_star")) for f, r in res.items()}
 
 
 def _num(x) -> float | None:
@@ -250,9 +256,9 @@ def fit_row_sets(acts: dict, task, row_sets: list[tuple[int, str]], families: li
     if allowance <= 0:
         return {"status": "skipped", "reason": "budget spent", "row_sets_total": len(row_sets)}
     out: dict = {"row_sets_total": len(row_sets), "row_sets_done": 0, "seconds": 0.0, "times": {}, "beta": {}}
-    start = time.perf_counter()
+    start = now()
     for layer, view in row_sets:
-        spent = time.perf_counter() - start
+        spent = now() - start
         done = out["row_sets_done"]
         if done and spent + spent / done > allowance:
             out["reason"] = f"the next row set would pass this phase's {allowance:.0f} s"
@@ -296,10 +302,10 @@ def fit_side_by_side(acts: dict, task, row_sets: list[tuple[int, str]], families
         except threading.BrokenBarrierError:
             return {"status": "skipped", "reason": f"the {workers} worker processes did not start",
                     "row_sets_total": len(row_sets)}
-        t0 = time.perf_counter()
+        t0 = now()
         pending = {f"{layer}/{view}": pool.apply_async(fit_one_on_cpu, (
             {s: np.asarray(a.get(layer, view)) for s, a in acts.items()}, task, families)) for layer, view in row_sets}
-        while pending and time.perf_counter() - t0 < allowance:
+        while pending and now() - t0 < allowance:
             for key in [k for k, r in pending.items() if r.ready()]:
                 try:
                     seconds, out["beta"][key] = pending.pop(key).get()
@@ -307,7 +313,7 @@ def fit_side_by_side(acts: dict, task, row_sets: list[tuple[int, str]], families
                 except Exception as e:  # noqa: BLE001 — a row set that fails is said, the others go on
                     out.setdefault("errors", {})[key] = f"{type(e).__name__}: {e}".splitlines()[0]
             time.sleep(0.02)
-        wall = time.perf_counter() - t0
+        wall = now() - t0
         pool.terminate()
     done = out["row_sets_done"] = len(out["times"])
     if pending or out.get("errors"):
@@ -361,29 +367,29 @@ def split_of(device: str) -> Iterator[dict]:
 
     @contextmanager
     def timed(name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        t0 = now()
         with label(name):
             yield
-        edges.extend((t0, time.perf_counter()))
+        edges.extend((t0, now()))
         stages[name] = stages.get(name, 0.0) + edges[-1] - t0
 
     pauses: list[float] = []
 
     def collector(phase: str, info: dict) -> None:
         if phase == "start":
-            pauses.append(-time.perf_counter())
+            pauses.append(-now())
         elif pauses:
-            pauses[-1] += time.perf_counter()
+            pauses[-1] += now()
 
     counts = torch.cuda.memory_stats if device == "cuda" else dict
     before = counts()
     fitting.stage_label = timed
     gc.callbacks.append(collector)
-    start = time.perf_counter()
+    start = now()
     try:
         yield got
     finally:
-        stop = time.perf_counter()
+        stop = now()
         gc.callbacks.remove(collector)
         fitting.stage_label = label
     after = counts()
@@ -403,7 +409,7 @@ def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[
     if evaluate_binding_sets is None:  # a checkout from before stacking: one row set at a time
         return fit_row_sets(acts, task, row_sets, families, device, allowance)
     inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()} for layer, view in row_sets]
-    t0 = time.perf_counter()
+    t0 = now()
     try:
         with deadline(allowance), split_of(device) as split:
             results = evaluate_binding_sets(inputs, task, families, train=TrainConfig(device=device), n_boot=200)
@@ -411,8 +417,8 @@ def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[
                 torch.cuda.synchronize()
     except OutOfBudget:
         return {"status": "stopped", "reason": f"the stack was still fitting at this phase's {allowance:.0f} s",
-                "seconds_at_least": round(time.perf_counter() - t0, 2), "row_sets_total": len(row_sets)}
-    wall = time.perf_counter() - t0
+                "seconds_at_least": round(now() - t0, 2), "row_sets_total": len(row_sets)}
+    wall = now() - t0
     keys = [f"{layer}/{view}" for layer, view in row_sets]
     share = round(wall / len(row_sets), 3)
     return {"status": "done", "row_sets_total": len(row_sets), "row_sets_done": len(row_sets),
@@ -425,13 +431,13 @@ def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[
 def fit_attention(acts: dict, task, layer: int, device: str, allowance: float) -> dict:
     if allowance <= 0:
         return {"status": "skipped", "reason": "budget spent"}
-    t0 = time.perf_counter()
+    t0 = now()
     try:
         with deadline(allowance):
             wall, beta = fit(acts, task, layer, "all", ["attention"], device)
     except OutOfBudget:
         return {"status": "stopped", "reason": f"still training at this phase's {allowance:.0f} s",
-                "seconds_at_least": round(time.perf_counter() - t0, 2)}
+                "seconds_at_least": round(now() - t0, 2)}
     return {"status": "done", "seconds": round(wall, 2), "beta_star": beta["attention"]}
 
 
@@ -475,18 +481,18 @@ def profile_fits(root: str, cache: str, layers: str, input_size: int | None, fam
         report.update(update)
         write_json(out / "profile.json", report)
 
-    t0 = time.perf_counter()
+    t0 = now()
     if device == "cuda":
         torch.zeros(1, device=device)
         torch.cuda.synchronize()
-    save(cuda_start_s=round(time.perf_counter() - t0, 2))
-    t0 = time.perf_counter()
+    save(cuda_start_s=round(now() - t0, 2))
+    t0 = now()
     ds = Dataset(Path(root) / "small")
     task = binding_task(ds)
     acts, _ = extract(MODEL, ds, layers, ["cls", "mean"], device, "fp32", Path(cache), input_size)
     inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()}
               for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
-    save(read_back_s=round(time.perf_counter() - t0, 2), row_sets=len(inputs))
+    save(read_back_s=round(now() - t0, 2), row_sets=len(inputs))
     profiles = {}
     for name in ("first", "warm"):
         with profiled(device) as got:
@@ -649,9 +655,9 @@ def _overlap(spans: list[tuple[float, float]], windows: list[tuple[float, float]
 def power(ds: Dataset, task, families: list[str], device: str, cache: Path, allowance: float) -> dict:
     """β* of each oracle's cls row set (extraction included in its time)."""
     out: dict = {"status": "done", "beta": {}, "seconds": 0.0}
-    start = time.perf_counter()
+    start = now()
     for spec in ORACLES:
-        left = allowance - (time.perf_counter() - start)
+        left = allowance - (now() - start)
         if left <= 0:
             out.update(status="partial" if out["beta"] else "skipped", reason=f"budget spent before {spec}")
             break
@@ -663,7 +669,7 @@ def power(ds: Dataset, task, families: list[str], device: str, cache: Path, allo
             out.update(status="partial" if out["beta"] else "stopped", reason=f"{spec} stopped at {allowance:.0f} s")
             break
         out["beta"][spec] = beta
-    out["seconds"] = round(time.perf_counter() - start, 2)
+    out["seconds"] = round(now() - start, 2)
     return out
 
 
@@ -702,10 +708,10 @@ def run(args: argparse.Namespace, report: dict) -> None:
     sampler = SmSampler() if args.device == "cuda" and shutil.which("nvidia-smi") else None
     try:
         cache = root / "cache"
-        t0 = time.perf_counter()
+        t0 = now()
         ds = make_dataset(root, args.n_train, args.n_eval, args.image_size, args.seed)
         task = binding_task(ds)
-        phases["generate"] = {"status": "done", "seconds": round(time.perf_counter() - t0, 2)}
+        phases["generate"] = {"status": "done", "seconds": round(now() - t0, 2)}
         say(f"generated {args.n_train}/{args.n_eval}/{args.n_eval} scenes at {args.image_size} px "
             f"in {phases['generate']['seconds']} s")
 
@@ -731,19 +737,19 @@ def run(args: argparse.Namespace, report: dict) -> None:
         row_sets = [(layer, view) for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
         pixel_layer = fp32[PIXELS]["train"].layers[-1]
         windows = {}
-        start = time.perf_counter()
+        start = now()
         phases["fit_device"] = fit_stack(acts, task, row_sets, families, args.device, clock.share("fit_device"))
-        windows["fit_device"] = (start, time.perf_counter())
+        windows["fit_device"] = (start, now())
         say(f"fit on {args.device}: {summary_note(phases['fit_device'])}")
-        start = time.perf_counter()
+        start = now()
         phases["fit_device_again"] = fit_stack(acts, task, row_sets, families, args.device,
                                                clock.share("fit_device_again"))
-        windows["fit_device_again"] = (start, time.perf_counter())
+        windows["fit_device_again"] = (start, now())
         say(f"fit on {args.device} again (warm): {summary_note(phases['fit_device_again'])}")
-        start = time.perf_counter()
+        start = now()
         phases["attention_device"] = fit_attention(fp32[PIXELS], task, pixel_layer, args.device,
                                                    clock.share("attention_device"))
-        windows["attention_device"] = (start, time.perf_counter())
+        windows["attention_device"] = (start, now())
         say(f"attention on pixels, {args.device}: {summary_note(phases['attention_device'])}")
         if sampler is not None:
             sampler.stop()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import io
 import json
-import time
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -171,18 +172,88 @@ def test_bad_builtin_specs_are_bench_errors(spec):
         resolve_backbone(spec)
 
 
+def network_waits(monkeypatch) -> list[tuple[float, str]]:
+    """Each network wait of the hub code, as (its deadline in s, how it ended: "returned", "timed
+    out", or the error's type and reason), in order. Every wait on the hub runs under the watchdog
+    `_with_stall_deadline`; a command that fails fast waits out none of their deadlines."""
+    import evaluators.backbones.hf as hf
+    import evaluators.backbones.hub_weights as hub_weights
+
+    waits: list[tuple[float, str]] = []
+    watchdog = hf._with_stall_deadline
+
+    def watched(fn, watch, deadline=None):
+        seconds = hf.STALL_DEADLINE_S if deadline is None else deadline
+        try:
+            value = watchdog(fn, watch, deadline)
+        except TimeoutError:  # the watchdog's, or a socket's own timeout
+            waits.append((seconds, "timed out"))
+            raise
+        except BaseException as e:
+            reason = getattr(e, "reason", None)
+            waits.append((seconds, type(e).__name__ + (f": {type(reason).__name__}"
+                                                       if isinstance(reason, BaseException) else "")))
+            raise
+        waits.append((seconds, "returned"))
+        return value
+
+    for module in (hf, hub_weights):
+        monkeypatch.setattr(module, "_with_stall_deadline", watched)
+    return waits
+
+
 def test_uncached_hub_id_fails_fast_offline(tmp_path, monkeypatch):
+    """Offline, no network is tried; with a hub at a closed port, the one probe is refused at once
+    and no deadline is waited out (the test asserted this on wall time before)."""
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    t0 = time.perf_counter()
+    waits = network_waits(monkeypatch)
     with pytest.raises(BenchError, match="not in the local Hugging Face cache.*pass its directory"):
         resolve_backbone("facebook/dinov2-small")
+    assert waits == []
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # closed port: unreachable without leaving the machine
     with pytest.raises(BenchError, match="could not be downloaded"):
         resolve_backbone("dinov2-small")
-    assert time.perf_counter() - t0 < 10
+    assert [how for _, how in waits] == ["URLError: ConnectionRefusedError"]
+
+
+def test_the_network_watchdog_gives_up_after_its_deadline_without_progress(tmp_path, monkeypatch):
+    """`_with_stall_deadline` on a fake clock that moves 1/64 s at each reading (its own polls),
+    around a call that never returns: without a folder to watch its deadline is a total one; with
+    one, a download that grows at each poll runs on past the deadline, and once it stops growing
+    the call is given up the first poll `deadline` s after its last growth."""
+    import evaluators.backbones.hf as hf
+
+    step, deadline = 1 / 64, 3 / 64  # binary fractions: the clock's sums are exact
+    growing = {"polls": 0}
+    readings: list[float] = []
+
+    def clock() -> float:
+        if growing["polls"]:
+            growing["polls"] -= 1
+            with open(tmp_path / "download", "ab") as f:
+                f.write(b"x")
+        readings.append(len(readings) * step)
+        return readings[-1]
+
+    monkeypatch.setattr(hf, "time", SimpleNamespace(monotonic=clock))
+    release = threading.Event()
+    try:
+        with pytest.raises(TimeoutError, match="no progress for 0 s"):
+            hf._with_stall_deadline(lambda: release.wait(60), None, deadline)
+        assert readings[-1] - readings[1] == deadline  # from its first poll, where it started counting
+        readings.clear()
+        growing["polls"] = 20
+        with pytest.raises(TimeoutError):
+            hf._with_stall_deadline(lambda: release.wait(60), tmp_path, deadline)
+        assert (tmp_path / "download").stat().st_size == 20
+        assert readings[-1] > 5 * deadline  # it ran on while the download grew
+        assert readings[-1] - readings[20] == deadline  # the poll that saw the last growth started the count
+    finally:
+        release.set()
+    assert hf._with_stall_deadline(lambda: 7, tmp_path, deadline) == 7
 
 
 def test_hub_id_loads_from_the_local_cache(tmp_path, monkeypatch, checkpoints):

@@ -189,9 +189,10 @@ def test_a_layer_whose_activations_overflow_is_an_error_row_of_that_layer(balanc
             assert r["status"] == "ok" and math.isfinite(r["beta_star"]), (r["layer"], r["error"])
 
 
-#: `bench evaluate` in a process of its own, as the user runs it, with every stack's fit made to last
-#: a second longer (so that a kill after the first stack's rows lands inside the next fit) and,
-#: with "write", the second write of the results cut off half way by a SIGKILL of its own.
+#: `bench evaluate` in a process of its own, as the user runs it: with "fit", the second stack's fit
+#: stalls until the process is killed (so the kill, after the first stack's rows, lands inside it
+#: whatever the machine's speed); with "write", the second write of the results is cut off half way
+#: by a SIGKILL of its own.
 KILLABLE = """
 import os, signal, sys, time
 import pyarrow.parquet as pq
@@ -199,11 +200,13 @@ import evaluators.binding.rows as rows
 from bench.cli import main
 
 during = sys.argv.pop(1)
-fit = rows.evaluate_binding_sets
-def slow(*args, **kwargs):
-    time.sleep(1.0)
+fit, fits = rows.evaluate_binding_sets, []
+def stalled(*args, **kwargs):
+    fits.append(1)
+    if during == "fit" and len(fits) == 2:
+        time.sleep(600)
     return fit(*args, **kwargs)
-rows.evaluate_binding_sets = slow
+rows.evaluate_binding_sets = stalled
 
 write, writes = pq.write_table, []
 def torn(table, where, **kwargs):

@@ -57,17 +57,40 @@ def test_determinism_across_worker_counts(tmp_path, capsys):
     assert fp(tmp_path / "s8") != fp(tmp_path / "w1")
 
 
+#: `bench generate` whose process stops collecting its workers' shards after the first two: it stays
+#: mid-run (its workers idle once their queued shards are written) until it is killed.
+STALLED_GENERATE = """
+import time
+import generators.engine as engine
+from bench.cli import main
+
+wait, collected = engine.wait, []
+def stalled(futures, **kwargs):
+    if len(collected) >= 2:
+        time.sleep(600)
+    done, not_done = wait(futures, **kwargs)
+    collected.extend(done)
+    return done, not_done
+engine.wait = stalled
+main()
+"""
+
+
 def test_killed_run_leaves_no_dataset_and_resumes(tmp_path, capsys):
+    """A run killed (with its workers) part way: no dataset, and the same command completes it. The
+    run stalls after two shards, so the kill lands mid-run whatever the machine's speed."""
     d = tmp_path / "killed"
     args = ["generate", "colorshape", "--preset", "small", "--n-train", "1000", "--n-val", "10", "--n-test", "10",
-            "--set", "shard_size=50", "--out", str(d)]
-    proc = subprocess.Popen([*BENCH, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 60
-    while time.time() < deadline and len(list(d.glob("train-*.parquet"))) < 2:
+            "--set", "shard_size=50", "--workers", "2", "--out", str(d)]
+    proc = subprocess.Popen([sys.executable, "-c", STALLED_GENERATE, *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300  # a hang guard: two shards take seconds
+    while len(list(d.glob("train-*.parquet"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run wrote no two shards"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert len(list(d.glob("train-*.parquet"))) >= 2
+    assert 2 <= len(list(d.glob("train-*.parquet"))) < 20
     assert not (d / CARD_NAME).exists()
     with pytest.raises(Exception, match="no dataset.json"):
         Dataset(d)

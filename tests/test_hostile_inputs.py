@@ -565,12 +565,25 @@ def test_truncated_results(tmp_path_factory, capsys, frac):
 # -- 4. sizes are checked before anything is allocated or written --------------------------
 
 
+def work_started(monkeypatch) -> list[str]:
+    """The rendering or import work a command started (each entry point, as it is entered): a size
+    refused "at once" starts none, so nothing is allocated for it."""
+    from generators import engine
+    from generators.importers import common
+
+    started: list[str] = []
+    for module, name in ((engine, "_write_shard"), (engine, "_render_in_pool"), (common, "write_import")):
+        monkeypatch.setattr(module, name, lambda *a, _name=name, _f=getattr(module, name), **k:
+                            started.append(_name) or _f(*a, **k))
+    return started
+
+
 @pytest.mark.parametrize("n", ["99999999999999999999", str(10**12)])
-def test_absurd_size_is_refused_at_once(tmp_path, capsys, n):
-    t0 = time.perf_counter()
+def test_absurd_size_is_refused_at_once(tmp_path, capsys, monkeypatch, n):
+    started = work_started(monkeypatch)
     msg = refused(["generate", "colorshape", "--preset", "small", "--n-train", n,
                    "--out", tmp_path / "big"], capsys, tmp_path)
-    assert "GiB" in msg and "room for at most" in msg and time.perf_counter() - t0 < 10
+    assert "GiB" in msg and "room for at most" in msg and started == []
 
 
 @pytest.fixture
@@ -583,15 +596,17 @@ def memory_8gib(monkeypatch):
         monkeypatch.setattr(module, "available_memory", lambda: 8 * 2**30)
 
 
-def test_an_image_side_beyond_memory_is_refused_naming_the_limit(clevr_src, tmp_path, capsys, memory_8gib):
+def test_an_image_side_beyond_memory_is_refused_naming_the_limit(clevr_src, tmp_path, capsys, monkeypatch,
+                                                                 memory_8gib):
     """`--image-size 100000` allocated until numpy's MemoryError (or the machine swapped); 8 GiB
-    at 4 bytes a pixel (RGB and mask) hold at most a 46,340-px side."""
-    t0 = time.perf_counter()
+    at 4 bytes a pixel (RGB and mask) hold at most a 46,340-px side: refused before any scene is
+    rendered or imported."""
+    started = work_started(monkeypatch)
     msg = refused(["generate", *SMALL, "--image-size", "100000", "--out", tmp_path / "d"], capsys, tmp_path)
     assert msg.startswith("bench: error: image_size:") and "at most image_size 46,340 fits" in msg, msg
     msg = refused(_import(clevr_src, tmp_path / "imp", "--image-size", "100000"), capsys, tmp_path)
     assert "image-size" in msg and "at most --image-size 46,340 fits" in msg, msg
-    assert time.perf_counter() - t0 < 10
+    assert started == []
 
 
 def test_absurd_object_counts_are_refused(tmp_path, capsys):
@@ -642,7 +657,7 @@ def test_workers_die_with_their_parent(tmp_path, sig):
          "--n-train", "4000", "--n-val", "10", "--n-test", "10", "--set", "shard_size=40", "--workers", "2",
          "--out", str(d)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + 300  # a hang guard: the first shard takes seconds
         while time.time() < deadline and not list(d.glob("train-*.parquet")):
             time.sleep(0.05)
         workers = _children(proc.pid)
@@ -720,39 +735,46 @@ def hub(tmp_path, monkeypatch):
         s.close()
 
 
-def _timed_refusal(capsys, args) -> tuple[str, float]:
-    t0 = time.perf_counter()
+def _refusal(capsys, args) -> str:
     code = main(args)
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err, time.perf_counter() - t0
+    return err
 
 
 def test_stalled_hub_fails_within_the_deadline(hub, capsys, monkeypatch):
+    """The probe waits out its deadline (the hub's 1 s) and no more: the command fails then. (That
+    the watchdog gives up at its deadline is test_the_network_watchdog_gives_up_...'s, on a fake clock.)"""
+    from tests.test_backbones import network_waits
+
     server = hub()
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.port}")
-    err, dt = _timed_refusal(capsys, ["models", "someone/some-model"])
-    assert "unreachable" in err and dt < 8 and server.requests
+    waits = network_waits(monkeypatch)
+    err = _refusal(capsys, ["models", "someone/some-model"])
+    assert "unreachable" in err and server.requests and waits == [(1.0, "timed out")]
 
 
 def test_stall_after_the_probe_fails_within_the_deadline(hub, capsys, monkeypatch):
+    from tests.test_backbones import network_waits
+
     server = hub(answer_head=True)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.port}")
-    err, dt = _timed_refusal(capsys, ["models", "someone/some-model"])
-    assert "sent nothing" in err and dt < 8
+    waits = network_waits(monkeypatch)
+    err = _refusal(capsys, ["models", "someone/some-model"])
+    assert "sent nothing for 1 s" in err and waits == [(1.0, "returned"), (1.0, "timed out")]
 
 
 def test_probe_goes_through_the_proxy_and_honours_no_proxy(hub, capsys, monkeypatch):
     proxy = hub()
     monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
-    _timed_refusal(capsys, ["models", "someone/some-model"])
+    _refusal(capsys, ["models", "someone/some-model"])
     assert any(b"hub.invalid" in r for r in proxy.requests)  # asked the proxy, not DNS
     direct = hub()
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{direct.port}")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     n = len(proxy.requests)
-    _timed_refusal(capsys, ["models", "someone/some-model"])
+    _refusal(capsys, ["models", "someone/some-model"])
     assert direct.requests and len(proxy.requests) == n
 
 
@@ -967,17 +989,19 @@ def test_empty_and_absurd_arguments_are_refused_before_any_work(ds, tmp_path, ca
                                                  capsys, tmp_path)
 
 
-def test_a_ray_address_nothing_answers_at_fails_fast(tmp_path, capsys):
-    """`ray.init` waited minutes for a head that is not there."""
-    pytest.importorskip("ray")
+def test_a_ray_address_nothing_answers_at_fails_fast(tmp_path, capsys, monkeypatch):
+    """`ray.init` waited minutes for a head that is not there: the refused connection is said, and
+    Ray is never started."""
+    ray = pytest.importorskip("ray")
+    inits: list[tuple] = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: inits.append(a))
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    t0 = time.perf_counter()
     line = refused(["generate", "colorshape", "--preset", "small", "--n-train", "4", "--n-val", "2", "--n-test", "2",
                     "--out", tmp_path / "d", "--executor", "ray",
                     "--address", f"127.0.0.1:{port}"], capsys, tmp_path)
-    assert "address: nothing answers at 127.0.0.1:" in line and time.perf_counter() - t0 < 30
+    assert f"address: nothing answers at 127.0.0.1:{port} (Connection refused)" in line and inits == []
 
 
 # -- 9. a layer holding NaN or inf fails alone (issue 56) -----------------------------------

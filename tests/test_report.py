@@ -204,7 +204,7 @@ def _chromium(url: str, shot: Path, profile: Path) -> list[str]:
         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--hide-scrollbars",
         "--virtual-time-budget=4000", "--window-size=1300,9000", f"--screenshot={shot}", url,
     ]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert shot.exists(), proc.stderr[-2000:]
     return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
 
@@ -243,7 +243,7 @@ def test_the_page_fits_a_1280_px_window_in_chromium(report, tmp_path):
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--virtual-time-budget=4000",
             "--window-size=1280,900", "--dump-dom", report.as_uri() + "?measure=1"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     found = re.search(r'<pre id="measure">(.*?)</pre>', proc.stdout, re.S)
     assert found, proc.stderr[-2000:]
     m = json.loads(found.group(1).replace("&quot;", '"'))

@@ -140,7 +140,7 @@ def test_workers_end_when_the_run_is_killed(data, tmp_path):
     env = {**os.environ, "BINDINGBENCH_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     run = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(data), str(tmp_path / "r"), *REQUEST], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a hang guard: the workers start in seconds
     while len(workers_of := [p for p in children(run.pid) if _is_worker(p)]) < 2:
         assert run.poll() is None and time.monotonic() < deadline, "the run ended before its workers started"
         time.sleep(0.05)

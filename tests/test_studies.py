@@ -18,7 +18,6 @@ import pytest
 from bench.cli import main
 from bench.core.results import read_results
 
-BENCH = [sys.executable, "-c", "from bench.cli import main; main()"]
 #: Columns that differ between two runs of the same rows.
 RUN_COLUMNS = ("run_id", "created_at", "wall_time_s", "command", "host", "device", "package_versions")
 
@@ -150,10 +149,11 @@ def test_a_grid_runs_with_one_command_and_reruns_only_what_is_missing(grid, tmp_
     part = grid / "part.toml"
     part.write_text(PART)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([*BENCH, "run", str(part), "--out", str(tmp_path / "b")], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None and not list((tmp_path / "b" / "results").glob("*.parquet")):
+    proc = subprocess.Popen([sys.executable, "-c", STALLED_RUN, "run", str(part), "--out", str(tmp_path / "b")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300  # a hang guard: the first backbone's rows take seconds
+    while not list((tmp_path / "b" / "results").glob("*.parquet")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run wrote no rows"
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -163,6 +163,24 @@ def test_a_grid_runs_with_one_command_and_reruns_only_what_is_missing(grid, tmp_
     assert len(again) == 6 and again.keys() <= rows.keys()
     different = {k: [c for c in again[k] if rows[k][c] != again[k][c]] for k in again if rows[k] != again[k]}
     assert not different, different
+
+
+#: `bench run` whose second write of its rows (the second backbone's) never comes: it stays between
+#: the two backbones until it is killed, whatever the machine's speed.
+STALLED_RUN = """
+import time
+import evaluators.run as run
+from bench.cli import main
+
+write, writes = run.write_run, []
+def stalled(*args):
+    writes.append(1)
+    if len(writes) == 2:
+        time.sleep(600)
+    return write(*args)
+run.write_run = stalled
+main()
+"""
 
 
 #: (study text, the key path its one line names)
