@@ -88,13 +88,14 @@ def test_an_unwritable_destination_exits_2_before_any_work(tmp_path, flag, where
 def test_a_missing_dependency_exits_2_naming_it(tmp_path):
     """Run from a checkout (as on a GPU machine's image), a dependency that is not installed is
     named in one line, not a traceback."""
-    (tmp_path / "threadpoolctl.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'threadpoolctl'\", name='threadpoolctl')\n")
+    (tmp_path / "scipy").mkdir()  # a package the project needs and a bare image could lack
+    (tmp_path / "scipy" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'scipy'\", name='scipy')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu"], capture_output=True, text=True,
                           env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "'threadpoolctl'" in proc.stderr and "pip install" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "'scipy'" in proc.stderr and "pip install" in proc.stderr
 
 
 def test_dmon_sm_column_is_read_from_its_header():
