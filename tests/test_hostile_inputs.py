@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from bench.cli import main
 from bench.core.dataset import CARD_NAME, Dataset
 from tests.conftest import make_dataset
+from tests.toy_backbones import toy_module
 
 SMALL = ["colorshape", "--preset", "small", "--n-train", "12", "--n-val", "4", "--n-test", "4", "--workers", "1"]
 
@@ -1006,11 +1007,7 @@ def test_a_ray_address_nothing_answers_at_fails_fast(tmp_path, capsys, monkeypat
 
 # -- 9. a layer holding NaN or inf fails alone (issue 56) -----------------------------------
 
-_BAD_LAYER = '''
-import torch
-from evaluators.backbones.module_adapter import ModuleAdapter
-
-
+_BAD_LAYER = toy_module("[Block(0.0), Block(float('BAD'))]", preamble="""
 class Block(torch.nn.Module):
     def __init__(self, bad):
         super().__init__()
@@ -1018,26 +1015,7 @@ class Block(torch.nn.Module):
 
     def forward(self, t):
         return self.lin(t) + self.bad
-
-
-class Toy(torch.nn.Module):
-    def __init__(self, bad):
-        super().__init__()
-        self.embed = torch.nn.Conv2d(3, 24, 8, stride=8)
-        self.cls = torch.nn.Parameter(torch.randn(1, 1, 24))
-        self.blocks = torch.nn.ModuleList([Block(0.0), Block(bad)])
-
-    def forward(self, x):
-        t = self.embed(x).flatten(2).transpose(1, 2)
-        t = torch.cat([self.cls.expand(len(t), -1, -1), t], 1)
-        for b in self.blocks:
-            t = b(t)
-        return t
-
-
-def make():
-    return ModuleAdapter(Toy(float("BAD")), blocks="blocks", patch_size=8, image_size=32, prefix_tokens=1)
-'''
+""")
 
 #: The columns of a row that are its measurement (not its run, time or provenance).
 _MEASURED = {"binding": ("probe", "tokens", "status", "error", "B_star", "beta_star", "L_F", "L_O_given_F", "checks"),
@@ -1411,8 +1389,8 @@ _STUDY_REFUSALS = [
      "", "", "datasets.a: n_train:", "room for at most"),
     ("image-size", "[datasets.a]\ngenerator = 'colorshape'\npreset = 'small'\nimage_size = 100000", '["pixels"]',
      "", "", "datasets.a: image_size:", "at most image_size 46,340 fits"),
-    ("folder-escape", "{ds}", '["pixels"]', "", "folder = '../../escape'", "folder: letters, digits", ""),
-    ("folder-absolute", "{ds}", '["pixels"]', "", "folder = '/tmp/escape'", "folder: letters, digits", ""),
+    ("folder-escape", "{ds}", '["pixels"]', "", "folder = '../../escape'", "folder: the study's folder", "is not a valid name"),
+    ("folder-absolute", "{ds}", '["pixels"]', "", "folder = '/tmp/escape'", "folder: the study's folder", "is not a valid name"),
     ("threads", "{ds}", '["pixels"]', "", "threads = 1000000", "threads: at most", "(this machine's cores)"),
 ]
 

@@ -20,6 +20,7 @@ from evaluators.backbones import resolve_backbone
 from evaluators.backbones.presets import IMAGENET_MEAN
 from evaluators.backbones.timm_models import TimmBackbone
 from evaluators.backbones.weights import file_hash
+from tests.toy_backbones import toy_module
 
 timm = pytest.importorskip("timm")
 ARCH = "vit_tiny_patch16_224"
@@ -112,33 +113,14 @@ def test_folder_config_can_name_its_normalisation(tmp_path, capsys):
     assert (bb.preprocess.mean, bb.preprocess.std) == ((0.5,) * 3, (0.25,) * 3)
 
 
-PY_MODEL = '''
-import torch
-from evaluators.backbones.module_adapter import ModuleAdapter
-
-class Toy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = torch.nn.Conv2d(3, 24, 8, stride=8)
-        self.cls = torch.nn.Parameter(torch.randn(1, 1, 24))
-        self.blocks = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(24, 2, 48, batch_first=True) for _ in range(3))
-
-    def forward(self, x):
-        t = self.embed(x).flatten(2).transpose(1, 2)
-        t = torch.cat([self.cls.expand(len(t), -1, -1), t], 1)
-        for b in self.blocks:
-            t = b(t)
-        return t
-
-def make():
-    return ModuleAdapter(Toy(), blocks="blocks", patch_size=8, image_size=32, prefix_tokens=1)
-
+PY_MODEL = toy_module("torch.nn.TransformerEncoderLayer(24, 2, 48, batch_first=True) for _ in range(3)") + """
 def bare():
     return Toy()
 
+
 def number():
     return 3
-'''
+"""
 
 
 def test_py_file_module_with_adapter(tmp_path, capsys):
@@ -280,28 +262,8 @@ def test_bad_input_settings_on_evaluate_are_one_line(scenes, tmp_path, capsys, e
 
 #: A `py:` module whose forward adds `SHIFT` to what block 1 gives block 2: an edit of its code, the
 #: weights the same. Hidden state 2 is block 2's output, so the edit reaches layer 2 only.
-EDITABLE = '''
-import torch
-from evaluators.backbones.module_adapter import ModuleAdapter
-
-
-class Toy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = torch.nn.Conv2d(3, 24, 8, stride=8)
-        self.cls = torch.nn.Parameter(torch.randn(1, 1, 24))
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(24, 24) for _ in range(2))
-
-    def forward(self, x):
-        t = self.embed(x).flatten(2).transpose(1, 2)
-        t = torch.cat([self.cls.expand(len(t), -1, -1), t], 1)
-        t = self.blocks[0](t) + SHIFT
-        return self.blocks[1](t)
-
-
-def make():
-    return ModuleAdapter(Toy(), blocks="blocks", patch_size=8, image_size=32, prefix_tokens=1)
-'''
+EDITABLE = toy_module("torch.nn.Linear(24, 24) for _ in range(2)", forward="""t = self.blocks[0](t) + SHIFT
+        return self.blocks[1](t)""")
 
 
 def test_an_edited_py_forward_is_measured_again(scenes, tmp_path, capsys, monkeypatch):
