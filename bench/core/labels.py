@@ -40,7 +40,6 @@ def check_label(value: object, what: str) -> str:
     raise BenchError(f"{what}: {shown} is not a valid name; a name is {RULE}")
 
 
-
 def drawn_as_written(draw: Draw) -> Draw:
     """`draw` (a function that makes and saves a matplotlib figure) with mathtext off throughout,
     so a label holding `$` (an older results folder, a spec's path) is drawn as written rather
