@@ -26,7 +26,7 @@ from pathlib import Path
 from generators import render3d
 from generators.base import build_config, get_generator
 from generators.engine import generate, scene_seed
-from generators.scenes3d import STAGE
+from generators.scene3d import STAGE
 
 SIZES = (224, 336)
 MODES = {

@@ -165,7 +165,8 @@ class SceneGenerator(ABC):
 #: Generators by name: the built-in ones register when their modules are imported (on first
 #: use), plugins' through the `bindingbench.generators` entry-point group.
 GENERATORS: Registry[type[SceneGenerator]] = Registry(
-    "generator", group="bindingbench.generators", builtins=("generators.colorshape", "generators.scenes3d"))
+    "generator", group="bindingbench.generators",
+    builtins=("generators.colorshape", "generators.clevr", "generators.toys"))
 
 
 def register_generator(cls: type[SceneGenerator]) -> type[SceneGenerator]:

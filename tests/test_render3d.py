@@ -12,7 +12,7 @@ import pytest
 from bench.core.errors import BenchError
 from generators import render3d
 from generators.render3d import Camera, Light, Part, Placed, object_pose
-from generators.scenes3d import clevr_geometry
+from generators.meshes import clevr_geometry
 
 SIZE = 96
 LIGHTS = [Light("directional", (4.0, -3.0, 10.0), 1.4), Light("point", (-5.0, -6.0, 5.0), 20.0)]
