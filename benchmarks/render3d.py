@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from generators import render3d
+from generators import pyrender_setup, render3d
 from generators.base import build_config, get_generator
 from generators.engine import generate, scene_seed
 from generators.scene3d import STAGE
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--scenes", type=int, default=150, help="scenes per (size, mode) and worker")
     ap.add_argument("--generate", type=int, default=400, help="scenes per end-to-end generate run")
     args = ap.parse_args()
-    print(f"platform: {render3d.platform()}; load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(f"platform: {pyrender_setup.platform()}; load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     one = measure(args.scenes, 0)
     with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
         parts = list(pool.map(measure, [args.scenes] * 2, [0, args.scenes]))

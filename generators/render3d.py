@@ -1,19 +1,8 @@
 """Headless 3D rendering with pyrender: RGB, an exact instance mask, and per-object visibility.
 
 One OpenGL context per process, created on first use and reused for every scene:
-creating a context costs ~100 ms, a frame a few ms. OSMesa (software, no display,
-no GPU) is the default; `BINDINGBENCH_GL=egl` selects EGL where a GPU driver is
-installed. Two upstream defects are patched here, once, so no caller needs to know:
-
-- pyrender 0.1.45 uses `np.infty`, which numpy 2 removed;
-- under OSMesa, PyOpenGL keys its per-context caches on the current context
-  *pointer*, which pyrender's offscreen path makes look new on every frame: shaders
-  are recompiled each draw (4-9x slower) and ~20 MB leak per frame. There is one
-  context per process here, so `OpenGL.contextdata.getContext` can return a constant.
-- pyrender keeps a scene's nodes in sets, iterated in memory-address order, which
-  changes from run to run: the shader then sums the lights' contributions in another
-  order and a few pixels a few hundred images differ by one intensity level. Scenes
-  here iterate their lights and meshes in the order they were added (`_ordered_scene`).
+creating a context costs ~100 ms, a frame a few ms. pyrender comes from
+generators.pyrender_setup, on the platform chosen there and with its defects patched.
 
 Occlusion ground truth: `visible_px` counts an object's pixels in the scene's
 instance mask; `full_px` counts them with the object drawn alone. Objects whose
@@ -25,134 +14,18 @@ the counts are the same as one pass per object, at a fraction of the cost.
 
 from __future__ import annotations
 
-import ctypes.util
-import importlib.util
-import multiprocessing
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from bench.core.errors import BenchError
+from generators.pyrender_setup import INSTALL, load_pyrender, ordered_scene, platform
 
-#: Environment variable choosing the OpenGL platform: `osmesa` (default) or `egl`.
-PLATFORM_ENV = "BINDINGBENCH_GL"
-PLATFORMS = ("osmesa", "egl")
-#: PyOpenGL releases before this lack OSMesaCreateContextAttribs (pyrender pins 3.1.0).
-MIN_PYOPENGL = (3, 1, 7)
-#: Side of the shadow map (pyrender's 2048 costs ~4x more per frame in software).
-SHADOW_MAP_SIZE = 1024
 #: Margin (px) added around projected boxes when deciding which objects may overlap.
 _BOX_MARGIN = 2.0
 #: Instance ids live in the red channel of the segmentation pass: at most 255 objects.
 MAX_OBJECTS = 255
-
-_INSTALL = {"osmesa": "apt-get install libosmesa6", "egl": "apt-get install libegl1"}
-_LIBRARY = {"osmesa": "OSMesa", "egl": "EGL"}
-
-
-def platform() -> str:
-    """The OpenGL platform this process renders with (from $BINDINGBENCH_GL)."""
-    name = os.environ.get(PLATFORM_ENV, "osmesa").strip().lower() or "osmesa"
-    if name not in PLATFORMS:
-        raise BenchError(f"{PLATFORM_ENV}: unknown OpenGL platform {name!r}; allowed: {', '.join(PLATFORMS)}")
-    return name
-
-
-def check_available() -> None:
-    """Fail fast, in one line, when the OpenGL library or a working PyOpenGL is missing.
-
-    Cheap (no context is created), so generators call it while validating their
-    config, before any worker starts.
-    """
-    name = platform()
-    if ctypes.util.find_library(_LIBRARY[name]) is None:
-        raise BenchError(
-            f"renderer: the {_LIBRARY[name]} library (offscreen OpenGL) is not installed; "
-            f"install it with: {_INSTALL[name]}"
-        )
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        found = version("PyOpenGL")
-    except PackageNotFoundError:
-        found = "none"
-    parts = tuple(int(p) for p in found.split(".")[:3] if p.isdigit())
-    if name == "osmesa" and parts < MIN_PYOPENGL:
-        raise BenchError(
-            f"renderer: PyOpenGL {found} cannot create OSMesa contexts (need ≥ 3.1.7); "
-            "install it with: pip install 'PyOpenGL==3.1.10'"
-        )
-
-
-_PYRENDER: Any = None
-
-
-def _pyrender() -> Any:
-    """Import pyrender once, on the chosen platform, with the defects above patched."""
-    global _PYRENDER
-    if _PYRENDER is not None:
-        return _PYRENDER
-    check_available()
-    os.environ["PYOPENGL_PLATFORM"] = platform()
-    if multiprocessing.parent_process() is not None:
-        # a worker of a process pool: parallelism comes from the workers, and llvmpipe's
-        # own rasterizer threads (one per core by default) would only contend with them
-        os.environ.setdefault("LP_NUM_THREADS", "0")
-    if not hasattr(np, "infty"):
-        np.infty = np.inf  # type: ignore[attr-defined]
-    if platform() == "osmesa" and importlib.util.find_spec("triton") is not None:
-        # OSMesa's llvmpipe loads the system LLVM; triton (shipped with torch's CUDA build, and
-        # imported by torch at a process's first optimizer) bundles its own, and loaded after
-        # Mesa's it segfaults. Loaded first, both coexist — `bench toys-analysis` renders, then trains.
-        import triton  # noqa: F401
-    import OpenGL.contextdata
-
-    OpenGL.contextdata.getContext = lambda context=None: 1
-    import pyrender
-    import pyrender.light
-    import pyrender.renderer
-
-    pyrender.light.SHADOW_TEX_SZ = SHADOW_MAP_SIZE
-    pyrender.renderer.SHADOW_TEX_SZ = SHADOW_MAP_SIZE
-    _PYRENDER = pyrender
-    return pyrender
-
-
-_ORDERED_SCENE: Any = None
-
-
-def _ordered_scene() -> Any:
-    """A pyrender Scene whose light and mesh nodes iterate in insertion order.
-
-    Float sums are not associative: with sets, the order of the lights in the shader's
-    sum (and of equally distant meshes in the draw list) depends on object addresses,
-    so the same scene rendered in two processes could differ by one intensity level.
-    """
-    global _ORDERED_SCENE
-    if _ORDERED_SCENE is None:
-        base = _pyrender().Scene
-
-        class OrderedScene(base):  # type: ignore[misc, valid-type]
-            def add_node(self, node: Any, parent_node: Any = None) -> None:
-                super().add_node(node, parent_node=parent_node)
-                order = self.__dict__.setdefault("_insertion", {})
-                order.setdefault(node, len(order))
-
-            def _ordered(self, nodes: Any) -> list:
-                return sorted(nodes, key=self.__dict__.get("_insertion", {}).__getitem__)
-
-            @property
-            def light_nodes(self) -> list:
-                return self._ordered(super().light_nodes)
-
-            @property
-            def mesh_nodes(self) -> list:
-                return self._ordered(super().mesh_nodes)
-
-        _ORDERED_SCENE = OrderedScene
-    return _ORDERED_SCENE
 
 
 # -- scene description -------------------------------------------------------------------
@@ -291,13 +164,13 @@ class Renderer:
         if size <= 0:
             raise BenchError(f"image_size: must be > 0, got {size}")
         self.size = size
-        self._pr = _pyrender()
+        self._pr = load_pyrender()
         try:
             self._gl = self._pr.OffscreenRenderer(size, size)
         except Exception as exc:  # a library that loads but cannot make a context
             raise BenchError(
                 f"renderer: cannot create an offscreen OpenGL context with {platform()} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); install it with: {_INSTALL[platform()]}"
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); install it with: {INSTALL[platform()]}"
             ) from None
         self._models: dict[Hashable, tuple[Any, np.ndarray]] = {}
         self._ground: dict[tuple, Any] = {}
@@ -366,7 +239,7 @@ class Renderer:
                 raise BenchError(f"model: {o.model!r} was never added to the renderer")
         pr = self._pr
         stage = stage or Stage()
-        scene = _ordered_scene()(bg_color=(*stage.background, 1.0), ambient_light=(stage.ambient,) * 3)
+        scene = ordered_scene()(bg_color=(*stage.background, 1.0), ambient_light=(stage.ambient,) * 3)
         scene.add(self._ground_mesh(stage))
         nodes = [scene.add(self._models[o.model][0], pose=o.pose) for o in objects]
         scene.add(pr.PerspectiveCamera(yfov=np.radians(camera.yfov_deg), znear=camera.znear, zfar=camera.zfar,

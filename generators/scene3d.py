@@ -29,6 +29,7 @@ from bench.core.dataset import Scene
 from bench.core.errors import BenchError, ConfigError
 from generators import render3d
 from generators.base import CommonConfig, SceneGenerator
+from generators.pyrender_setup import check_available
 from generators.render3d import Camera, Light, Placed, Stage
 
 #: Per-object 3D ground truth and per-scene camera/light columns, shared by both generators.
@@ -181,7 +182,7 @@ class Scene3DGenerator(SceneGenerator):
     def validate(self) -> None:
         self.config.validate_stage()
         self.validate_scene()
-        render3d.check_available()
+        check_available()
 
     def validate_scene(self) -> None:
         """Generator-specific checks (vocabularies, counts)."""

@@ -946,20 +946,21 @@ for i in range(4):
 
 
 def _needs_pyrender() -> None:
-    """Skip without pyrender, without importing it: imported before `render3d._pyrender` chooses the
-    OpenGL platform, it binds PyOpenGL to GLX for the whole process, and every later render fails."""
+    """Skip without pyrender, without importing it: imported before `pyrender_setup.load_pyrender`
+    chooses the OpenGL platform, it binds PyOpenGL to GLX for the whole process, and every later
+    render fails."""
     if importlib.util.find_spec("pyrender") is None:
         pytest.skip("pyrender is not installed")
 
 
 def test_3d_lights_are_summed_in_insertion_order():
     _needs_pyrender()
-    from generators import render3d
+    from generators import pyrender_setup
 
-    pr = render3d._pyrender()
+    pr = pyrender_setup.load_pyrender()
     for junk in range(8):  # other address layouts give other set orders
         _ = [object() for _ in range(junk * 37)]
-        scene = render3d._ordered_scene()()
+        scene = pyrender_setup.ordered_scene()()
         lights = [pr.PointLight(intensity=1.0 + i) if i % 2 else pr.DirectionalLight(intensity=1.0 + i)
                   for i in range(6)]
         nodes = [scene.add(light) for light in lights]

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from bench.core.errors import BenchError
-from generators import render3d
+from generators import pyrender_setup, render3d
 from generators.render3d import Camera, Light, Part, Placed, object_pose
 from generators.meshes import clevr_geometry
 
@@ -125,7 +125,7 @@ def test_memory_stays_flat_over_300_renders(renderer):
 def test_missing_opengl_library_is_one_line_with_install_command(monkeypatch):
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     with pytest.raises(BenchError, match="apt-get install libosmesa6") as err:
-        render3d.check_available()
+        pyrender_setup.check_available()
     assert "\n" not in str(err.value)
 
 
@@ -133,13 +133,13 @@ def test_old_pyopengl_is_refused(monkeypatch):
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.1.0" if name == "PyOpenGL" else real(name))
     with pytest.raises(BenchError, match=r"PyOpenGL 3\.1\.0 .*3\.1\.10"):
-        render3d.check_available()
+        pyrender_setup.check_available()
 
 
 def test_unknown_platform_is_refused(monkeypatch):
-    monkeypatch.setenv(render3d.PLATFORM_ENV, "vulkan")
+    monkeypatch.setenv(pyrender_setup.PLATFORM_ENV, "vulkan")
     with pytest.raises(BenchError, match="allowed: osmesa, egl"):
-        render3d.check_available()
+        pyrender_setup.check_available()
 
 
 def test_camera_pose_looks_at_target():
