@@ -18,18 +18,11 @@ from hypothesis import strategies as st
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from generators.base import build_config, config_to_dict, get_generator
-from generators.conditionals import (
-    PriorsUnavailable,
-    _ie_probs,
-    _row_dp_probs,
-    bit_priors,
-    _active_grid,
-    effective_f_codes,
-    generator_of,
-    resample_o,
-)
+from generators.conditionals import _active_grid, bit_priors, effective_f_codes, resample_o
+from generators.covering_conditionals import inclusion_exclusion_probs, row_programme_probs
 from generators.engine import generate
-from generators.priors import omega_size
+from generators.from_card import generator_of
+from generators.priors import PriorsUnavailable, omega_size
 from tests.conftest import make_dataset
 
 
@@ -207,11 +200,11 @@ def test_every_code_of_small_grids_matches_enumeration(a, k_min, k_max):
     omega = enumerate_omega(a, k_min, k_max)
     rng = random.Random(hash((a, k_min, k_max)) & 0xFFFF)
     for target in rng.sample(omega, min(40, len(omega))):
-        probs, bad = _ie_probs(a, list(target), k_min, k_max)
+        probs, bad = inclusion_exclusion_probs(a, list(target), k_min, k_max)
         assert bad is None
         assert_exact(omega, target, probs)
         if len(a) == 2:
-            dp, bad = _row_dp_probs(a, list(target), k_min, k_max)
+            dp, bad = row_programme_probs(a, list(target), k_min, k_max)
             assert bad is None and dp == probs
 
 
@@ -227,10 +220,10 @@ def test_random_prefixes_match_enumeration(data):
     k_max = data.draw(st.integers(k_min, m))
     omega = enumerate_omega(a, k_min, k_max)
     target = omega[data.draw(st.integers(0, len(omega) - 1))]
-    probs, _ = _ie_probs(a, list(target), k_min, k_max)
+    probs, _ = inclusion_exclusion_probs(a, list(target), k_min, k_max)
     assert_exact(omega, target, probs)
     if G == 2:
-        dp, _ = _row_dp_probs(a, list(target), k_min, k_max)
+        dp, _ = row_programme_probs(a, list(target), k_min, k_max)
         assert max(abs(x - y) for x, y in zip(dp, probs)) <= 1e-15
 
 

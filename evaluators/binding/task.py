@@ -16,8 +16,10 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import derive_seed
 from evaluators.metrics import Priors
-from generators.conditionals import PriorsUnavailable, bit_priors, effective_f_codes, generator_of, resample_o
+from generators.conditionals import bit_priors, effective_f_codes, resample_o
+from generators.from_card import generator_of
 from generators.importers.common import EMPIRICAL
+from generators.priors import PriorsUnavailable
 
 SPLITS = ("train", "val", "test")
 #: The probes per family: the anchored F- and O|F-probes (headline), the paper's unanchored
