@@ -32,21 +32,13 @@ sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pa
 import torch  # noqa: E402
 
 from bench.core.dataset import Dataset  # noqa: E402
+from benchmarks.older_layouts import (binding_task, evaluate_binding, evaluate_binding_sets,  # noqa: E402
+                                      row_sets_per_stack)  # wherever the checkout timed keeps them
 from evaluators.backbones import resolve_backbone  # noqa: E402
 from evaluators.extract import extract_activations  # noqa: E402
 from evaluators.training import RowReader, TrainConfig  # noqa: E402
 from generators.base import build_config, get_generator  # noqa: E402
 from generators.engine import generate  # noqa: E402
-
-try:  # the evaluator's layout moved (evaluators/binding); the entry points kept their names
-    from evaluators.binding import binding_task, evaluate_binding  # noqa: E402
-except ImportError:
-    from evaluators.run import binding_task, evaluate_binding  # noqa: E402
-try:  # row sets fitted as one batched problem, as `bench evaluate` fits a backbone (issue 37)
-    from evaluators.binding import evaluate_binding_sets  # noqa: E402
-    from evaluators.fitting import row_sets_per_stack  # noqa: E402
-except ImportError:
-    evaluate_binding_sets = None
 
 SPLITS = ("train", "val", "test")
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import sys
 import tempfile
 from collections import Counter
@@ -29,15 +28,12 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-_spec = importlib.util.spec_from_file_location("gpu_benchmark", ROOT / "benchmarks" / "gpu.py")
-gpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import evaluators.fitting as fitting  # noqa: E402
+from benchmarks.gpu_fits import MODEL, extract, make_dataset  # noqa: E402
 from evaluators import cuda_graphs, linear_solver  # noqa: E402
-from evaluators.binding import columns, evaluate_binding_sets  # noqa: E402
+from evaluators.binding import binding_task, columns, evaluate_binding_sets  # noqa: E402
 from evaluators.fitting import moments, stacked  # noqa: E402
 from evaluators.training import RowReader, TrainConfig  # noqa: E402
 
@@ -117,9 +113,9 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
             setattr(m, n, ("cuda", "cpu"))
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
-            ds = gpu.make_dataset(root, n_train, n_eval, 64, 0)
-            task = gpu.binding_task(ds)
-            acts, _ = gpu.extract(gpu.MODEL, ds, n_sets_layers, ["cls", "mean"], "cpu", "fp32", root / "cache", 56)
+            ds = make_dataset(root, n_train, n_eval, 64, 0)
+            task = binding_task(ds)
+            acts, _ = extract(MODEL, ds, n_sets_layers, ["cls", "mean"], "cpu", "fp32", root / "cache", 56)
             row_sets = [(layer, view) for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
             inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()} for layer, view in row_sets]
             with mode:

@@ -4,6 +4,7 @@ on wall time, which a loaded machine stretches. How fast anything runs is the be
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -99,8 +100,7 @@ def test_a_missing_dependency_exits_2_naming_it(tmp_path):
 
 
 def test_dmon_sm_column_is_read_from_its_header():
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.gpu import read_dmon
+    read_dmon = _part("gpu_sampler").read_dmon
 
     text = """# gpu     sm    mem    enc    dec    jpg    ofa
 # Idx      %      %      %      %      %      %
@@ -114,15 +114,14 @@ def test_dmon_sm_column_is_read_from_its_header():
     assert list(read_dmon(["    0  70  55"])) == []  # no header yet: nothing is guessed
 
 
-def _gpu_module():
+def _part(name: str = "gpu"):
+    """`benchmarks/gpu.py` (the script) or one of its parts (`gpu_budget`, `gpu_fits`, ...), imported."""
     sys.path.insert(0, str(ROOT))
-    import benchmarks.gpu as gpu
-
-    return gpu
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 class FakeClock:
-    """The benchmark's clock (`gpu.now`) in a test: it moves only when told, by the seconds a fake
+    """The benchmark's one clock (`gpu_budget.now`, which every part reads) in a test: it moves only when told, by the seconds a fake
     fit says it took (`advance`, also a fake `sleep`), or by `tick` at each reading."""
 
     def __init__(self, t: float = 1000.0, tick: float = 0.0) -> None:
@@ -138,97 +137,29 @@ class FakeClock:
     sleep = advance
 
 
-def _fake_clock(monkeypatch, gpu, **kwargs) -> FakeClock:
+def _fake_clock(monkeypatch, **kwargs) -> FakeClock:
     clock = FakeClock(**kwargs)
-    monkeypatch.setattr(gpu, "now", clock)
+    monkeypatch.setattr(_part("gpu_budget"), "now", clock)
     return clock
-
-
-def _armed_deadlines(monkeypatch, gpu) -> list[float]:
-    """The seconds each `deadline` was armed with, in order; no real alarm is set (a fake fit that
-    runs past its deadline raises OutOfBudget itself, as the alarm would)."""
-    armed: list[float] = []
-
-    @contextmanager
-    def recorded(seconds: float):
-        armed.append(round(seconds, 6))
-        yield
-
-    monkeypatch.setattr(gpu, "deadline", recorded)
-    return armed
-
-
-def test_row_set_loop_stops_before_a_row_set_that_would_pass_its_share(monkeypatch):
-    """Fits of 20 s each (on the fake clock) in a 50 s share: two are fitted, each under a deadline
-    of what is left of the share, the third is not started (at the mean so far it would end at 60 s),
-    and the total over all row sets is extrapolated from them and labelled so."""
-    gpu = _gpu_module()
-    clock = _fake_clock(monkeypatch, gpu)
-    armed = _armed_deadlines(monkeypatch, gpu)
-
-    def fake_fit(acts, task, layer, view, families, device):
-        clock.advance(20)
-        return 20.0, {f: 0.5 for f in families}
-
-    monkeypatch.setattr(gpu, "fit", fake_fit)
-    rows = [(layer, view) for layer in (12, 6, 0) for view in ("cls", "mean")]
-    out = gpu.fit_row_sets({}, None, rows, ["linear", "dnn"], "cpu", 50)
-    assert (out["status"], out["row_sets_done"], out["row_sets_total"]) == ("partial", 2, 6)
-    assert armed == [50, 30]
-    assert (out["seconds"], out["per_row_set_s"], out["all_row_sets_s"]) == (40.0, 20.0, 120.0)
-    assert out["all_row_sets_extrapolated"] and out["times"] == {"12/cls": 20.0, "12/mean": 20.0}
-    assert out["beta"] == {"12/cls": {"linear": 0.5, "dnn": 0.5}, "12/mean": {"linear": 0.5, "dnn": 0.5}}
-    assert out["reason"] == "the next row set would pass this phase's 50 s"
-    # the same fits in a share they fit in: all done, nothing extrapolated or said
-    armed.clear()
-    done = gpu.fit_row_sets({}, None, rows[:2], ["linear"], "cpu", 50)
-    assert (done["status"], done["row_sets_done"], done["all_row_sets_s"]) == ("done", 2, 40.0)
-    assert not done["all_row_sets_extrapolated"] and "reason" not in done and armed == [50, 30]
-    assert gpu.fit_row_sets({}, None, rows, ["linear"], "cpu", 0) == {
-        "status": "skipped", "reason": "budget spent", "row_sets_total": 6}
-
-
-def test_a_row_set_still_fitting_at_its_deadline_ends_the_loop(monkeypatch):
-    """A row set whose fit runs into its deadline (the fake fit raises OutOfBudget when the time left
-    of the share has passed, as the alarm would) ends the phase: what finished before it is kept and
-    extrapolated, and the stop is said."""
-    gpu = _gpu_module()
-    clock = _fake_clock(monkeypatch, gpu)
-    armed = _armed_deadlines(monkeypatch, gpu)
-
-    def fake_fit(acts, task, layer, view, families, device):
-        if view == "mean":  # would take 100 s
-            clock.advance(armed[-1])
-            raise gpu.OutOfBudget
-        clock.advance(10)
-        return 10.0, {f: 0.25 for f in families}
-
-    monkeypatch.setattr(gpu, "fit", fake_fit)
-    out = gpu.fit_row_sets({}, None, [(12, "cls"), (12, "mean"), (0, "cls")], ["linear"], "cpu", 50)
-    assert armed == [50, 40]
-    assert (out["status"], out["row_sets_done"], out["all_row_sets_s"]) == ("partial", 1, 30.0)
-    assert out["reason"] == "row set 12/mean stopped at this phase's 50 s" and list(out["times"]) == ["12/cls"]
-    assert gpu.fit_row_sets({}, None, [(12, "mean")], ["linear"], "cpu", 50) == {
-        "status": "skipped", "reason": "row set 12/mean stopped at this phase's 50 s", "row_sets_total": 1}
 
 
 def test_a_fit_running_at_the_end_of_its_share_is_stopped_not_waited_for(monkeypatch):
     """The real alarm (`deadline`) stops a fit that would run for 60 s at its 0.3 s share (the 60 s
     only guard against a broken alarm: the fit then returns and the phase reads "done"); the phase
     says how long it ran by the benchmark's clock, and the ratio with it is a lower bound."""
-    gpu = _gpu_module()
-    clock = _fake_clock(monkeypatch, gpu)
+    fits, report = _part("gpu_fits"), _part("gpu_report")
+    clock = _fake_clock(monkeypatch)
 
     def endless(*args):
         clock.advance(0.3)
         time.sleep(60)
         return 60.0, {"attention": 0.5}
 
-    monkeypatch.setattr(gpu, "fit", endless)
-    stopped = gpu.fit_attention({}, None, 0, "cpu", 0.3)
+    monkeypatch.setattr(fits, "fit", endless)
+    stopped = fits.fit_attention({}, None, 0, "cpu", 0.3)
     assert stopped == {"status": "stopped", "reason": "still training at this phase's 0 s", "seconds_at_least": 0.3}
     # the ratio of all row sets' times, a partial phase's extrapolated and said so
-    ratio = gpu.ratios({"fit_device": {"all_row_sets_s": 1.0, "all_row_sets_extrapolated": False},
+    ratio = report.ratios({"fit_device": {"all_row_sets_s": 1.0, "all_row_sets_extrapolated": False},
                         "fit_cpu": {"all_row_sets_s": 20.0, "all_row_sets_extrapolated": True, "workers": 2,
                                     "row_sets_total": 4, "times": {"12/cls": 10.0, "12/mean": 12.0}},
                         "attention_device": {"status": "done", "seconds": 0.1}, "attention_cpu": stopped})
@@ -242,13 +173,13 @@ def test_the_run_keeps_its_budget_by_its_clock(tmp_path, monkeypatch):
     bf16 run, which would leave the fits under 60 % of the 100 s budget, is skipped), and each
     fitting phase uses its whole share but the first, which uses half. Each phase gets its weight's
     part of the time left (the half left by the first passes on), and the run ends at its budget."""
-    gpu = _gpu_module()
-    clock = _fake_clock(monkeypatch, gpu)
+    gpu = _part()
+    clock = _fake_clock(monkeypatch)
     given: list[tuple[str, float]] = []
 
     def extract(spec, ds, layers, views, device, dtype, cache, input_size=None):
         clock.advance(15)
-        return {s: SimpleNamespace(layers=[0, 12]) for s in gpu.SPLITS}, 15.0
+        return {s: SimpleNamespace(layers=[0, 12]) for s in ("train", "val", "test")}, 15.0
 
     def phase(name):
         def fake(*args):
@@ -273,7 +204,7 @@ def test_the_run_keeps_its_budget_by_its_clock(tmp_path, monkeypatch):
     assert [(r["model"], r["dtype"], r["status"]) for r in report["phases"]["extract"]["runs"]] == [
         (gpu.MODEL, "fp32", "done"), (gpu.MODEL, "bf16", "done"), (gpu.PIXELS, "fp32", "done"),
         (gpu.PIXELS, "bf16", "skipped")]
-    weights = [0.35, 0.15, 0.2, 0.15, 0.2, 0.1]  # gpu.SHARES, in the run's order
+    weights = [0.35, 0.15, 0.2, 0.15, 0.2, 0.1]  # gpu_budget.SHARES, in the run's order
     left, want = 100 - 45, []
     for i, w in enumerate(weights):
         want.append(round(left * w / sum(weights[i:]), 6))
@@ -289,14 +220,13 @@ def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):
     readings and waits to be stopped), stamps each reading with the benchmark's clock (a fake one
     that moves 0.5 s at each reading), and means the readings whose period lies in a window, not
     those of its first second."""
-    gpu = _gpu_module()
-    _fake_clock(monkeypatch, gpu, t=100.0, tick=0.5)
+    _fake_clock(monkeypatch, t=100.0, tick=0.5)
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\necho '# gpu sm mem'\necho '# Idx % %'\n"
                     "for i in 1 2 3; do echo '    0 40 1'; echo '    0 60 1'; done\nexec sleep 600\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    sampler = gpu.SmSampler()
+    sampler = _part("gpu_sampler").SmSampler()
     limit = time.monotonic() + 60  # a hang guard: the six lines are read in milliseconds
     while len(sampler.samples) < 6:
         assert time.monotonic() < limit and sampler.proc.poll() is None, sampler.samples
@@ -310,7 +240,7 @@ def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):
     assert sampler.mean(100, 100.9)["status"] == "skipped"
     assert sampler.mean(90, 95)["status"] == "skipped"
     gpu_sm = {**window, "fit_device": window, "attention_device": sampler.mean(90, 95)}
-    assert gpu.sm_note(gpu_sm) == "50.0 % mean over 4 s (fit_device 50.0 %)"
+    assert _part("gpu_report").sm_note(gpu_sm) == "50.0 % mean over 4 s (fit_device 50.0 %)"
 
 
 def test_the_launch_count_runs_on_the_cpu_and_counts_every_stage():
@@ -332,20 +262,20 @@ def test_timeline_reads_device_busy_time_by_stage():
     """`timeline` on a hand-made trace (µs): kernels overlapping across streams count once, a stage
     label's device-side twin is no kernel, a stage met twice is summed, runtime calls are counted,
     and the device's idle time is read within each host operation and between them."""
-    gpu = _gpu_module()
+    timeline = _part("gpu_timeline")
     cpu, dev = False, True
 
     def ev(name, a, b, device=cpu):
         return name, a, b, device
 
-    p = gpu.STAGE_PREFIX
+    p = timeline.STAGE_PREFIX
     events = [ev(p + "linear", 0, 1_000_000), ev(p + "gradient", 1_000_000, 2_000_000),
               ev(p + "gradient", 3_000_000, 4_000_000), ev(p + "linear", 0, 1_000_000, dev),
               ev("gemm", 100_000, 300_000, dev), ev("gemm", 200_000, 400_000, dev),  # two streams: 0.3 s busy
               ev("adam", 1_500_000, 3_500_000, dev),  # half in each gradient window, none between them counted there
               ev("cudaLaunchKernel", 0, 10_000), ev("cudaLaunchKernel", 20_000, 40_000), ev("aten::mm", 0, 50_000),
               ev("aten::item", 500_000, 900_000), ev("cudaStreamSynchronize", 600_000, 700_000)]
-    got = gpu.timeline(events)
+    got = timeline.timeline(events)
     assert got["wall_s"] == 4.0 and got["device_busy_s"] == 2.3 and got["busy_pct"] == 57.5
     assert got["stages"]["linear"] == {"wall_s": 1.0, "device_busy_s": 0.3, "busy_pct": 30.0}
     assert got["stages"]["gradient"] == {"wall_s": 2.0, "device_busy_s": 1.0, "busy_pct": 50.0}
@@ -387,12 +317,11 @@ def test_profile_reads_a_fresh_process_first_and_warm_fits(tmp_path):
 
 
 def test_first_less_warm_names_calls_whose_counts_differ():
-    gpu = _gpu_module()
     fit = {"wall_s": 5.0, "device_busy_s": 2.0, "stages": {"linear": {"wall_s": 2.0, "device_busy_s": 1.0}},
            "runtime": {"cudaMalloc": {"calls": 40, "host_s": 0.9}, "cudaLaunchKernel": {"calls": 9, "host_s": 0.5}}}
     warm = {"wall_s": 3.5, "device_busy_s": 2.0, "stages": {"linear": {"wall_s": 1.25, "device_busy_s": 1.0}},
             "runtime": {"cudaLaunchKernel": {"calls": 9, "host_s": 0.1}}}
-    assert gpu.first_less_warm(fit, warm) == {
+    assert _part("gpu_timeline").first_less_warm(fit, warm) == {
         "wall_s": 1.5, "device_busy_s": 0.0, "stages": {"linear": {"wall_s": 0.75, "device_busy_s": 0.0}},
         "runtime_host_s": {"cudaLaunchKernel": 0.4, "cudaMalloc": {"host_s": 0.9, "calls": "40/0"}}}
 
@@ -400,12 +329,12 @@ def test_first_less_warm_names_calls_whose_counts_differ():
 def test_a_profiling_process_past_its_share_is_stopped_and_says_so(tmp_path, monkeypatch):
     """A profiling process still running at the end of its share (one that would run for 600 s) is
     killed, and the phase says why."""
-    gpu = _gpu_module()
-    monkeypatch.setattr(gpu, "profile_fits", _endless)  # the spawned process's target
+    profile = _part("gpu_profile")
+    monkeypatch.setattr(profile, "profile_fits", _endless)  # the spawned process's target
     args = SimpleNamespace(profile=tmp_path / "prof", layers="12", input_size=28, families="linear", device="cpu")
-    got = gpu.profile_fresh_process(tmp_path, tmp_path / "cache", args, 1, allowance=0.3)
+    got = profile.profile_fresh_process(tmp_path, tmp_path / "cache", args, 1, allowance=0.3)
     assert got == {"status": "stopped", "reason": "the profiling process was stopped at this phase's 0 s"}
-    assert gpu.profile_fresh_process(tmp_path, tmp_path / "cache", args, 1, allowance=0) == \
+    assert profile.profile_fresh_process(tmp_path, tmp_path / "cache", args, 1, allowance=0) == \
         {"status": "skipped", "reason": "budget spent"}
 
 
@@ -414,19 +343,19 @@ def test_the_cpu_path_fits_row_sets_in_worker_processes(monkeypatch):
     its worker; a row set whose fit raises is said and the others kept; fits still running at the
     end of the share (here every one: the fake fit would run for 600 s) are stopped, not waited for,
     and the phase says how long it waited. (The 600 s share of the first two only guards a hang.)"""
-    gpu = _gpu_module()
-    monkeypatch.setattr(gpu, "fit_one_on_cpu", _worker_fit)
+    pool = _part("gpu_pool")
+    monkeypatch.setattr(pool, "fit_one_on_cpu", _worker_fit)
     acts = {s: _Split() for s in ("train", "val", "test")}
     rows = [(layer, view) for layer in (12, 0) for view in ("cls", "mean")]
-    out = gpu.fit_side_by_side(acts, None, rows, ["linear"], 2, 600)
+    out = pool.fit_side_by_side(acts, None, rows, ["linear"], 2, 600)
     assert (out["status"], out["row_sets_done"], out["workers"]) == ("done", 4, 2) and "reason" not in out
     assert out["times"] == {k: 1.0 for k in ("12/cls", "12/mean", "0/cls", "0/mean")}
     assert out["beta"]["0/mean"] == {"linear": 0.25} and out["all_row_sets_s"] == out["seconds"]
-    failed = gpu.fit_side_by_side(acts, None, rows, ["boom"], 2, 600)  # layer 0's fits raise
+    failed = pool.fit_side_by_side(acts, None, rows, ["boom"], 2, 600)  # layer 0's fits raise
     assert (failed["status"], set(failed["times"])) == ("partial", {"12/cls", "12/mean"})
     assert failed["errors"] == {"0/cls": "ValueError: boom", "0/mean": "ValueError: boom"}
     assert failed["reason"] == "2 row set(s) failed"
-    stopped = gpu.fit_side_by_side(acts, None, rows, ["endless"], 2, 1)
+    stopped = pool.fit_side_by_side(acts, None, rows, ["endless"], 2, 1)
     assert stopped["status"] == "stopped" and stopped["reason"] == "4 row set(s) still fitting at this phase's 1 s"
     assert stopped["seconds_at_least"] >= 1.0 and stopped["row_sets_total"] == 4
 
@@ -436,20 +365,20 @@ def test_the_cpu_path_times_the_wall_of_row_sets_side_by_side_and_stops_at_its_s
     seconds it says; the poll's sleep moves the clock): four fits of 1 s take 2 s of wall; where
     layer 0's would take 30 s, a 3 s share stops them, and the whole is extrapolated from the two
     that finished, their own times kept."""
-    gpu = _gpu_module()
-    clock = _fake_clock(monkeypatch, gpu)
+    pool = _part("gpu_pool")
+    clock = _fake_clock(monkeypatch)
     pools: list[_FakePool] = []
-    monkeypatch.setattr(gpu, "multiprocessing", SimpleNamespace(get_context=lambda method: _FakeContext(clock, pools)))
-    monkeypatch.setattr(gpu, "time", SimpleNamespace(sleep=clock.sleep))
-    monkeypatch.setattr(gpu, "fit_one_on_cpu", _worker_fit)
+    monkeypatch.setattr(pool, "multiprocessing", SimpleNamespace(get_context=lambda method: _FakeContext(clock, pools)))
+    monkeypatch.setattr(pool, "time", SimpleNamespace(sleep=clock.sleep))
+    monkeypatch.setattr(pool, "fit_one_on_cpu", _worker_fit)
     acts = {s: _Split() for s in ("train", "val", "test")}
     rows = [(layer, view) for layer in (12, 0) for view in ("cls", "mean")]
-    out = gpu.fit_side_by_side(acts, None, rows, ["linear"], 2, 30)
+    out = pool.fit_side_by_side(acts, None, rows, ["linear"], 2, 30)
     assert (out["status"], out["row_sets_done"], out["workers"]) == ("done", 4, 2)
     assert out["seconds"] == pytest.approx(2.0, abs=0.05)  # the last fit's end, to two polls of 0.02 s
     assert out["times"] == {k: 1.0 for k in ("12/cls", "12/mean", "0/cls", "0/mean")}
     assert pools[-1].terminated
-    cut = gpu.fit_side_by_side(acts, None, rows, ["slow"], 2, 3)
+    cut = pool.fit_side_by_side(acts, None, rows, ["slow"], 2, 3)
     assert (cut["status"], cut["row_sets_done"]) == ("partial", 2) and cut["times"] == {"12/cls": 1.0, "12/mean": 1.0}
     assert cut["seconds"] == pytest.approx(3.0, abs=0.05) and pools[-1].terminated  # stopped at the share
     assert cut["all_row_sets_extrapolated"] and cut["reason"] == "2 row set(s) still fitting at this phase's 3 s"
@@ -528,7 +457,7 @@ def _got(value):
 def test_a_crash_keeps_the_phases_measured_before_it(tmp_path, monkeypatch):
     """A device session is short: each phase is in --json as soon as it is measured, and a crash
     adds its error there (and still ends the run with its traceback)."""
-    gpu = _gpu_module()
+    gpu = _part()
     out = tmp_path / "gpu.json"
 
     def broken(*args, **kwargs):
@@ -551,12 +480,12 @@ def test_split_of_reads_stage_times_gc_and_restores_the_label(monkeypatch):
     met twice is summed), the time before the first stage and after the last, the collector's pauses
     (the collector is made to take 0.01 s; automatic collections are off, so the one below is the
     only pause); the fitting's own stage label is back in place afterwards, also when the block raises."""
-    gpu = _gpu_module()
+    fits = _part("gpu_fits")
     import gc
 
     import evaluators.fitting as fitting
 
-    clock = _fake_clock(monkeypatch, gpu)
+    clock = _fake_clock(monkeypatch)
 
     def collector_runs(phase, info):  # called before split_of's own callback, at start and at stop
         clock.advance(0.005)
@@ -565,7 +494,7 @@ def test_split_of_reads_stage_times_gc_and_restores_the_label(monkeypatch):
     gc.disable()
     gc.callbacks.insert(0, collector_runs)
     try:
-        with gpu.split_of("cpu") as split:
+        with fits.split_of("cpu") as split:
             clock.advance(0.05)
             for pause in (0.1, 0.05):
                 with fitting.stage_label("linear"):
@@ -580,7 +509,7 @@ def test_split_of_reads_stage_times_gc_and_restores_the_label(monkeypatch):
     assert fitting.stage_label is label
     assert split == {"stages_s": {"linear": 0.15, "test": 0.01}, "before_stages_s": 0.05, "after_stages_s": 0.02,
                      "gc_s": 0.005, "gc_pauses": 1}
-    with pytest.raises(KeyError), gpu.split_of("cpu"):
+    with pytest.raises(KeyError), fits.split_of("cpu"):
         with fitting.stage_label("start"):
             raise KeyError
     assert fitting.stage_label is label
