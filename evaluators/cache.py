@@ -1,4 +1,4 @@
-"""The activation cache (docs/ARCHITECTURE.md §2): fp16 arrays on disk, read memory-mapped.
+"""The activation cache (docs/explanation/architecture.md §2): fp16 arrays on disk, read memory-mapped.
 
 Layout: `<root>/activations/<base>/<selection>/` where `base` hashes everything
 that changes the numbers (backbone weights and preprocessing, input side, dataset

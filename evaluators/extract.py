@@ -1,4 +1,5 @@
-"""Per-layer token activations of a dataset split, extracted once and cached (docs/ARCHITECTURE.md, section 2).
+"""Per-layer token activations of a dataset split, extracted once and cached
+(docs/explanation/architecture.md, section 2).
 
 All requested layers come from one forward pass per batch. Three stages overlap:
 a loader thread reads and prepares batches (Parquet -> PNG decode -> resize ->

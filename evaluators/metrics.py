@@ -1,4 +1,4 @@
-"""Binding metrics from per-scene probe code lengths (docs/ARCHITECTURE.md §3).
+"""Binding metrics from per-scene probe code lengths (docs/explanation/architecture.md §3).
 
 All quantities are in bits per scene. F is a function of O, so by the chain rule
 H(O|Z) = H(F|Z) + H(O|F,Z), and the headline estimator needs only two probes, both

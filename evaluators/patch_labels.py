@@ -1,4 +1,4 @@
-"""Patch labels for IsSameObject (docs/ARCHITECTURE.md §3): which instance each backbone patch belongs to.
+"""Patch labels for IsSameObject (docs/explanation/architecture.md §3): which instance each backbone patch belongs to.
 
 A backbone sees the image resized to its input size and cut into a rows x cols grid,
 so a patch covers an exact rectangle of the *original* mask in fractional pixel

@@ -1,4 +1,4 @@
-"""Autoregressive binding probes (docs/ARCHITECTURE.md §3).
+"""Autoregressive binding probes (docs/explanation/architecture.md §3).
 
 Every probe models q(t | z) = Π_k q(t_k | t_<k, z) for a binary target t (the object
 code O, the feature code F, or O given F) and is trained teacher-forced: the forward
@@ -21,7 +21,7 @@ Inputs are standardised with training-set statistics (set by the trainer), so th
 learning rate works for oracle codes and for backbone features with large norms.
 
 A probe computes a *residual* on top of an exact prior logit that the trainer adds
-(docs/ARCHITECTURE.md §3, prior-anchored probes): every term that reaches the output starts at zero
+(docs/explanation/architecture.md §3, prior-anchored probes): every term that reaches the output starts at zero
 (`zero_residual`), so an untrained probe codes exactly the prior and a representation
 that adds nothing leaves it there. Unanchored probes (the paper's estimator) use the
 same modules with a prior of 0 (p = 1/2 per bit).

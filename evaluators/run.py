@@ -1,11 +1,11 @@
 """The evaluation orchestrator behind `bench evaluate` (and `bench demo`).
 
-Two tasks share it. `binding` (the default): for each backbone, activations of the train/val/test splits (cached, docs/ARCHITECTURE.md §2), then
+Two tasks share it. `binding` (the default): for each backbone, activations of the train/val/test splits (cached, docs/explanation/architecture.md §2), then
 for every (layer, token view, seed) all requested probe families are trained together
 from one pass over the data: per family an F-probe and an O-probe given F, both anchored
 on the generator's exact priors (the headline chain-rule estimator), and the paper's
-unanchored direct O- and F-probes (docs/ARCHITECTURE.md §3). Each (backbone, layer, view, probe, seed) becomes one results row
-(docs/ARCHITECTURE.md §3). The run's file is rewritten atomically after every backbone, so an
+unanchored direct O- and F-probes (docs/explanation/architecture.md §3). Each (backbone, layer, view, probe, seed) becomes one results row
+(docs/explanation/architecture.md §3). The run's file is rewritten atomically after every backbone, so an
 interrupted run keeps what it finished; bad input stops the run with a BenchError.
 `issameobject`: pairwise patch probes on every layer's spatial tokens
 (`evaluators.issameobject`), one row per (backbone, layer, probe, seed), written the

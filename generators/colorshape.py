@@ -1,4 +1,4 @@
-"""ColorShape: flat coloured shapes on a white canvas (docs/ARCHITECTURE.md §1, paper setups).
+"""ColorShape: flat coloured shapes on a white canvas (docs/explanation/architecture.md §1, paper setups).
 
 Each object is painted into the image and the instance mask through the same
 boolean stencil, so image, mask and objects list agree pixel for pixel by construction.

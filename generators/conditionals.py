@@ -1,4 +1,4 @@
-"""Exact autoregressive priors: p(f_k = 1 | f_<k) and p(o_k = 1 | o_<k, f) (docs/ARCHITECTURE.md §3).
+"""Exact autoregressive priors: p(f_k = 1 | f_<k) and p(o_k = 1 | o_<k, f) (docs/explanation/architecture.md §3).
 
 Probes factor q(t) = Π_k q(t_k | t_<k) over the bits of F and of O in index order and
 add a residual to the exact prior's logit, so the prior has to be evaluated at every

@@ -1,4 +1,4 @@
-"""Exact entropy priors H(O), H(F), H(O|F) in bits (docs/ARCHITECTURE.md §1).
+"""Exact entropy priors H(O), H(F), H(O|F) in bits (docs/explanation/architecture.md §1).
 
 Everything is counted with Python big integers, never sampled: the priors are the
 reference against which probe losses become "bits of binding", so an estimate here

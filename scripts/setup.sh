@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up BindingBench in ./.venv on a fresh machine: the OpenGL library pyrender renders
 # with, Chromium and its driver for the report's and the site's tests, torch with a matching torchvision, the package with its test extra (timm, OpenCLIP,
-# Ray, datasets), and a PyOpenGL that works under OSMesa (pyrender pins 3.1.0, which does not).
+# Ray, datasets, and mkdocs for the manual), and a PyOpenGL that works under OSMesa (pyrender pins 3.1.0, which does not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +31,7 @@ pipq() {
     | grep -vE '^WARNING: Location|dependency resolver|pyrender .* requires PyOpenGL|BuildBackendWarning|^ *!!$|\*{20}|Please be careful|name as your package|precedence during imports|WheelFile\(wheel_path|^ *$' || true
 }
 # Re-running on a ready environment costs a second, not a reinstall.
-if .venv/bin/python -c "import torch, torchvision, transformers, pyrender, timm, open_clip, ray, datasets, bench" 2>/dev/null \
+if .venv/bin/python -c "import torch, torchvision, transformers, pyrender, timm, open_clip, ray, datasets, mkdocs, bench" 2>/dev/null \
    && [ .venv/.setup-stamp -nt pyproject.toml ]; then
   echo "setup: ready (.venv, already installed)"; exit 0
 fi
@@ -45,6 +45,6 @@ if ! .venv/bin/python -c "import torch, torchvision" 2>/dev/null; then
 fi
 pipq -e ".[test]"
 pipq "PyOpenGL==3.1.10"
-.venv/bin/python -c "import torch, torchvision, transformers, pyrender, timm, open_clip, bench" >/dev/null
+.venv/bin/python -c "import torch, torchvision, transformers, pyrender, timm, open_clip, mkdocs, bench" >/dev/null
 touch .venv/.setup-stamp
 echo "setup: ready (.venv)"

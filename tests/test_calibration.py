@@ -1,7 +1,7 @@
 """Estimator calibration at small data: backbones whose binding information is known exactly.
 
 Probes start from the generator's exact prior, so the zero of β* must not move with the
-training-set size or the probe family (docs/ARCHITECTURE.md §3). On the paper's balanced ColorShape
+training-set size or the probe family (docs/explanation/architecture.md §3). On the paper's balanced ColorShape
 (8 x 8 features, 6 colours, 6 shapes, 18 objects; H(O|F) = 32.9 bits) with 2,000 training
 scenes, and on a CLEVR-style 3D set (8 colours x 3 shapes, 1,000 training scenes):
 - oracle:features (Z = F, no binding): β* = 0 ± 0.02 for every family, and again at 500

@@ -1,4 +1,4 @@
-"""FeatureSpace: F/O orderings of docs/ARCHITECTURE.md §1 for any number of groups."""
+"""FeatureSpace: F/O orderings of docs/explanation/architecture.md §1 for any number of groups."""
 
 from __future__ import annotations
 

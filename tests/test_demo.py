@@ -29,8 +29,8 @@ CONTROL_ROW = f"{CONTROL_MODEL} (control: {CONTROL})"
 
 @pytest.fixture(autouse=True)
 def tiny_zoo(tmp_path_factory, monkeypatch):
-    """The zoo's recipes shrunk to seconds (the full ones run in `bench demo` itself, timed in the README), trained
-    outside the demo dir."""
+    """The zoo's recipes shrunk to seconds (the full ones run in `bench demo` itself, timed in
+    benchmarks/RESULTS.md), trained outside the demo dir."""
     monkeypatch.setenv(ZOO_ENV, str(tmp_path_factory.mktemp("zoo")))
     for name in RECIPES:
         monkeypatch.setitem(RECIPES, name, tiny(name))

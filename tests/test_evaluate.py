@@ -281,10 +281,10 @@ def test_a_display_name_fills_the_backbone_column_and_the_spec_keeps_its_own(tin
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_the_readme_python_example_runs(tmp_path, monkeypatch):
-    """The README's generate -> evaluate -> leaderboard block, as written but at tiny sizes."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+def test_the_from_python_example_runs(tmp_path, monkeypatch):
+    """The From Python how-to's generate -> evaluate -> leaderboard block, as written but at tiny sizes."""
+    page = (Path(__file__).resolve().parents[1] / "docs/how-to/python-api.md").read_text()
+    block = page.split("```python\n", 1)[1].split("```", 1)[0]
     assert len(block.strip().splitlines()) <= 10
     small = {"n_train=400, n_val=100, n_test=100": "n_train=24, n_val=8, n_test=8, workers=1",
              'probes=["linear"]': 'probes=["linear"], epochs=1'}

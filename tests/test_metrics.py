@@ -1,4 +1,4 @@
-"""Binding metrics against hand-computed values (docs/ARCHITECTURE.md §3)."""
+"""Binding metrics against hand-computed values (docs/explanation/architecture.md §3)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Third-party entries through Python entry points (bench/core/registry.py), in a real process.
 
 A throwaway `*.dist-info` with an `entry_points.txt` and a one-file plugin on PYTHONPATH
-(no pip, no network; both from the README) registers a backbone source, a binding probe family and a generator;
+(no pip, no network; both from docs/how-to/plugins.md) registers a backbone source, a binding probe family and a generator;
 the new names must reach `bench models`, `bench evaluate --help`, a results row and the
 leaderboard, exactly as built-in ones do."""
 
@@ -23,23 +23,22 @@ from bench.core.registry import Registry
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = [sys.executable, "-c", "from bench.cli import main; main()"]
 
-README = ROOT / "README.md"
+PLUGINS = ROOT / "docs/how-to/plugins.md"
 
 
-def readme_block(lang: str) -> str:
-    """The README's "Extending BindingBench" code block in `lang`: the test runs what the README shows."""
-    section = README.read_text().split("## Extending BindingBench", 1)[1].split("\n## ", 1)[0]
-    return re.search(rf"```{lang}\n(.*?)```", section, re.S).group(1)
+def plugins_block(lang: str) -> str:
+    """The Plugins how-to's code block in `lang`: the test runs what the page shows."""
+    return re.search(rf"```{lang}\n(.*?)```", PLUGINS.read_text(), re.S).group(1)
 
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
     site = tmp_path_factory.mktemp("site")
-    (site / "bbplugin.py").write_text(readme_block("python"))
+    (site / "bbplugin.py").write_text(plugins_block("python"))
     info = site / "bbplugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bbplugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(readme_block("ini"))
+    (info / "entry_points.txt").write_text(plugins_block("ini"))
     path = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
 

@@ -1,4 +1,4 @@
-"""Scene codes: the feature code F and the object code O (docs/ARCHITECTURE.md §1).
+"""Scene codes: the feature code F and the object code O (docs/explanation/architecture.md §1).
 
 A scene is a set of objects, each a conjunction of one value per feature group.
 O is multi-hot over all conjunctions (mixed radix, first group most significant);

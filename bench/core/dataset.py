@@ -1,4 +1,4 @@
-"""The dataset on disk (docs/ARCHITECTURE.md §1): Parquet shards of scenes plus a `dataset.json` card.
+"""The dataset on disk (docs/explanation/architecture.md §1): Parquet shards of scenes plus a `dataset.json` card.
 
 This is the only interface between generators and evaluators. A dataset directory
 is complete exactly when its card exists: shards and the card are written to a

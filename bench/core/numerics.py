@@ -13,7 +13,7 @@ layers) is imported, before torch is used; a value the user set is kept.
 
 What it cannot pin is the processor: another vector unit still rounds differently, as every
 floating-point library does. The numbers a fit's discrete choices then amplify are named, with the
-tolerance the golden test allows them, in tests/golden.py and the README.
+tolerance the golden test allows them, in tests/golden.py and docs/explanation/same-numbers.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The results table (docs/ARCHITECTURE.md, "Results"): one tidy row per
+"""The results table (docs/explanation/architecture.md, "Results"): one tidy row per
 (run, backbone, dataset, split, layer, tokens, task, probe, seed), provenance in every row.
 
 Evaluators append rows through `write_run`; leaderboards read the union of every
@@ -42,7 +42,7 @@ KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "limit", "control",
 
 _F = pa.float64()
 _METRICS = [
-    # binding task (bits per scene and ratios), docs/ARCHITECTURE.md "the estimator"
+    # binding task (bits per scene and ratios), docs/explanation/architecture.md "the estimator"
     "H_O", "H_F", "H_O_given_F", "L_O", "L_F", "L_O_given_F",
     "B_O", "beta_O", "B_F", "beta_F", "B_star", "beta_star",
     # the paper's estimator (unanchored direct O- and F-probes), for published comparisons

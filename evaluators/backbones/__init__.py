@@ -1,4 +1,4 @@
-"""The backbone registry: one spec string per backbone (docs/ARCHITECTURE.md §2).
+"""The backbone registry: one spec string per backbone (docs/explanation/architecture.md §2).
 
 Spec forms: a preset name (`dinov2-large`), a Hugging Face id (`facebook/dinov2-large`,
 optionally `@revision`), a local checkpoint directory, `random:<preset>`,

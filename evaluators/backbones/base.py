@@ -121,7 +121,8 @@ class Backbone(ABC):
         return self
 
     def input_side(self, dataset_side: int, resolution: str = "native", image_size: int | None = None) -> int:
-        """Input image side under a resolution policy (docs/ARCHITECTURE.md §2): native, explicit, or match-grid."""
+        """Input image side under a resolution policy (docs/explanation/architecture.md §2): native,
+        explicit, or match-grid."""
         if resolution not in RESOLUTIONS:
             raise BenchError(f"resolution: unknown {resolution!r}; allowed: {', '.join(RESOLUTIONS)}")
         if image_size is not None and image_size <= 0:  # 0 would silently read as "native"

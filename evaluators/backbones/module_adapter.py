@@ -164,7 +164,7 @@ def source_hash(spec: str, path: Path) -> str:
     rather than the modules its imports reached, because those depend on what the process had
     imported before and on `sys.path` (a Ray worker would see others than the driver), while the
     folder is the same in every process and no helper beside the module can be missed. Code in a
-    subfolder or an installed package is not covered (the README says so)."""
+    subfolder or an installed package is not covered (docs/how-to/own-backbone.md says so)."""
     files = sorted(p for p in path.resolve().parent.glob("*.py") if p.is_file())
     try:
         return files_hash(files)

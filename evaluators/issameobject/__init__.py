@@ -1,4 +1,4 @@
-"""IsSameObject (docs/ARCHITECTURE.md §3; Li et al., NeurIPS 2025): is "these two patches belong to the
+"""IsSameObject (docs/explanation/architecture.md §3; Li et al., NeurIPS 2025): is "these two patches belong to the
 same object" decodable from a layer's patch tokens?
 
 Pairs. Patch labels come from the instance masks at the backbone's grid

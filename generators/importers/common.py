@@ -3,7 +3,7 @@
 An importer reads a local copy of a real-image dataset in its official layout and
 returns `SourceScene` records (annotations parsed, pixels not yet read) plus the
 feature space it chose. This module turns them into the same dataset format as
-`bench generate` writes (docs/ARCHITECTURE.md §1): the F codes are ranked into train/val/test with
+`bench generate` writes (docs/explanation/architecture.md §1): the F codes are ranked into train/val/test with
 the generators' salted hash (`generators.splits.assign_splits`), so the splits are
 disjoint in F whatever the source's own splits were; the priors are plug-in
 estimates from each split's own codes and the card says so (`priors: empirical`).
