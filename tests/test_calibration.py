@@ -32,7 +32,7 @@ from evaluators.metrics import metric_checks
 from evaluators.binding.columns import evaluate_binding
 from evaluators.binding.task import SPLITS, BindingTask, binding_task
 from evaluators.training import RowReader, TrainConfig
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 #: The evaluator's defaults: the calibration is of what `bench evaluate` runs.
 TRAIN = TrainConfig()

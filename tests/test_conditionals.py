@@ -30,7 +30,7 @@ from generators.conditionals import (
 )
 from generators.engine import generate
 from generators.priors import omega_size
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 
 def observed_bits(p: np.ndarray, bits: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import pytest
 from bench.cli import main
 from bench.core.dataset import Dataset
 from bench.core.results import KEY_COLUMNS, read_results
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 
 @pytest.fixture(scope="module")

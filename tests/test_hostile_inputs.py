@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from bench.cli import main
 from bench.core.dataset import CARD_NAME, Dataset
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 from tests.toy_backbones import toy_module
 
 SMALL = ["colorshape", "--preset", "small", "--n-train", "12", "--n-val", "4", "--n-test", "4", "--workers", "1"]

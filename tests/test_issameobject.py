@@ -15,7 +15,6 @@ import torch
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import make_table
-from tests.conftest import make_dataset
 from evaluators.backbones.base import AttentionQK
 from evaluators.families import PAIR_PROBES
 from evaluators.issameobject import (
@@ -36,6 +35,7 @@ from evaluators.issameobject import (
     weighted_auroc,
 )
 from evaluators.patch_labels import IGNORE, split_patch_labels
+from tests.helpers import make_dataset
 
 # ---------------------------------------------------------------- pairs
 

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import TINY_SCENES, make_dataset
 from tests.golden import VOLATILE
+from tests.helpers import TINY_SCENES, make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from bench.cli import main
 from evaluators import cache_inventory
 from evaluators.plan import EvaluationPlan
 from evaluators.run import run_evaluation
-from tests.conftest import TINY_SCENES, make_dataset
+from tests.helpers import TINY_SCENES, make_dataset
 
 ray = pytest.importorskip("ray")
 

@@ -139,7 +139,7 @@ def test_your_own_backbone_section_runs_as_written(tmp_path, monkeypatch, capsys
     import timm
     import torch
 
-    from tests.conftest import make_dataset
+    from tests.helpers import make_dataset
     from tests.test_own_backbones import _tiny_vit_folder
 
     blocks = readme_blocks(README.read_text(), (OWN,))

@@ -18,7 +18,7 @@ import pytest
 
 from bench.cli import main
 from evaluators.binding import workers
-from tests.conftest import TINY_SCENES, make_dataset
+from tests.helpers import TINY_SCENES, make_dataset
 
 #: Columns that differ between any two runs of the same request.
 RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "command"}

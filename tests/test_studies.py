@@ -87,7 +87,7 @@ def rows_of(results: Path) -> dict[tuple, dict]:
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory) -> Path:
     """The grid study's folder: a tiny DINOv2 checkpoint (./vit) and a second dataset beside it."""
-    from tests.conftest import TINY_SCENES, make_dataset
+    from tests.helpers import TINY_SCENES, make_dataset
     from tests.test_backbones import tiny_checkpoint
 
     root = tmp_path_factory.mktemp("grid")

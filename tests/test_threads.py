@@ -9,7 +9,7 @@ import torch
 from bench.cli import main
 from bench.core.errors import BenchError
 from evaluators import threads
-from tests.conftest import TINY_SCENES, make_dataset
+from tests.helpers import TINY_SCENES, make_dataset
 
 
 @pytest.mark.parametrize("busy, expected", [(0.05, 2), (0.3, 1), (1.0, 1), (1.2, 1), (6.0, 1)])
