@@ -120,6 +120,7 @@ extract_activations(ckpt, Dataset(data), "train", views=("cls", "all"), batch_si
 """
 
 
+@pytest.mark.slow
 def test_killed_extraction_resumes_and_matches_an_uninterrupted_run(ds, tmp_path, monkeypatch):
     ckpt = tiny_checkpoint("dinov2-reg", tmp_path / "m")[1]
     store, script = tmp_path / "cache", tmp_path / "stalled.py"

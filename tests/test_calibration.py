@@ -64,7 +64,7 @@ def clevr_few_codes(tmp_path_factory) -> Path:
                         n_train=1000, n_val=250, n_test=250, image_size=128)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 
 @lru_cache(maxsize=None)

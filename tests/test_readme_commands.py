@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Mapping
 
+import pytest
 
 from bench.cli import main
 from bench.core.results import read_results
@@ -109,6 +110,7 @@ def test_the_readme_parser_finds_the_blocks():
     assert sum(c.startswith("bench ") for c in commands) >= 20, commands
 
 
+@pytest.mark.slow
 def test_every_quick_start_and_study_command_runs_as_written(tmp_path, monkeypatch, capsys):
     from tests.test_backbones import tiny_checkpoint
 
@@ -131,6 +133,7 @@ def test_every_quick_start_and_study_command_runs_as_written(tmp_path, monkeypat
     assert Path("clevr.png").exists() and Path("toys.png").exists()
 
 
+@pytest.mark.slow
 def test_your_own_backbone_section_runs_as_written(tmp_path, monkeypatch, capsys):
     """The section's three examples, each at most 10 lines, run in README order on what the test
     puts at the paths they name: a ViT-Ti state dict at runs/last.pth, a 2-block ViT written by
@@ -178,6 +181,7 @@ STUDY_SUBSTITUTIONS = (
 )
 
 
+@pytest.mark.slow
 def test_the_studies_section_runs_its_study_file_as_written(tmp_path, monkeypatch, capsys):
     """The section's study file (through STUDY_SUBSTITUTIONS) and its commands, in order: the
     plan, the run, a rerun that fits nothing, the report."""

@@ -109,6 +109,7 @@ def run(capsys, *args) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@pytest.mark.slow
 def test_a_grid_runs_with_one_command_and_reruns_only_what_is_missing(grid, tmp_path, capsys):
     study = write_grid(grid, "grid")
     code, out, err = run(capsys, "run", study, "--out", tmp_path / "a", "--dry-run")
