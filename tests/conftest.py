@@ -1,4 +1,5 @@
-"""Shared fixtures: small generated datasets, built once per test session."""
+"""Fixtures and hooks: small generated datasets, built once per test session, and the test workers'
+threads. Helpers that tests import live in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import api
 from evaluators.threads import choose_threads
+from tests.helpers import make_dataset
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -23,17 +24,6 @@ def pytest_configure(config: pytest.Config) -> None:
     spin while they wait for each other (a 23 s test took 319 s beside a busy core at two)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
-
-
-#: A small ColorShape scene: 3 colours x 3 shapes, 3 objects of 12 px on a 64 px image, a quarter of
-#: the scenes each for validation and test (`make_dataset(path, n_train=..., **TINY_SCENES)`).
-TINY_SCENES = dict(image_size=64, n_colors=3, n_shapes=3, colors_per_scene=2, shapes_per_scene=2, n_objects=3,
-                   object_size=12, margin=2, val_fraction=0.25, test_fraction=0.25)
-
-
-def make_dataset(out: Path, generator: str = "colorshape", preset: str | None = "small", **overrides) -> Path:
-    """Generate a dataset with the Python API (the function `bench generate` calls), in this process."""
-    return api.generate(generator, out=out, preset=preset, overrides=overrides, workers=1)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,7 +19,7 @@ from evaluators.backbones.base import Backbone
 from evaluators.backbones.ground_truth import PixelsBackbone
 from evaluators.backbones.weights import state_dict_hash
 from evaluators.plan import EvaluationPlan, Model
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 SIZES = dict(n_train=24, n_val=8, n_test=8)
 

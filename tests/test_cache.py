@@ -120,6 +120,7 @@ extract_activations(ckpt, Dataset(data), "train", views=("cls", "all"), batch_si
 """
 
 
+@pytest.mark.slow
 def test_killed_extraction_resumes_and_matches_an_uninterrupted_run(ds, tmp_path, monkeypatch):
     ckpt = tiny_checkpoint("dinov2-reg", tmp_path / "m")[1]
     store, script = tmp_path / "cache", tmp_path / "stalled.py"
@@ -195,7 +196,7 @@ def test_cache_ls_and_rm(ds, tmp_path, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def odd_files(tmp_path_factory) -> Dataset:
     """A split stored in shard files of 7 rows, so file and batch boundaries disagree."""
-    from conftest import make_dataset
+    from tests.helpers import make_dataset
 
     return Dataset(make_dataset(tmp_path_factory.mktemp("odd") / "ds", n_train=40, n_val=8, n_test=8,
                                 image_size=32, n_colors=3, n_shapes=3, colors_per_scene=2,

@@ -32,7 +32,7 @@ from evaluators.metrics import metric_checks
 from evaluators.binding.columns import evaluate_binding
 from evaluators.binding.task import SPLITS, BindingTask, binding_task
 from evaluators.training import RowReader, TrainConfig
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 #: The evaluator's defaults: the calibration is of what `bench evaluate` runs.
 TRAIN = TrainConfig()
@@ -64,7 +64,7 @@ def clevr_few_codes(tmp_path_factory) -> Path:
                         n_train=1000, n_val=250, n_test=250, image_size=128)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 
 @lru_cache(maxsize=None)

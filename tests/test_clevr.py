@@ -97,6 +97,7 @@ def sweep(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_sweep_writes_one_dataset_per_height_with_more_occlusion_lower(sweep):
     cards = {h: Dataset(sweep / f"height-{h}").card for h in ("0.6", "1.9", "3.2")}
     mean = [cards[h]["splits"]["test"]["mean_visibility"] for h in ("0.6", "1.9", "3.2")]

@@ -23,7 +23,7 @@ from generators.covering_conditionals import inclusion_exclusion_probs, row_prog
 from generators.engine import generate
 from generators.from_card import generator_of
 from generators.priors import PriorsUnavailable, omega_size
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 
 def observed_bits(p: np.ndarray, bits: np.ndarray) -> np.ndarray:

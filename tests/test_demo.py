@@ -36,6 +36,7 @@ def tiny_zoo(tmp_path_factory, monkeypatch):
         monkeypatch.setitem(RECIPES, name, tiny(name))
 
 
+@pytest.mark.slow
 def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     """Generates the zoo's kind of scenes, hands them to run_evaluation as the contract says (the
     backbones, then the control), ranks the backbones and shows the control apart, unranked (here a
@@ -122,6 +123,7 @@ def test_bad_sizes_exit_2_before_any_training(tmp_path, capsys, bad, message):
     assert not any(zoo.iterdir()) and not (tmp_path / "demo" / "results").exists()
 
 
+@pytest.mark.slow
 def test_a_zoo_training_error_in_the_second_process_exits_2(tmp_path, capsys, monkeypatch):
     """The zoo trains in a spawned process: its error comes back as the demo's one line (exit 2), after
     the backbones it did not hold up were evaluated, and the models it did train stay trained."""
@@ -146,6 +148,7 @@ def test_a_zoo_training_error_in_the_second_process_exits_2(tmp_path, capsys, mo
     assert status("conjunctions")["status"] == "trained" and status("masked")["status"] == "not trained"
 
 
+@pytest.mark.slow
 def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     import torch
 

@@ -12,7 +12,7 @@ import pytest
 from bench.cli import main
 from bench.core.dataset import Dataset
 from bench.core.results import KEY_COLUMNS, read_results
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,7 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+@pytest.mark.slow
 def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_path, capsys):
     results = tmp_path / "results"
     common = ["evaluate", "--dataset", str(tiny), "--epochs", "2", "--results", str(results), "--format", "json"]
@@ -281,6 +282,7 @@ def test_a_display_name_fills_the_backbone_column_and_the_spec_keeps_its_own(tin
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_the_from_python_example_runs(tmp_path, monkeypatch):
     """The From Python how-to's generate -> evaluate -> leaderboard block, as written but at tiny sizes."""
     page = (Path(__file__).resolve().parents[1] / "docs/how-to/python-api.md").read_text()

@@ -239,6 +239,7 @@ def _keyed(rows: list[dict]) -> dict[tuple, dict]:
             for r in rows}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("during", ["fit", "write"])
 def test_a_run_killed_mid_fit_leaves_whole_files_and_resumes_to_the_same_rows(during, killable_run, tmp_path,
                                                                                capsys):

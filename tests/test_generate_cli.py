@@ -76,6 +76,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_killed_run_leaves_no_dataset_and_resumes(tmp_path, capsys):
     """A run killed (with its workers) part way: no dataset, and the same command completes it. The
     run stalls after two shards, so the kill lands mid-run whatever the machine's speed."""

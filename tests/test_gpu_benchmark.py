@@ -29,6 +29,7 @@ def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_tiny_cpu_run_reports_every_phase(tmp_path):
     """A smoke run of the whole script: every phase is in the report, each with a status and, where
     it was cut, why (which status a phase reaches depends on the machine's speed: any is allowed;
@@ -243,6 +244,7 @@ def test_sm_sampler_reads_a_running_dmon(tmp_path, monkeypatch):
     assert _part("gpu_report").sm_note(gpu_sm) == "50.0 % mean over 4 s (fit_device 50.0 %)"
 
 
+@pytest.mark.slow
 def test_the_launch_count_runs_on_the_cpu_and_counts_every_stage():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "launches.py"), "--layers", "11", "--n-train", "60",
@@ -289,6 +291,7 @@ def test_timeline_reads_device_busy_time_by_stage():
                                                      "cudaLaunchKernel"]
 
 
+@pytest.mark.slow
 def test_profile_reads_a_fresh_process_first_and_warm_fits(tmp_path):
     """`--profile`, last: a spawned process fits the row sets twice under the profiler, each fit's
     stages read apart, the difference first less warm, its files written; the timed fits stay
@@ -338,6 +341,7 @@ def test_a_profiling_process_past_its_share_is_stopped_and_says_so(tmp_path, mon
         {"status": "skipped", "reason": "budget spent"}
 
 
+@pytest.mark.slow
 def test_the_cpu_path_fits_row_sets_in_worker_processes(monkeypatch):
     """Four row sets on two spawned worker processes: each row set's own time and β* come back from
     its worker; a row set whose fit raises is said and the others kept; fits still running at the
@@ -454,6 +458,7 @@ def _got(value):
     return value
 
 
+@pytest.mark.slow
 def test_a_crash_keeps_the_phases_measured_before_it(tmp_path, monkeypatch):
     """A device session is short: each phase is in --json as soon as it is measured, and a crash
     adds its error there (and still ends the run with its traceback)."""

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from bench.cli import main
 from bench.core.dataset import CARD_NAME, Dataset
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 from tests.toy_backbones import toy_module
 
 SMALL = ["colorshape", "--preset", "small", "--n-train", "12", "--n-val", "4", "--n-test", "4", "--workers", "1"]
@@ -1452,6 +1452,7 @@ def test_a_study_writes_only_into_a_folder_it_made(ds, tmp_path, capsys, monkeyp
         assert line.startswith(f"bench: error: out: {out}") and what in line, line
 
 
+@pytest.mark.slow
 def test_a_study_runs_in_an_empty_folder_it_is_given_and_again_in_its_own(ds, tmp_path, capsys, monkeypatch):
     study = _ok_study(tmp_path, ds)
     (tmp_path / "empty").mkdir()
@@ -1467,6 +1468,7 @@ def read_rows(results: Path) -> list[dict]:
     return read_results(results).to_pylist()
 
 
+@pytest.mark.slow
 def test_a_second_run_of_a_study_folder_is_refused_naming_the_running_one(ds, tmp_path, capsys):
     """Two `bench run` of one study into one folder at once both fitted every row (8 rows for 4 keys)."""
     from bench import api

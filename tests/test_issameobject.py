@@ -15,7 +15,6 @@ import torch
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import make_table
-from tests.conftest import make_dataset
 from evaluators.backbones.base import AttentionQK
 from evaluators.families import PAIR_PROBES
 from evaluators.issameobject import (
@@ -36,6 +35,7 @@ from evaluators.issameobject import (
     weighted_auroc,
 )
 from evaluators.patch_labels import IGNORE, split_patch_labels
+from tests.helpers import make_dataset
 
 # ---------------------------------------------------------------- pairs
 
@@ -271,6 +271,7 @@ def oracle_acts(big_objects):
     return ds, acts
 
 
+@pytest.mark.slow
 def test_oracle_patch_tokens_quadratic_is_near_perfect(oracle_acts):
     ds, acts = oracle_acts
     rows = evaluate_activations(
@@ -401,6 +402,7 @@ def test_bench_evaluate_attention_qk(big_objects, tmp_path, capsys):
     assert not (tmp_path / "none").exists() or not any((tmp_path / "none").iterdir())
 
 
+@pytest.mark.slow
 def test_bench_evaluate_issameobject_oracle_and_pixels(big_objects, tmp_path, capsys):
     """`bench evaluate --task issameobject` end to end: real extraction (cache), results rows, re-run skip.
 

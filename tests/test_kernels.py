@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import TINY_SCENES, make_dataset
 from tests.golden import VOLATILE
+from tests.helpers import TINY_SCENES, make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +60,7 @@ def test_fixed_order_sums_add_in_index_order():
             assert got[i, j] == total
 
 
+@pytest.mark.slow
 def test_rows_are_the_same_under_both_openblas_core_types(tmp_path):
     """`bench evaluate` in a plain environment (nothing pinned but what bench pins itself) writes
     the same rows whichever kernels numpy's OpenBLAS runs: the binding task's intervals (the

@@ -193,7 +193,7 @@ def _png(value: int) -> bytes:
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory) -> Path:
     """40 small scenes, enough to train a probe for 2 epochs."""
-    from tests.conftest import make_dataset
+    from tests.helpers import make_dataset
 
     return make_dataset(tmp_path_factory.mktemp("data") / "tiny", n_train=24, n_val=8, n_test=8, image_size=64,
                         n_colors=3, n_shapes=3, colors_per_scene=2, shapes_per_scene=2, n_objects=3,

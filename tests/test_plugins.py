@@ -49,6 +49,7 @@ def bench(env: dict[str, str], *args: str, cwd: Path | None = None) -> str:
     return p.stdout
 
 
+@pytest.mark.slow
 def test_a_plugin_reaches_models_help_results_and_the_leaderboard(plugin_env, tmp_path):
     models = bench(plugin_env, "models", "--format", "csv")
     assert "coarse:16,coarse," in models  # listed under its own source

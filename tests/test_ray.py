@@ -22,7 +22,7 @@ from bench.cli import main
 from evaluators import cache_inventory
 from evaluators.plan import EvaluationPlan
 from evaluators.run import run_evaluation
-from tests.conftest import TINY_SCENES, make_dataset
+from tests.helpers import TINY_SCENES, make_dataset
 
 ray = pytest.importorskip("ray")
 
@@ -76,6 +76,8 @@ def assert_same_rows(got: list[dict], want: list[dict]) -> None:
                 assert g[k] == w[k], (k, g["backbone"], g["layer"], g["probe"])
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_ray_rows_equal_local_rows_and_logs_every_task(data, local_rows, local_ray, tmp_path):
     results = tmp_path / "results"
     path = run_plan(MODELS, data, results_dir=results, executor="ray", **GRID)
@@ -95,6 +97,8 @@ def test_ray_rows_equal_local_rows_and_logs_every_task(data, local_rows, local_r
     assert run_plan(MODELS, data, results_dir=results, executor="ray", **GRID) is None
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["extract", "train"])
 def test_a_killed_worker_is_retried_and_the_rows_are_the_same(stage, data, local_rows, local_ray, tmp_path,
                                                             monkeypatch, capsys):
@@ -134,6 +138,8 @@ def test_storage_a_worker_cannot_see_is_named_in_one_line(data, tmp_path):
     assert "does not see the driver's activation cache" in _storage_problem(str(card), digest, str(token), digest)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_generate_on_ray_writes_the_same_bytes(local_ray, tmp_path, capsys):
     args = ["generate", "colorshape", "--preset", "small", "--n-train", "24", "--n-val", "8", "--n-test", "8",
             "--image-size", "64", "--set", "n_objects=3", "--set", "object_size=12", "--set", "margin=2",
@@ -164,6 +170,8 @@ def test_the_local_path_does_not_import_ray():
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_input_settings_reach_the_ray_workers(data, local_rows, local_ray, tmp_path):
     """--image-size/--mean/--std: each worker builds the backbone with them, as the driver does."""
     grid = dict(layers="last", probes=["linear"], seeds=[0], epochs=3, image_size=28, mean=(0.5, 0.5, 0.5))
@@ -183,6 +191,8 @@ def test_input_settings_reach_the_ray_workers(data, local_rows, local_ray, tmp_p
     assert got[0]["L_O_paper"] != pytest.approx(default["L_O_paper"], abs=1e-6)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
     """Extraction in row shards, one task per (backbone, layer) with every probe and seed, rows in
     the local order; the attention baseline and correlations need the model inside the task."""
@@ -209,6 +219,8 @@ def test_issameobject_on_ray_equals_the_local_rows(data, local_ray, tmp_path):
     assert_same_rows(got, local)
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_gpu_tasks_ask_for_their_share_and_share_a_gpu():
     """No GPU here: a Ray started with two logical GPUs schedules the executor's task options,
     four 0.5-GPU tasks at once on two devices (the packing `--gpus-per-task 0.5` asks for). "At

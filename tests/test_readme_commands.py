@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Mapping
 
+import pytest
 
 from bench.cli import main
 from bench.core.results import read_results
@@ -141,6 +142,7 @@ def test_the_parser_finds_the_blocks():
     assert sum(c.startswith("bench ") for c in commands) >= 20, commands
 
 
+@pytest.mark.slow
 def test_every_quick_start_and_tutorial_command_runs_as_written(tmp_path, monkeypatch, capsys):
     from tests.test_backbones import tiny_checkpoint
 
@@ -163,6 +165,7 @@ def test_every_quick_start_and_tutorial_command_runs_as_written(tmp_path, monkey
     assert Path("clevr.png").exists() and Path("toys.png").exists()
 
 
+@pytest.mark.slow
 def test_the_own_backbone_how_to_runs_as_written(tmp_path, monkeypatch, capsys):
     """The how-to's three examples, each at most 10 lines, run in page order on what the test
     puts at the paths they name: a ViT-Ti state dict at runs/last.pth, a 2-block ViT written by
@@ -171,7 +174,7 @@ def test_the_own_backbone_how_to_runs_as_written(tmp_path, monkeypatch, capsys):
     import timm
     import torch
 
-    from tests.conftest import make_dataset
+    from tests.helpers import make_dataset
     from tests.test_own_backbones import _tiny_vit_folder
 
     blocks = readme_blocks(OWN.read_text())
@@ -209,6 +212,7 @@ STUDY_SUBSTITUTIONS = (
 )
 
 
+@pytest.mark.slow
 def test_the_readme_study_runs_its_study_file_as_written(tmp_path, monkeypatch, capsys):
     """The README's study file (through STUDY_SUBSTITUTIONS) and its commands, in order: the
     plan, the run, a rerun that fits nothing, the report. The Studies how-to shows the same file

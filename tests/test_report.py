@@ -209,6 +209,7 @@ def _chromium(url: str, shot: Path, profile: Path) -> list[str]:
     return [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
 
 
+@pytest.mark.browser
 def test_console_errors_are_seen(tmp_path):
     """The console check itself: a page that throws is caught."""
     bad = tmp_path / "bad.html"
@@ -217,6 +218,7 @@ def test_console_errors_are_seen(tmp_path):
     assert any("Uncaught TypeError" in m for m in messages)
 
 
+@pytest.mark.browser
 def test_click_changes_the_heatmap_in_chromium(report, tmp_path):
     before, after, deeper = tmp_path / "before.png", tmp_path / "after.png", tmp_path / "deeper.png"
     assert _chromium(report.as_uri() + "?layer=0", before, tmp_path / "p1") == []
@@ -236,6 +238,7 @@ def test_click_changes_the_heatmap_in_chromium(report, tmp_path):
     assert (np.abs(b - c).max(axis=2) > 30).sum() > 0.3 * 448 * 448
 
 
+@pytest.mark.browser
 def test_the_page_fits_a_1280_px_window_in_chromium(report, tmp_path):
     """What a reader sees at a laptop's width: no horizontal scrolling, no image wider than the
     window, body text of at least 12 px."""

@@ -269,6 +269,7 @@ def _visible(driver, board: str) -> list[tuple[str, str, float]]:
         board)
 
 
+@pytest.mark.browser
 def test_a_click_on_a_column_header_sorts_and_a_filter_hides_rows(site, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -311,6 +312,7 @@ return {inner: window.innerWidth, scroll: document.documentElement.scrollWidth,
 """
 
 
+@pytest.mark.browser
 def test_every_page_fits_1280_px_reads_at_12_px_and_loads_from_disk_alone(site, browser):
     """At a 1,280-px window no page scrolls sideways (wide tables scroll in their own box), no text is
     under 12 px, every image decodes, nothing is fetched but files of the site, and the console is quiet."""
@@ -349,6 +351,7 @@ return {n: items.length, lists: [...new Set(items.map((x) => x.list))], close: c
 """
 
 
+@pytest.mark.browser
 def test_the_index_lists_do_not_overlap_at_1280_px(tmp_path, browser):
     """The index's lists of backbones, datasets and boards at a 1,280-px window: no link runs out of
     its list item, and two links on one line stand apart, the right one's bullet between them (the

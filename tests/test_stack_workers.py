@@ -18,7 +18,7 @@ import pytest
 
 from bench.cli import main
 from evaluators.binding import workers
-from tests.conftest import TINY_SCENES, make_dataset
+from tests.helpers import TINY_SCENES, make_dataset
 
 #: Columns that differ between any two runs of the same request.
 RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "command"}
@@ -71,6 +71,7 @@ def one_process(data, tmp_path_factory) -> list[dict]:
     return rows_of(tmp / "r")
 
 
+@pytest.mark.slow
 def test_stacks_fitted_on_workers_give_the_rows_of_one_process(data, one_process, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(workers, "WORKER_START_S", 0.0)  # tiny stacks: worth it only with a free start
@@ -80,6 +81,7 @@ def test_stacks_fitted_on_workers_give_the_rows_of_one_process(data, one_process
     assert rows_of(tmp_path / "r") == one_process and len(one_process) == 8
 
 
+@pytest.mark.slow
 def test_a_later_backbone_goes_to_the_running_workers_whole(data, tmp_path, monkeypatch, capsys):
     """Once the first backbone started the workers, the second's stacks all go to them (none fitted
     in the run's process first), and the rows are those of one process."""
@@ -97,6 +99,7 @@ def test_a_later_backbone_goes_to_the_running_workers_whole(data, tmp_path, monk
     assert results["2"] == results["1"] and len(results["1"]) == 16
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_loses_no_rows(data, one_process, tmp_path, monkeypatch, capsys):
     """Every worker is killed (SIGKILL) half a second after the stacks are handed over, while it
     still imports: the stacks go back to the run's process, which says so, and the rows are
@@ -133,6 +136,7 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from Linux /proc")
 def test_workers_end_when_the_run_is_killed(data, tmp_path):
     """A `kill -9` of the run while its workers fit: they end too (they would otherwise wait on the

@@ -221,6 +221,7 @@ def test_a_row_set_whose_activations_hold_nan_fails_alone(task, one_torch_thread
         assert _numbers(stacked[i]) == _numbers(alone)
 
 
+@pytest.mark.slow
 def test_the_linear_stage_reads_the_host_as_often_for_4_row_sets_as_for_1(task):
     """Reads of tensor values (`counted_reads`) while the linear stage fits every target of 1 and
     of 4 row sets: one stack, so the same count."""
@@ -251,6 +252,7 @@ def test_stacks_keep_the_order_of_the_work_and_split_at_the_budget():
     assert row_sets_per_stack(2500, (384,), 300, "cpu", 1) == 1
 
 
+@pytest.mark.slow
 def test_a_run_fitted_row_set_by_row_set_writes_the_rows_of_one_stack(balanced_small, tmp_path, one_torch_thread):
     """`stack_bytes` decides only how many row sets share a solve: a run whose stacks hold one row set
     each writes the rows of a run that fits them all at once."""

@@ -87,7 +87,7 @@ def rows_of(results: Path) -> dict[tuple, dict]:
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory) -> Path:
     """The grid study's folder: a tiny DINOv2 checkpoint (./vit) and a second dataset beside it."""
-    from tests.conftest import TINY_SCENES, make_dataset
+    from tests.helpers import TINY_SCENES, make_dataset
     from tests.test_backbones import tiny_checkpoint
 
     root = tmp_path_factory.mktemp("grid")
@@ -109,6 +109,7 @@ def run(capsys, *args) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@pytest.mark.slow
 def test_a_grid_runs_with_one_command_and_reruns_only_what_is_missing(grid, tmp_path, capsys):
     study = write_grid(grid, "grid")
     code, out, err = run(capsys, "run", study, "--out", tmp_path / "a", "--dry-run")

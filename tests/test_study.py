@@ -16,7 +16,7 @@ import pytest
 from bench.cli import main
 from bench.core.dataset import Dataset
 from bench.core.results import read_results
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from bench.cli import main
 from bench.core.errors import BenchError
 from evaluators import threads
-from tests.conftest import TINY_SCENES, make_dataset
+from tests.helpers import TINY_SCENES, make_dataset
 
 
 @pytest.mark.parametrize("busy, expected", [(0.05, 2), (0.3, 1), (1.0, 1), (1.2, 1), (6.0, 1)])
@@ -68,6 +68,7 @@ def test_evaluate_says_its_thread_count_once_and_restores_it(tmp_path, capsys, m
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_row_set_gets_the_same_numbers_on_any_thread_count(tmp_path):
     """A probe fit on a CPU runs on one torch thread whatever the caller set (torch splits large
     reductions between its threads, and their rounding moved a row set's numbers): fitted at one

@@ -23,7 +23,7 @@ from evaluators.backbones import list_backbones, resolve_backbone
 from evaluators.backbones.presets import BILINEAR, LIBRARY_PRESETS
 from evaluators.backbones.weights import state_dict_hash
 from evaluators.extract import extract_activations
-from tests.conftest import make_dataset
+from tests.helpers import make_dataset
 
 TIMM_TINY = "bb_test_tiny_reg_vit"
 OC_TINY, OC_TINY_QKNORM = "bb-test-tiny-oc", "bb-test-tiny-oc-qknorm"

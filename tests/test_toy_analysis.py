@@ -19,8 +19,8 @@ from evaluators.toy_analysis import (
     table_rows,
     write_analysis,
 )
+from tests.helpers import make_dataset
 from tests.test_issameobject import FakeActivations
-from tests.conftest import make_dataset
 
 GRID = (24, 24)  # 4 px patches on 96 px scenes: a toy covers several patches
 
