@@ -29,7 +29,7 @@ import torch
 
 from bench.core.dataset import Dataset
 from evaluators.backbones import resolve_backbone
-from evaluators.extract import extract_activations
+from evaluators.cache.extract import extract_activations
 from generators.base import build_config, get_generator
 from generators.engine import generate
 

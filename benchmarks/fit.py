@@ -35,7 +35,7 @@ from bench.core.dataset import Dataset  # noqa: E402
 from benchmarks.older_layouts import (binding_task, evaluate_binding, evaluate_binding_sets,  # noqa: E402
                                       row_sets_per_stack)  # wherever the checkout timed keeps them
 from evaluators.backbones import resolve_backbone  # noqa: E402
-from evaluators.extract import extract_activations  # noqa: E402
+from evaluators.cache.extract import extract_activations  # noqa: E402
 from evaluators.training import RowReader, TrainConfig  # noqa: E402
 from generators.base import build_config, get_generator  # noqa: E402
 from generators.engine import generate  # noqa: E402

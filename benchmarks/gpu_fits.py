@@ -18,7 +18,7 @@ from bench.core.dataset import Dataset
 from benchmarks import gpu_budget
 from evaluators.backbones import Backbone
 from evaluators.binding import evaluate_binding, evaluate_binding_sets
-from evaluators.extract import extract_activations
+from evaluators.cache.extract import extract_activations
 from evaluators.training import RowReader, TrainConfig
 from generators.base import build_config, get_generator
 from generators.engine import generate

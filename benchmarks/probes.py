@@ -43,7 +43,7 @@ sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pa
                 str(Path(__file__).resolve().parents[1]))
 
 from bench.core.dataset import Dataset  # noqa: E402
-from evaluators.extract import extract_activations  # noqa: E402
+from evaluators.cache.extract import extract_activations  # noqa: E402
 from evaluators.probes import MadeProbe, Probe  # noqa: E402
 from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402
 from generators.base import build_config, get_generator  # noqa: E402

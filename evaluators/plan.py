@@ -28,7 +28,7 @@ from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.presets import checked_preprocessing
 from evaluators.backbones.weights import state_dict_hash
-from evaluators.extract import check_device, check_dtype, parse_views
+from evaluators.cache.extract import check_device, check_dtype, parse_views
 from evaluators.families import DEFAULT_PROBES
 from evaluators.issameobject import check_probes
 from evaluators.probes import check_family

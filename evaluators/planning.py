@@ -12,7 +12,7 @@ from bench.core.errors import BenchError
 from bench.core.hashing import config_hash
 from evaluators.backbones.ground_truth import GroundTruthBackbone
 from evaluators.binding.task import SPLITS
-from evaluators.extract import check_cache_space, check_views, gib, parse_layers, pending_bytes
+from evaluators.cache.extract import check_cache_space, check_views, gib, parse_layers, pending_bytes
 from evaluators.families import family_defaults, pair_probe_names
 from evaluators.issameobject import ATTENTION_BASELINES, check_attention_qk, layer_probes
 from evaluators.plan import Model

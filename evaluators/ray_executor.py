@@ -31,10 +31,10 @@ from typing import Any, Mapping, Sequence
 from bench.core.dataset import Dataset
 from bench.core.ray_cluster import ray
 from bench.core.results import write_run
-from evaluators import cache
+from evaluators.cache import entries
 from evaluators.binding.rows import binding_common, binding_rows, extraction_error_rows, stack_size, stacks
 from evaluators.binding.task import SPLITS, binding_task
-from evaluators.extract import BATCH_SIZE, extract_activations, is_complete, row_shards
+from evaluators.cache.extract import BATCH_SIZE, extract_activations, is_complete, row_shards
 from evaluators.fitting import TrainConfig, stacks_row_sets
 from evaluators.plan import Model
 from evaluators.planning import Work, build_backbone
@@ -48,19 +48,19 @@ def _extract(model: Model, preprocessing: Mapping[str, object] | None, run_id: s
              rows: tuple[int, int], layers: list[int], views: list[str], device: str, dtype: str, limit: int | None,
              cache_dir: str, gpus: float) -> tuple[Any, str]:
     """One extraction unit: a backbone's activations of one row shard, into the split's shared
-    cache entry (see `cache.EntryWriter`: several shards' writers fill it at once)."""
+    cache entry (see `entries.EntryWriter`: several shards' writers fill it at once)."""
 
     def body() -> Any:
         if arm_fault("extract"):
-            write = cache.EntryWriter.write
+            write = entries.EntryWriter.write
 
-            def write_then_die(self: cache.EntryWriter, start: int, arrays: dict) -> None:
+            def write_then_die(self: entries.EntryWriter, start: int, arrays: dict) -> None:
                 write(self, start, arrays)
                 n = len(next(iter(arrays.values())))
                 print(f"fault injection: killing this worker after rows {start}..{start + n}")
                 die()
 
-            cache.EntryWriter.write = write_then_die  # this process only, and it is about to end
+            entries.EntryWriter.write = write_then_die  # this process only, and it is about to end
         acts = extract_activations(_backbone(model, preprocessing, run_id), Dataset(Path(dataset)), split, layers=layers,
                                    views=views, device=device, dtype=dtype, cache_dir=Path(cache_dir), progress=False,
                                    limit=limit, rows=rows, batch_size=BATCH_SIZE)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 from bench.core.dataset import CARD_NAME, Dataset
 from bench.core.errors import BenchError
 from bench.core.ray_cluster import MAX_RETRIES, check_every_node, file_digest, ray, require_ray, session, unreadable
-from evaluators import cache
+from evaluators.cache import entries
 
 #: Fault injection: "<stage>:<marker file>" with stage `extract` or `train`. The first task of
 #: that stage to create the marker kills its own worker process (extract: after its first
@@ -174,7 +174,7 @@ def cluster(ds: Dataset, device: str, gpus_per_task: float | None, address: str 
     # which holds the command's data: they go to the run's driver log instead.
     with open(logs / "driver.log", "a") as driver_log, contextlib.redirect_stdout(driver_log), session(address):
         gpus = task_gpus(device, gpus_per_task)
-        dataset, cache_root = ds.path.resolve(), cache.cache_root().resolve()
+        dataset, cache_root = ds.path.resolve(), entries.cache_root().resolve()
         check_storage(dataset, cache_root)
         yield Cluster(gpus, "cuda" if gpus else "cpu", dataset, cache_root, logs)
 

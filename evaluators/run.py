@@ -29,7 +29,7 @@ from evaluators.binding.rows import (binding_common, common_columns, extraction_
                                      extraction_failure, stack_bytes, stack_size, stacks)
 from evaluators.binding.task import SPLITS, BindingTask, binding_task, check_control, check_priors, open_dataset
 from evaluators.binding.workers import StackWorkers
-from evaluators.extract import extract_activations, split_fingerprint
+from evaluators.cache.extract import extract_activations, split_fingerprint
 from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
 from evaluators.issameobject import evaluate_issameobject
 from evaluators.plan import EvaluationPlan

@@ -156,7 +156,7 @@ def run_toy_analysis(
 ) -> dict[str, Any]:
     """Train `probe` per layer on `train_dataset` (default: the toys' train/val splits) and
     score categorized pairs of the toys' `split`. Returns the JSON-able analysis."""
-    from evaluators.extract import extract_activations  # noqa: PLC0415 (the heavy stage, only here)
+    from evaluators.cache.extract import extract_activations  # noqa: PLC0415 (the heavy stage, only here)
 
     _refuse_attention_qk(probe)
     toys_ds = toys if isinstance(toys, Dataset) else Dataset(toys)

@@ -19,11 +19,11 @@ from test_backbones import TINY, tiny_checkpoint
 from bench.cli import main
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
-from evaluators import cache, cache_inventory
+from evaluators.cache import entries as cache, inventory as cache_inventory
 from evaluators.backbones import PRESETS, resolve_backbone
 from evaluators.backbones.hf import HFBackbone
 from evaluators.backbones.presets import Preset
-from evaluators.extract import extract_activations
+from evaluators.cache.extract import extract_activations
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ STALLED_RUN = """
 import sys, time
 from bench.core.dataset import Dataset
 from evaluators.backbones.hf import HFBackbone
-from evaluators.extract import extract_activations
+from evaluators.cache.extract import extract_activations
 
 forward, batches = HFBackbone.hidden_states, []
 def stalled(self, x, layers):  # after four batches (8 rows), the run stays mid-extraction until it is killed
@@ -206,7 +206,7 @@ def odd_files(tmp_path_factory) -> Dataset:
 def test_batches_are_cut_on_multiples_of_the_batch_size_whatever_the_files(odd_files, monkeypatch):
     import pyarrow.parquet as pq
 
-    from evaluators.extract import _batches
+    from evaluators.cache.extract import _batches
 
     whole = [(o, len(c["image"])) for o, c in _batches(odd_files, "train", ["image"], 8)]
     assert whole == [(0, 8), (8, 8), (16, 8), (24, 8), (32, 8)]
@@ -222,7 +222,7 @@ def test_batches_are_cut_on_multiples_of_the_batch_size_whatever_the_files(odd_f
 
 
 def test_row_shards_in_any_order_fill_the_entry_a_whole_run_fills(odd_files, tmp_path):
-    from evaluators.extract import is_complete, row_shards
+    from evaluators.cache.extract import is_complete, row_shards
 
     ckpt = tiny_checkpoint("dinov2-reg", tmp_path / "m")[1]
     shards = row_shards(40, 12, batch_size=8)
@@ -251,7 +251,7 @@ def test_concurrent_shard_writers_share_one_entry(odd_files, tmp_path, monkeypat
     entry is complete exactly once, and `cache rm` refuses it while either writes."""
     import threading
 
-    from evaluators.extract import is_complete
+    from evaluators.cache.extract import is_complete
 
     ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
     store, kw = tmp_path / "cache", dict(split="train", views=("cls",), batch_size=8)
@@ -316,7 +316,7 @@ def test_a_cache_that_cannot_be_written_is_refused_before_any_work(ds, tmp_path,
 def test_a_damaged_partial_entry_starts_afresh(damage, odd_files, tmp_path):
     """A truncated array (or state.json) in a partial entry: the next extraction rewrites every
     row instead of failing on it run after run, and equals an undamaged run."""
-    from evaluators.extract import is_complete
+    from evaluators.cache.extract import is_complete
 
     ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
     store, kw = tmp_path / "cache", dict(split="train", views=("cls",), batch_size=8)

@@ -27,7 +27,7 @@ import pytest
 
 from bench.core.dataset import Dataset
 from evaluators.backbones import ground_truth
-from evaluators.extract import extract_activations
+from evaluators.cache.extract import extract_activations
 from evaluators.metrics import metric_checks
 from evaluators.binding.columns import evaluate_binding
 from evaluators.binding.task import SPLITS, BindingTask, binding_task

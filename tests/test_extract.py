@@ -12,7 +12,7 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import derive_seed
 from evaluators.backbones import resolve_backbone
-from evaluators.extract import dataset_side, extract_activations, parse_layers
+from evaluators.cache.extract import dataset_side, extract_activations, parse_layers
 
 
 @pytest.fixture(scope="module")

@@ -459,7 +459,7 @@ def _binding_numbers(results: Path) -> list:
 def test_a_zeroed_cache_array_is_found_set_aside_and_recomputed(ds, tmp_path, capsys, monkeypatch):
     """Right size, right header, every value 0: it passed the header and size checks and was read
     back as activations, changing the numbers. The digest written with the entry finds it."""
-    from evaluators import cache
+    from evaluators.cache import entries as cache
 
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
     run = ["evaluate", "--model", "pixels:8", "--dataset", ds, "--probes", "linear", "--threads", "1"]
@@ -481,7 +481,7 @@ def test_cache_entries_are_hashed_once(ds, tmp_path, capsys, monkeypatch):
     """The digest is checked once per entry, not on every read: a run reads each entry twice or
     more (its size estimate, then its extraction), and a later run not at all."""
     from bench.core.hashing import file_sha256
-    from evaluators import cache
+    from evaluators.cache import entries as cache
 
     hashed = []
     monkeypatch.setattr(cache, "file_sha256", lambda path: hashed.append(Path(path).name) or file_sha256(path))
@@ -833,7 +833,7 @@ def test_a_full_disk_while_evaluate_writes_results_keeps_the_last_good_file(ds, 
 
 def test_a_full_disk_while_extracting_is_not_an_error_row(ds, tmp_path, capsys, monkeypatch):
     """A full activations cache ended with exit 0 and error rows standing as the backbone's result."""
-    from evaluators import cache
+    from evaluators.cache import entries as cache
 
     def full(fd, data, offset):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bench.cli import main
-from evaluators import cache_inventory
+from evaluators.cache import inventory as cache_inventory
 from evaluators.plan import EvaluationPlan
 from evaluators.run import run_evaluation
 from tests.helpers import TINY_SCENES, make_dataset

@@ -45,7 +45,7 @@ def run(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_limit_and_full_runs_of_both_tasks_share_one_results_folder(tiny, tmp_path, cache_dir, capsys):
-    from evaluators.cache_inventory import list_entries
+    from evaluators.cache.inventory import list_entries
 
     results = tmp_path / "results"
     binding = ["evaluate", "--dataset", tiny, "--results", results, "--probes", "linear", "--epochs", "1"]
@@ -94,7 +94,7 @@ def test_limit_and_full_runs_of_both_tasks_share_one_results_folder(tiny, tmp_pa
 
 
 def test_cls_and_mean_of_a_builtin_backbone_are_trained_once(tiny, tmp_path, cache_dir, capsys):
-    from evaluators.cache_inventory import list_entries
+    from evaluators.cache.inventory import list_entries
 
     code, out, err = run(capsys, "evaluate", "--dataset", tiny, "--results", tmp_path, "--model", "oracle:features",
                          "--probes", "linear", "--tokens", "cls,mean", "--epochs", "1", "--format", "json")
@@ -115,7 +115,7 @@ def tiny_vit(tmp_path_factory) -> Path:
 
 
 def test_every_check_fails_before_any_extraction(tiny, tiny_vit, tmp_path, cache_dir, capsys, monkeypatch):
-    from evaluators.cache import EntryWriter
+    from evaluators.cache.entries import EntryWriter
 
     opened, open_entry = [], EntryWriter.open
     monkeypatch.setattr(EntryWriter, "open", lambda self: opened.append(self.path) or open_entry(self))
@@ -135,7 +135,7 @@ def test_every_check_fails_before_any_extraction(tiny, tiny_vit, tmp_path, cache
     (tmp_path / "a-file").write_text("")
     refused("evaluate", "--dataset", tiny, "--model", "oracle:objects", "--results", tmp_path / "a-file" / "results",
             message="results: cannot write to")
-    monkeypatch.setattr("evaluators.extract.shutil.disk_usage", full_disk)
+    monkeypatch.setattr("evaluators.cache.extract.shutil.disk_usage", full_disk)
     refused("evaluate", "--dataset", tiny, "--model", "oracle:objects", "--results", tmp_path / "r",
             message="cache: this run needs ~")
 
@@ -143,11 +143,11 @@ def test_every_check_fails_before_any_extraction(tiny, tiny_vit, tmp_path, cache
 def test_cache_estimate_matches_what_extraction_writes(tiny, tiny_vit, tmp_path, cache_dir, capsys, monkeypatch):
     """The estimate is the fp16 bytes extraction writes: refused up front on a full disk, then
     matched by the entry on disk."""
-    from evaluators.cache_inventory import list_entries
+    from evaluators.cache.inventory import list_entries
 
     # 80 scenes x 3 hidden states x 16 patch tokens x width 32 x 2 bytes (fp16) = 245,760 bytes
     with monkeypatch.context() as m:
-        m.setattr("evaluators.extract.shutil.disk_usage", full_disk)
+        m.setattr("evaluators.cache.extract.shutil.disk_usage", full_disk)
         code, _, err = run(capsys, "evaluate", "--dataset", tiny, "--model", tiny_vit, "--results", tmp_path / "r",
                            "--tokens", "all", "--layers", "all", "--probes", "attention")
     assert code == 2 and "warning: --tokens all over 3 layers" in err and "~246 kB of activations cache" in err

@@ -109,7 +109,7 @@ def test_activations_are_the_same_bytes_on_any_thread_count(tmp_path, side):
 
     from bench.core.dataset import Dataset
     from evaluators.backbones import resolve_backbone
-    from evaluators.extract import extract_activations
+    from evaluators.cache.extract import extract_activations
 
     ds = Dataset(make_dataset(tmp_path / "ds", n_train=32, **TINY_SCENES))
     backbone = resolve_backbone("random:dinov2-small", image_size=side)  # products big enough for two threads to split

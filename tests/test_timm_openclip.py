@@ -22,7 +22,7 @@ from bench.core.errors import BenchError
 from evaluators.backbones import list_backbones, resolve_backbone
 from evaluators.backbones.presets import BILINEAR, LIBRARY_PRESETS
 from evaluators.backbones.weights import state_dict_hash
-from evaluators.extract import extract_activations
+from evaluators.cache.extract import extract_activations
 from tests.helpers import make_dataset
 
 TIMM_TINY = "bb_test_tiny_reg_vit"

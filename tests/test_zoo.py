@@ -94,7 +94,7 @@ def test_training_beats_the_best_constant_predictor(tmp_path):
 def test_zoo_spec_is_the_local_checkpoint_path(zoo_cache, balanced_small, capsys):
     """Train through the CLI, load as zoo:NAME and as its directory (one cache entry), evaluate it."""
     from bench.core.dataset import Dataset
-    from evaluators.extract import extract_activations
+    from evaluators.cache.extract import extract_activations
     from leaderboards.store import load_results
 
     assert main(["zoo", "train", "features"]) == 0

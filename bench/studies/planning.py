@@ -93,7 +93,7 @@ class StudyPlan:
 
     def lines(self) -> list[str]:
         """The plan as printed by `bench run` (and `--dry-run`), one fact a line."""
-        from evaluators.extract import gib
+        from evaluators.cache.extract import gib
 
         s = self.study
         out = [f"study {s.name} ({s.source}) → {self.out} ({self.out_note})"]
@@ -196,7 +196,7 @@ def check_run(plan: StudyPlan, executor: str = "local") -> None:
             raise BenchError(f"{study.source}: {_dataset_key(step.entry)}: {e}") from None
     for block in study.blocks:
         if executor == "local" and "device" in block.options:
-            from evaluators.extract import resolve_device
+            from evaluators.cache.extract import resolve_device
 
             try:
                 resolve_device(block.options["device"])
@@ -359,7 +359,7 @@ def _dataset_step(study: Study, entry: DatasetEntry, folder: Path) -> DatasetSte
 
 def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: BackboneEntry, held: set[tuple]) -> Unit:
     from evaluators.backbones import backbone_metadata
-    from evaluators.extract import parse_layers
+    from evaluators.cache.extract import parse_layers
     from evaluators.issameobject import layer_probes
     from evaluators.plan import EvaluationPlan
     from evaluators.run import probe_fingerprints
@@ -381,7 +381,7 @@ def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: Backb
     held_rows, pending_sets = 0, len(layers) * len(trained) * len(plan.seeds)
     if step.status == "present":
         from bench.core.dataset import Dataset
-        from evaluators.extract import split_fingerprint
+        from evaluators.cache.extract import split_fingerprint
 
         ds = Dataset(step.target)
         limit = plan.limit if plan.limit is not None and any(plan.limit < ds.num_rows(s) for s in SPLITS) else None

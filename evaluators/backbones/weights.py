@@ -55,7 +55,7 @@ def state_dict_hash(model: torch.nn.Module) -> str:
 
 
 def _memo_path() -> Path:
-    from evaluators.cache import cache_root
+    from evaluators.cache.entries import cache_root
 
     return cache_root() / MEMO_NAME
 

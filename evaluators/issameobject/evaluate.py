@@ -164,11 +164,11 @@ def evaluate_issameobject(
     `spec` is a backbone spec or an already resolved Backbone. With `attention_corr`,
     trained probe rows of layers a block reads, on backbones exposing query/key
     projections, get `attention_r`/`attention_p` (`attention_correlation`).
-    Activations of every split come from `evaluators.extract.extract_activations` (one
+    Activations of every split come from `evaluators.cache.extract.extract_activations` (one
     forward pass for all layers, cached). Provenance columns are left to the caller.
     """
     from evaluators.backbones import resolve_backbone
-    from evaluators.extract import extract_activations  # the extraction stage is only needed here
+    from evaluators.cache.extract import extract_activations  # the extraction stage is only needed here
 
     check_probes(probes)
     want_qk = wants_qk(probes, attention_corr)

@@ -25,7 +25,7 @@ __all__ = ["RECIPES", "Recipe", "zoo_root", "get_recipe", "model_path", "train",
 def zoo_root() -> Path:
     """$BINDINGBENCH_ZOO, else `zoo/` in the cache root (the demo pins it before it moves the
     activation cache into its own directory, so trained models outlive the demo)."""
-    from evaluators.cache import cache_root
+    from evaluators.cache.entries import cache_root
 
     return Path(os.environ.get(ZOO_ENV) or cache_root() / "zoo").expanduser()
 

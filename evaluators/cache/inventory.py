@@ -1,5 +1,5 @@
 """The activation cache's inventory, what `bench cache ls` and `bench cache rm` read and do:
-every entry under the cache root, complete, partial or damaged (`evaluators.cache` keeps them)."""
+every entry under the cache root, complete, partial or damaged (`evaluators.cache.entries` keeps them)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from bench.core.errors import BenchError
 from bench.core.locks import try_lock
-from evaluators.cache import (DAMAGED_PREFIX, ENTRY_NAME, LOCK_NAME, STATE_NAME, activations_dir, cache_root,
+from evaluators.cache.entries import (DAMAGED_PREFIX, ENTRY_NAME, LOCK_NAME, STATE_NAME, activations_dir, cache_root,
                               intact_entry, read_meta)
 
 

@@ -27,7 +27,7 @@ from bench.core.dataset import Dataset, decode_image
 from bench.core.errors import BenchError
 from bench.core.hashing import fingerprint
 from bench.core.results import check_writable
-from evaluators import cache
+from evaluators.cache import entries
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
 from evaluators.families import TOKEN_VIEWS
 
@@ -58,9 +58,9 @@ class Activations:
         if view == "all" and self.grid is None:
             raise BenchError(f"view: {self.info.spec} has no spatial tokens, so no 'all' view")
         if view in self.views:
-            return cache.open_array(self.path, layer, view)
-        if cache.covers(self.views, view):
-            both = cache.open_array(self.path, layer, "cls+mean")
+            return entries.open_array(self.path, layer, view)
+        if entries.covers(self.views, view):
+            both = entries.open_array(self.path, layer, "cls+mean")
             d = both.shape[1] // 2
             return both[:, :d] if view == "cls" else both[:, d:]
         raise BenchError(f"view: {view!r} was not extracted; available: {', '.join(self.views)}")
@@ -171,7 +171,7 @@ def _entry_key(backbone: Backbone, dataset: Dataset, split: str, side: int, dtyp
         "dtype": dtype,
     }
     # the spec string labels the entry but is not part of its identity: the weights are
-    return cache.base_key({k: v for k, v in material.items() if k not in ("spec", "dataset")}), material
+    return entries.base_key({k: v for k, v in material.items() if k not in ("spec", "dataset")}), material
 
 
 def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: Sequence[int], views: Sequence[str],
@@ -181,11 +181,11 @@ def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: S
     side, grid = check_views(backbone, dataset, split, views)
     for lim in dict.fromkeys((None, limit)):  # a whole split's entry serves a limited request too
         key, _ = _entry_key(backbone, dataset, split, side, dtype, lim)
-        if cache.find_complete(cache_dir, key, layers, views) is not None:
+        if entries.find_complete(cache_dir, key, layers, views) is not None:
             return 0
     n = min(dataset.num_rows(split), limit or dataset.num_rows(split))
     per_row = sum(int(np.prod(s)) for s in _row_shapes(views, backbone.info.width, grid).values())
-    return n * len(layers) * per_row * np.dtype(cache.DTYPE).itemsize
+    return n * len(layers) * per_row * np.dtype(entries.DTYPE).itemsize
 
 
 def check_cache_space(needed: int, cache_dir: Path | None = None, say: Callable[[str], None] | None = None) -> None:
@@ -193,7 +193,7 @@ def check_cache_space(needed: int, cache_dir: Path | None = None, say: Callable[
     this process cannot write."""
     if needed <= 0:
         return
-    root = cache.cache_root(cache_dir)
+    root = entries.cache_root(cache_dir)
     check_writable(root, "cache ($BINDINGBENCH_CACHE)")  # else every backbone would fail into error rows
     probe = next(p for p in (root, *root.parents) if p.exists())
     free = shutil.disk_usage(probe).free
@@ -255,18 +255,18 @@ def extract_activations(
     dev = resolve_device(device)
     found = None
     if limit is not None:  # the whole split's entry, when cached, already holds the first rows
-        found = cache.find_complete(cache_dir, _entry_key(backbone, dataset, split, side, dtype, None)[0],
+        found = entries.find_complete(cache_dir, _entry_key(backbone, dataset, split, side, dtype, None)[0],
                                     layer_ids, view_list)
     key, material = _entry_key(backbone, dataset, split, side, dtype, limit)
-    found = found or cache.find_complete(cache_dir, key, layer_ids, view_list)
+    found = found or entries.find_complete(cache_dir, key, layer_ids, view_list)
     n = n if limit is None else limit
     if rows is not None and not (0 <= rows[0] < rows[1] <= n and rows[0] % batch_size == 0):
         raise BenchError(f"rows: {rows[0]}..{rows[1]} is not a row shard of {split}'s {n} rows starting on a batch "
                          f"boundary (a multiple of {batch_size})")
     if found is None:
-        found = cache.activations_dir(cache_dir) / key / cache.selection_key(layer_ids, view_list)
+        found = entries.activations_dir(cache_dir) / key / entries.selection_key(layer_ids, view_list)
         row_shapes = _row_shapes(view_list, info.width, grid)
-        writer = cache.EntryWriter(found, material, layer_ids, view_list, n, row_shapes, rows=rows).open()
+        writer = entries.EntryWriter(found, material, layer_ids, view_list, n, row_shapes, rows=rows).open()
         try:
             t0 = time.perf_counter()
             todo = writer.todo()  # empty when another writer finished these rows while we waited
@@ -286,7 +286,7 @@ def extract_activations(
             writer.close()
         if not complete and rows is None:
             raise RuntimeError(f"extraction of {info.spec} {split} left the cache entry incomplete")
-    meta = cache.read_meta(found)
+    meta = entries.read_meta(found)
     views_stored = list(meta["views"]) if meta else view_list
     return Activations(info=info, layers=layer_ids, n=n if meta is None else int(meta["n"]), grid=grid,
                        views=views_stored, path=found)
@@ -300,7 +300,7 @@ def row_shards(n: int, rows_per_shard: int, batch_size: int = BATCH_SIZE) -> lis
 
 def is_complete(acts: Activations) -> bool:
     """Every row of the entry is on disk (a shard's writer returns it before the others finish)."""
-    return cache.read_meta(acts.path) is not None
+    return entries.read_meta(acts.path) is not None
 
 
 def _row_shapes(views: Sequence[str], width: int, grid: tuple[int, int] | None) -> dict[str, tuple[int, ...]]:
@@ -324,7 +324,7 @@ def token_views(h: torch.Tensor, info: BackboneInfo, views: Sequence[str], spati
 
 
 def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: list[int], views: list[str],
-         batch_size: int, writer: cache.EntryWriter, start: int, stop: int, advance: Callable[[int], None]) -> None:
+         batch_size: int, writer: entries.EntryWriter, start: int, stop: int, advance: Callable[[int], None]) -> None:
     """Rows [start, stop) through the three-stage pipeline: loader thread -> forward here -> writer thread."""
     inputs: queue.Queue = queue.Queue(maxsize=2)
     outputs: queue.Queue = queue.Queue(maxsize=2)
