@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.core.dataset import Dataset  # noqa: E402
 from evaluators.backbones.ground_truth import mixed_share  # noqa: E402
 from evaluators.cache.extract import extract_activations  # noqa: E402
-from evaluators.metrics import metric_checks  # noqa: E402
-from evaluators.binding.columns import evaluate_binding  # noqa: E402
-from evaluators.binding.task import SPLITS, binding_task  # noqa: E402
+from evaluators.tasks.binding.metrics import metric_checks  # noqa: E402
+from evaluators.tasks.binding.columns import evaluate_binding  # noqa: E402
+from evaluators.tasks.binding.task import SPLITS, binding_task  # noqa: E402
 from evaluators.training import RowReader, TrainConfig  # noqa: E402
 from generators.base import build_config, get_generator  # noqa: E402
 from generators.engine import generate  # noqa: E402

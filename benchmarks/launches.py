@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluators.fitting as fitting  # noqa: E402
 from benchmarks.gpu_fits import MODEL, extract, make_dataset  # noqa: E402
 from evaluators import cuda_graphs, linear_solver  # noqa: E402
-from evaluators.binding import binding_task, columns, evaluate_binding_sets  # noqa: E402
+from evaluators.tasks.binding import binding_task, columns, evaluate_binding_sets  # noqa: E402
 from evaluators.fitting import moments, stacked  # noqa: E402
 from evaluators.training import RowReader, TrainConfig  # noqa: E402
 

@@ -125,8 +125,8 @@ def family_costs(root: Path, models: list[str], n_train: int, families: tuple[st
     """Seconds to fit each family (all of its probes) on each backbone's cls activations, and on
     pixels' patch tokens for the attention family, at one torch thread: CPU seconds (what a
     comparison of two checkouts reads, even on a busy machine) beside wall seconds."""
-    from evaluators.binding.columns import evaluate_binding
-    from evaluators.binding.task import SPLITS, binding_task
+    from evaluators.tasks.binding.columns import evaluate_binding
+    from evaluators.tasks.binding.task import SPLITS, binding_task
     from evaluators.families import BINDING_PROBES
 
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Early stopping on a validation loss and a warmed-up moving average of weights: the one helper
 behind both gradient-trained probes, the binding probes' gradient stage (`evaluators.fitting`)
-and the IsSameObject pair probes (`evaluators.issameobject.scorers`). The zoo's fixed-step
+and the IsSameObject pair probes (`evaluators.tasks.issameobject.scorers`). The zoo's fixed-step
 training (`evaluators.zoo`) stops at its step budget and needs neither."""
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ BINDING_PROBES.register("attention", ProbeFamily(
     spatial=True, raw_lr=True, conjunction_args="evaluators.probes:feature_members", warm_starts=True,
     device_batches=False, patience=5, lr_patience=2, cpu_steps=64, amp=False))
 
-_SCORERS = "evaluators.issameobject.scorers"
+_SCORERS = "evaluators.tasks.issameobject.scorers"
 PAIR_PROBES.register("linear", PairProbe(trained=True, cls=f"{_SCORERS}:LinearPair"))
 PAIR_PROBES.register("diag-quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:DiagQuadraticPair"))
 PAIR_PROBES.register("quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:QuadraticPair", config_args=("rank",)))

@@ -32,8 +32,8 @@ from bench.core.dataset import Dataset
 from bench.core.ray_cluster import ray
 from bench.core.results import write_run
 from evaluators.cache import entries
-from evaluators.binding.rows import binding_common, binding_rows, extraction_error_rows, stack_size, stacks
-from evaluators.binding.task import SPLITS, binding_task
+from evaluators.tasks.binding.rows import binding_common, binding_rows, extraction_error_rows, stack_size, stacks
+from evaluators.tasks.binding.task import SPLITS, binding_task
 from evaluators.cache.extract import BATCH_SIZE, extract_activations, is_complete, row_shards
 from evaluators.fitting import TrainConfig, stacks_row_sets
 from evaluators.plan import Model
@@ -140,7 +140,7 @@ def _pairs_layer(model: Model, preprocessing: Mapping[str, object] | None, run_i
                  *shard_acts: Any) -> tuple[list[dict[str, Any]], str]:
     """One IsSameObject unit: every probe and seed at one (backbone, layer), the rows
     `evaluate_issameobject` gives for that layer."""
-    from evaluators.issameobject import evaluate_activations, pair_configs, wants_qk
+    from evaluators.tasks.issameobject import evaluate_activations, pair_configs, wants_qk
 
     acts = {s: replace(a, layers=[layer]) for s, a in _entries(n_shards, shard_acts).items()}
 

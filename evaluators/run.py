@@ -8,7 +8,7 @@ unanchored direct O- and F-probes (docs/explanation/architecture.md §3). Each (
 (docs/explanation/architecture.md §3). The run's file is rewritten atomically after every backbone, so an
 interrupted run keeps what it finished; bad input stops the run with a BenchError.
 `issameobject`: pairwise patch probes on every layer's spatial tokens
-(`evaluators.issameobject`), one row per (backbone, layer, probe, seed), written the
+(`evaluators.tasks.issameobject`), one row per (backbone, layer, probe, seed), written the
 same way.
 """
 
@@ -25,13 +25,13 @@ import torch
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import check_writable, existing_keys, new_run_id, provenance, write_run
-from evaluators.binding.rows import (binding_common, common_columns, extraction_error_rows,
+from evaluators.tasks.binding.rows import (binding_common, common_columns, extraction_error_rows,
                                      extraction_failure, stack_bytes, stack_size, stacks)
-from evaluators.binding.task import SPLITS, BindingTask, binding_task, check_control, check_priors, open_dataset
-from evaluators.binding.workers import StackWorkers
+from evaluators.tasks.binding.task import SPLITS, BindingTask, binding_task, check_control, check_priors, open_dataset
+from evaluators.tasks.binding.workers import StackWorkers
 from evaluators.cache.extract import extract_activations, split_fingerprint
 from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
-from evaluators.issameobject import evaluate_issameobject
+from evaluators.tasks.issameobject import evaluate_issameobject
 from evaluators.plan import EvaluationPlan
 from evaluators.planning import (BackbonePlan, backbone_plans, check_cache, effective_limit, 
                                  probe_fingerprints, say)

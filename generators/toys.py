@@ -39,7 +39,7 @@ class ToysGenerator(Scene3DGenerator):
     {colour car_make_1, colour car_make_2, colour boat} plus the distractor set; the
     twins A and B share one conjunction, so O has one bit fewer than the scene has
     objects. Without distractors O and F are constant (all priors 0 bits). The toys
-    are for pairwise analyses (evaluators/toy_analysis.py labels patch pairs from the
+    are for pairwise analyses (evaluators/tasks/issameobject/toy_analysis.py labels patch pairs from the
     rows' `id`, `category` and `identity`), so splits differ only in layouts: they
     share F codes.
     """

@@ -19,7 +19,7 @@ rules keep the table honest:
   and ‡ cells neither rank it nor unrank it (an oracle that cannot run one probe still
   ranks on the others), and a backbone with no such cell is unranked;
 - backbones without layers (oracles, pixels) show their one layer whatever layer is asked;
-- a binding cell whose own rows break a check (`evaluators.metrics.metric_checks` for that
+- a binding cell whose own rows break a check (`evaluators.tasks.binding.metrics.metric_checks` for that
   metric: a probe coded its target worse than the prior, the paper's two probes contradict
   each other, or a probe had not converged) is marked ‡ and never ranks a backbone or wins
   a `best` layer: its value is a probe's failure, not binding;
@@ -28,7 +28,7 @@ rules keep the table honest:
   is marked † and ranked only among such backbones: its β* is not comparable with anchored rows;
 - binding intervals resample whole test F codes, so the notes give each dataset's effective
   number of test F codes (`n_F_eff`), the intervals' real sample size;
-- `best` layer is chosen per cell on validation (`evaluators.metrics.validation_metric`) and
+- `best` layer is chosen per cell on validation (`evaluators.tasks.binding.metrics.validation_metric`) and
   the test number of that layer is reported, so the choice does not pick the luckiest of
   several noisy test numbers; rows without validation numbers (written before they were
   kept) choose on test, and the title says so.
@@ -45,7 +45,7 @@ import numpy as np
 
 from bench.core.errors import BenchError
 from evaluators.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
-from evaluators.metrics import metric_checks, paired_difference, validation_metric
+from evaluators.tasks.binding.metrics import metric_checks, paired_difference, validation_metric
 from leaderboards.metrics import CHECK_MEANINGS, TASKS, Metric, resolve_metric
 from leaderboards.published import Reference, references_for
 
@@ -83,7 +83,7 @@ class Cell:
     sensitivity_hi: float | None = None
     #: "validation" when `best` chose this layer on validation numbers, "test" when it had none
     chosen_on: str | None = None
-    #: per-scene statistics averaged over seeds (`evaluators.metrics` names) and the scenes'
+    #: per-scene statistics averaged over seeds (`evaluators.tasks.binding.metrics` names) and the scenes'
     #: F-code groups: what a paired comparison with another cell on the same scenes needs
     per_scene: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
     groups: np.ndarray | None = field(default=None, compare=False, repr=False)
@@ -319,7 +319,7 @@ def _validation_value(rows: list[dict], m: Metric) -> float | None:
     return None if any(v is None for v in values) else sum(values) / len(values)
 
 
-#: Per-scene result columns by the `evaluators.metrics` statistic they hold.
+#: Per-scene result columns by the `evaluators.tasks.binding.metrics` statistic they hold.
 PER_SCENE_STATS = {"L_F": "scene_bits_F", "L_O_given_F": "scene_bits_O_given_F", "L_O_paper": "scene_bits_O_paper",
                    "L_F_paper": "scene_bits_F_paper", "h_F": "scene_ref_F", "h_O_given_F": "scene_ref_O_given_F"}
 

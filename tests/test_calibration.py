@@ -28,9 +28,9 @@ import pytest
 from bench.core.dataset import Dataset
 from evaluators.backbones import ground_truth
 from evaluators.cache.extract import extract_activations
-from evaluators.metrics import metric_checks
-from evaluators.binding.columns import evaluate_binding
-from evaluators.binding.task import SPLITS, BindingTask, binding_task
+from evaluators.tasks.binding.metrics import metric_checks
+from evaluators.tasks.binding.columns import evaluate_binding
+from evaluators.tasks.binding.task import SPLITS, BindingTask, binding_task
 from evaluators.training import RowReader, TrainConfig
 from tests.helpers import make_dataset
 

@@ -39,7 +39,7 @@ def test_evaluate_writes_documented_columns_and_skips_finished_rows(tiny, tmp_pa
     table = read_results(results)
     assert table.num_rows == 4
     rows = table.to_pylist()
-    from evaluators.metrics import metric_checks  # rows carry the checks the leaderboard marks
+    from evaluators.tasks.binding.metrics import metric_checks  # rows carry the checks the leaderboard marks
 
     assert [r["checks"] for r in rows] == [
         metric_checks(r) + [f"β*_paper: {c}" for c in metric_checks(r, "beta_star_paper") if c != "not converged"]

@@ -23,9 +23,9 @@ import torch
 from bench.cli import main
 from bench.core.dataset import Dataset
 from bench.core.results import read_results
-from evaluators.binding import binding_task, evaluate_binding, evaluate_binding_sets
+from evaluators.tasks.binding import binding_task, evaluate_binding, evaluate_binding_sets
 from evaluators.backbones.hf import HFBackbone
-from evaluators.binding.task import SPLITS
+from evaluators.tasks.binding.task import SPLITS
 from evaluators.fitting import linear
 from evaluators.training import RowReader
 from tests.golden import VOLATILE
@@ -196,7 +196,7 @@ def test_a_layer_whose_activations_overflow_is_an_error_row_of_that_layer(balanc
 KILLABLE = """
 import os, signal, sys, time
 import pyarrow.parquet as pq
-import evaluators.binding.rows as rows
+import evaluators.tasks.binding.rows as rows
 from bench.cli import main
 
 during = sys.argv.pop(1)

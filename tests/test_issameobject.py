@@ -17,7 +17,7 @@ from bench.core.errors import BenchError
 from bench.core.results import make_table
 from evaluators.backbones.base import AttentionQK
 from evaluators.families import PAIR_PROBES
-from evaluators.issameobject import (
+from evaluators.tasks.issameobject import (
     PairConfig,
     PairTrainConfig,
     Pairs,
@@ -34,7 +34,7 @@ from evaluators.issameobject import (
     sample_pairs,
     weighted_auroc,
 )
-from evaluators.patch_labels import IGNORE, split_patch_labels
+from evaluators.tasks.issameobject.patch_labels import IGNORE, split_patch_labels
 from tests.helpers import make_dataset
 
 # ---------------------------------------------------------------- pairs

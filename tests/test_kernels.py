@@ -46,7 +46,7 @@ def _rows(results: Path) -> list[dict]:
 def test_fixed_order_sums_add_in_index_order():
     """The bootstrap's weighted sums: each output is its products added in index order, the bits a
     plain loop gives (a BLAS product adds them in its kernel's order)."""
-    from evaluators.metrics import _fixed_order_sums
+    from evaluators.tasks.binding.metrics import _fixed_order_sums
 
     rng = np.random.default_rng(0)
     weights = rng.integers(0, 4, (37, 300)).astype(np.float64)

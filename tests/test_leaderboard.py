@@ -428,7 +428,7 @@ def per_scene_rows(backbone: str, bits_o_given_f, *, layer: int = 0, n_layers: i
     codes with H(O|F=f) = 10 bits each (the evaluator's own metric code)."""
     import numpy as np
 
-    from evaluators.metrics import Priors, binding_metrics
+    from evaluators.tasks.binding.metrics import Priors, binding_metrics
 
     h = np.full(60, 10.0)
     groups = np.repeat(np.arange(20), 3)

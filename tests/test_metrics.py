@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluators.metrics import Priors, binding_metrics, metric_checks
+from evaluators.tasks.binding.metrics import Priors, binding_metrics, metric_checks
 
 PRIORS = Priors(H_O=10.0, H_F=4.0, H_O_given_F=6.0)
 
@@ -166,7 +166,7 @@ def test_intervals_are_the_same_bytes_whatever_numpy_blas_threads():
     products run on one thread, so a row's intervals do not depend on the machine's cores (nor
     on whether a worker process or the run's own fitted it)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from evaluators.metrics import _bootstrap_means, _group_draws
+    from evaluators.tasks.binding.metrics import _bootstrap_means, _group_draws
 
     blas = threadpoolctl.ThreadpoolController()
     if max((lib["num_threads"] for lib in blas.info() if lib["user_api"] == "blas"), default=1) < 2:

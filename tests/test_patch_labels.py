@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bench.core.errors import ConfigError
-from evaluators.patch_labels import IGNORE, label_shares, patch_labels
+from evaluators.tasks.issameobject.patch_labels import IGNORE, label_shares, patch_labels
 
 
 def brute_force_shares(mask: np.ndarray, grid: tuple[int, int]) -> dict[int, np.ndarray]:

@@ -114,11 +114,11 @@ def test_a_plugin_family_gets_its_hook_its_hyperparameters_and_the_warm_start(mo
     import torch
 
     from bench.core.codes import FeatureSpace
-    from evaluators.binding.jobs import binding_jobs
-    from evaluators.binding.task import BindingTask
+    from evaluators.tasks.binding.jobs import binding_jobs
+    from evaluators.tasks.binding.task import BindingTask
     from evaluators.families import BINDING_PROBES, ProbeFamily
     from evaluators.fitting import RowReader, TrainConfig, fit_probes
-    from evaluators.metrics import Priors
+    from evaluators.tasks.binding.metrics import Priors
     from evaluators.probes import LinearProbe
 
     class GroupedProbe(LinearProbe):

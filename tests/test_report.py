@@ -16,8 +16,8 @@ from PIL import Image
 from bench.cli import main
 from bench.core.dataset import encode_png
 from bench.core.results import new_run_id, provenance, write_run
-from evaluators.patch_labels import patch_labels
-from evaluators.toy_analysis import PAIR_CATEGORIES, category_stats, write_analysis
+from evaluators.tasks.issameobject.patch_labels import patch_labels
+from evaluators.tasks.issameobject.toy_analysis import PAIR_CATEGORIES, category_stats, write_analysis
 
 GRID = (8, 8)
 LAYERS = [0, 1, 2, 3]

@@ -1,5 +1,5 @@
 """A CPU run given several threads fits a backbone's stacks side by side in worker processes
-(`evaluators.binding.workers`): only where that is sooner, with the rows of one process to the
+(`evaluators.tasks.binding.workers`): only where that is sooner, with the rows of one process to the
 byte, and nothing lost or left running when a worker or the run is killed."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.cli import main
-from evaluators.binding import workers
+from evaluators.tasks.binding import workers
 from tests.helpers import TINY_SCENES, make_dataset
 
 #: Columns that differ between any two runs of the same request.
@@ -123,7 +123,7 @@ def test_a_worker_killed_mid_run_loses_no_rows(data, one_process, tmp_path, monk
 
 KILLED_RUN = """
 import sys
-from evaluators.binding import workers
+from evaluators.tasks.binding import workers
 from bench.cli import main
 workers.WORKER_START_S = 0.0
 main(["evaluate", "--dataset", sys.argv[1], *sys.argv[3:], "--threads", "2", "--results", sys.argv[2]])

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from bench.core.dataset import Dataset
-from evaluators.binding import binding_task, evaluate_binding, evaluate_binding_sets
-from evaluators.binding.jobs import binding_jobs
-from evaluators.binding.rows import stacks
-from evaluators.binding.task import SPLITS
+from evaluators.tasks.binding import binding_task, evaluate_binding, evaluate_binding_sets
+from evaluators.tasks.binding.jobs import binding_jobs
+from evaluators.tasks.binding.rows import stacks
+from evaluators.tasks.binding.task import SPLITS
 from evaluators.fitting import FitResult, feature_stats, row_sets_per_stack
 from evaluators.fitting import stacked as stacked_stage
 from evaluators.fitting.linear import _linear_stage

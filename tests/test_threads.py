@@ -48,7 +48,7 @@ def test_evaluate_says_its_thread_count_once_and_restores_it(tmp_path, capsys, m
     data = make_dataset(tmp_path / "d", n_train=24, n_val=8, n_test=8, **TINY_SCENES)
     before = torch.get_num_threads()
     seen = []
-    import evaluators.binding.workers as workers
+    import evaluators.tasks.binding.workers as workers
 
     real = workers.binding_rows  # where the probes train in this process
     monkeypatch.setattr(workers, "binding_rows", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
@@ -76,8 +76,8 @@ def test_a_row_set_gets_the_same_numbers_on_any_thread_count(tmp_path):
     import numpy as np
 
     from bench.core.dataset import Dataset
-    from evaluators.binding import binding_task, evaluate_binding
-    from evaluators.binding.task import SPLITS
+    from evaluators.tasks.binding import binding_task, evaluate_binding
+    from evaluators.tasks.binding.task import SPLITS
     from evaluators.training import RowReader, TrainConfig
     from tests.test_stacking import _numbers
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from bench.core.dataset import Dataset
-from evaluators.issameobject import PairTrainConfig
-from evaluators.patch_labels import split_patch_labels
-from evaluators.toy_analysis import (
+from evaluators.tasks.issameobject import PairTrainConfig
+from evaluators.tasks.issameobject.patch_labels import split_patch_labels
+from evaluators.tasks.issameobject.toy_analysis import (
     PAIR_CATEGORIES,
     analyse_activations,
     categorized_pairs,

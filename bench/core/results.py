@@ -103,11 +103,11 @@ RESULT_SCHEMA = pa.schema(
         ("converged_paper", pa.bool_()),
         # binding: effective number of test F codes, 1/Σ P(f)², the bootstrap's real sample size
         ("n_F_eff", _F),
-        # binding: the ‡ checks the row breaks (`evaluators.metrics.row_checks`; [] = none), what the
+        # binding: the ‡ checks the row breaks (`evaluators.tasks.binding.metrics.row_checks`; [] = none), what the
         # leaderboard marks, so a reader of the Parquet sees it too; null for error and IsSameObject rows
         ("checks", pa.list_(pa.string())),
         # binding, validation: mean code lengths of the chosen probes, the SE of the headline ones over
-        # validation F codes, and the validation scenes' prior references (`evaluators.metrics.validation_metric`)
+        # validation F codes, and the validation scenes' prior references (`evaluators.tasks.binding.metrics.validation_metric`)
         *[(c, _F) for c in ("val_L_F", "val_L_O_given_F", "val_L_O_paper", "val_L_F_paper", "val_H_F",
                             "val_H_O_given_F", "val_L_F_se", "val_L_O_given_F_se")],
         # issameobject, validation pairs: the numbers `--layer best` chooses a layer on (point values)

@@ -231,7 +231,7 @@ def _check_dataset(study: Study, step: DatasetStep) -> None:
         gen, config = generator_config(step.entry)
         check_resources(gen, config, step.target, workers=1)  # `_make_dataset` renders with one
         return
-    from evaluators.binding.task import check_control, check_priors, open_dataset
+    from evaluators.tasks.binding.task import check_control, check_priors, open_dataset
 
     blocks = [b for b in study.blocks if step.entry.name in b.datasets]
     ds = open_dataset(step.target, need_codes=any(b.task == "binding" for b in blocks))
@@ -360,7 +360,7 @@ def _dataset_step(study: Study, entry: DatasetEntry, folder: Path) -> DatasetSte
 def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: BackboneEntry, held: set[tuple]) -> Unit:
     from evaluators.backbones import backbone_metadata
     from evaluators.cache.extract import parse_layers
-    from evaluators.issameobject import layer_probes
+    from evaluators.tasks.issameobject import layer_probes
     from evaluators.plan import EvaluationPlan
     from evaluators.run import probe_fingerprints
 

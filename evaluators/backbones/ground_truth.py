@@ -122,7 +122,7 @@ class OracleBackbone(GroundTruthBackbone):
 
         The one-hots make every drawn object visible, however small (the binding
         calibration needs all of them). The flag is the IsSameObject label rule
-        (`evaluators.patch_labels`: background competes as one region, ties to the smaller
+        (`evaluators.tasks.issameobject.patch_labels`: background competes as one region, ties to the smaller
         id), so a pairwise probe can tell a border patch labelled background from the object
         it touches.
         """

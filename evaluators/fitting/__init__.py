@@ -113,7 +113,7 @@ def fit_row_sets(
     paper columns up to 5e-6 apart between one thread and two, the sensitivity 5e-4). The same config and
     seed give the same bytes on any thread count. Two threads fitted a row set 1.3-1.5x faster on 2
     cores; a machine's cores fit a backbone's row sets side by side instead, a one-thread process
-    each (`evaluators.binding.workers`; `--executor ray`: a one-thread task each).
+    each (`evaluators.tasks.binding.workers`; `--executor ray`: a one-thread task each).
     """
     device = resolve_device(config.device)
     with torch_threads(1) if device == "cpu" else nullcontext():

@@ -10,8 +10,8 @@ import numpy as np
 import scipy.stats
 import torch
 
+from bench.core.groups import group_labels, mean_se
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
-from evaluators.metrics import group_labels, mean_se
 from evaluators.probes import anchor, scene_bits
 
 

@@ -29,12 +29,13 @@ percentile bootstraps, resampling all per-scene arrays together (whole F codes w
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+
+from bench.core.groups import group_labels
 
 #: Per-scene statistics; every metric is a function of their means.
 _STATS = ("L_F", "L_O_given_F", "L_O_paper", "L_F_paper", "h_F", "h_O_given_F", "bit_accuracy", "exact_accuracy")
@@ -231,39 +232,6 @@ def row_checks(m: Mapping[str, Any]) -> list[str]:
     (`metric_checks(m)`), then the paper estimator's own inequalities prefixed "β*_paper: " (its
     "not converged" is left out: the headline's convergence is what the row's own probes report)."""
     return metric_checks(m) + [f"β*_paper: {c}" for c in metric_checks(m, "beta_star_paper") if c != "not converged"]
-
-
-def group_labels(groups: np.ndarray | None, n: int) -> np.ndarray:
-    """0..G-1 labels of n scenes' groups (rows of `groups`, e.g. each scene's F code); every
-    scene its own group when `groups` is None. Read-only: the labels of the same groups are
-    computed once (`_labels`)."""
-    if groups is None:
-        return np.arange(n)
-    rows = np.ascontiguousarray(np.asarray(groups).reshape(n, -1))
-    return _labels(rows.tobytes(), rows.shape, rows.dtype.str)
-
-
-@functools.lru_cache(maxsize=16)
-def _labels(data: bytes, shape: tuple[int, int], dtype: str) -> np.ndarray:
-    """`group_labels` of rows given by their bytes: a fit asks for the same split's groups for
-    every probe, family and row set (26 row sets: 780 times), and `np.unique` over rows took 0.7 s
-    of them on an H200's host."""
-    rows = np.frombuffer(data, dtype=dtype).reshape(shape)
-    labels = np.unique(rows, axis=0, return_inverse=True)[1].reshape(-1)
-    labels.flags.writeable = False
-    return labels
-
-
-def mean_se(values: np.ndarray, groups: np.ndarray | None = None) -> float:
-    """Standard error of the mean of per-scene `values`, resampling whole `groups` (the
-    cluster-robust SE, the bootstrap's resampling unit); inf with fewer than two groups."""
-    v = np.asarray(values, dtype=np.float64)
-    labels = group_labels(groups, len(v))
-    g = int(labels.max()) + 1 if len(v) else 0
-    if g < 2:
-        return math.inf
-    sums = np.bincount(labels, weights=v - v.mean(), minlength=g)
-    return float(math.sqrt(g / (g - 1) * np.square(sums).sum()) / len(v))
 
 
 #: A row's validation statistics (`val_*` columns) by the per-scene statistic they average.

@@ -1,5 +1,5 @@
 """IsSameObject scorers: the trained pair probes and the bias-only baselines, and how each is fitted
-(the package docstring, `evaluators.issameobject`, says what each computes and why)."""
+(the package docstring, `evaluators.tasks.issameobject`, says what each computes and why)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from bench.core.hashing import derive_seed
-from evaluators.binding.task import TARGETS, BindingTask
+from evaluators.tasks.binding.task import TARGETS, BindingTask
 from evaluators.fitting import ProbeJob, RowReader, feature_stats
 from evaluators.families import BINDING_PROBES
 from evaluators.probes import build_probe, probe_optim

@@ -14,8 +14,8 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.resources import disk_full
 from evaluators.backbones.base import BackboneInfo
-from evaluators.binding.columns import evaluate_binding_sets, result_columns
-from evaluators.binding.task import SPLITS, BindingTask
+from evaluators.tasks.binding.columns import evaluate_binding_sets, result_columns
+from evaluators.tasks.binding.task import SPLITS, BindingTask
 from evaluators.fitting import RowReader, TrainConfig, row_set_bytes, row_sets_per_stack
 from evaluators.planning import BackbonePlan, Work
 

@@ -15,7 +15,7 @@ from bench.core.codes import FeatureSpace
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import derive_seed
-from evaluators.metrics import Priors
+from evaluators.tasks.binding.metrics import Priors
 from generators.conditionals import bit_priors, effective_f_codes, resample_o
 from generators.from_card import generator_of
 from generators.importers.common import EMPIRICAL

@@ -1,6 +1,6 @@
 """IsSameObject correlation with attention: the attention weight of each pair in the block that
 reads a layer, and its permutation-tested correlation with a probe's scores (package docstring,
-`evaluators.issameobject`)."""
+`evaluators.tasks.issameobject`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from evaluators.backbones.base import AttentionQK
-from evaluators.issameobject.pairs import Pairs
+from evaluators.tasks.issameobject.pairs import Pairs
 
 
 @torch.no_grad()

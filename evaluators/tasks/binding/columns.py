@@ -10,12 +10,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bench.core.groups import group_labels, mean_se
 from bench.core.hashing import config_hash
-from evaluators.binding.jobs import binding_jobs
-from evaluators.binding.task import BindingTask
 from evaluators.families import family_defaults
 from evaluators.fitting import FitResult, ProbeJob, RowReader, TrainConfig, fit_row_sets
-from evaluators.metrics import TARGET_STATS, binding_metrics, group_labels, mean_se, row_checks
+from evaluators.tasks.binding.jobs import binding_jobs
+from evaluators.tasks.binding.metrics import TARGET_STATS, binding_metrics, row_checks
+from evaluators.tasks.binding.task import BindingTask
 
 
 @dataclass
@@ -110,7 +111,7 @@ def _binding_results(fits: dict[str, FitResult], task: BindingTask, families: Se
 def validation_columns(task: BindingTask, fits: dict[str, FitResult]) -> dict[str, float | None]:
     """The validation numbers a row keeps: each headline and paper probe's mean validation code
     length and its standard error over validation F codes, and the validation scenes' own prior
-    references, from which `evaluators.metrics.validation_metric` derives any metric on
+    references, from which `evaluators.tasks.binding.metrics.validation_metric` derives any metric on
     validation (layers are chosen there, never on test)."""
     groups = task.codes["val"][0]
     out: dict[str, float | None] = {}

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 
 from bench.core.environ import environment
 from bench.core.resources import available_memory
-from evaluators.binding.rows import binding_rows
+from evaluators.tasks.binding.rows import binding_rows
 from evaluators.planning import say
 
 #: What starting the workers costs, in seconds: a spawned worker imports torch and the evaluators

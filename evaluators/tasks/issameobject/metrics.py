@@ -1,5 +1,5 @@
 """IsSameObject metrics of scored pairs: accuracy, balanced accuracy, AUROC and the majority baseline,
-with bootstrap intervals over images (package docstring, `evaluators.issameobject`)."""
+with bootstrap intervals over images (package docstring, `evaluators.tasks.issameobject`)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from bench.core.dataset import Dataset, decode_image  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
 from bench.core.hashing import derive_seed  # noqa: E402
 from bench.core.labels import drawn_as_written  # noqa: E402
-from evaluators.issameobject import (  # noqa: E402
+from evaluators.tasks.issameobject import (  # noqa: E402
     PairConfig,
     Pairs,
     PairTrainConfig,
@@ -53,7 +53,7 @@ from evaluators.issameobject import (  # noqa: E402
     layer_data,
     sample_pairs,
 )
-from evaluators.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE, split_patch_labels  # noqa: E402
+from evaluators.tasks.issameobject.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE, split_patch_labels  # noqa: E402
 from evaluators.training import resolve_device  # noqa: E402
 
 PAIR_CATEGORIES = (

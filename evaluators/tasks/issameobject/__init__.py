@@ -2,7 +2,7 @@
 same object" decodable from a layer's patch tokens?
 
 Pairs. Patch labels come from the instance masks at the backbone's grid
-(`evaluators.patch_labels`); background is one region, so two background patches are a
+(`evaluators.tasks.issameobject.patch_labels`); background is one region, so two background patches are a
 "same" pair unless `exclude_background` drops background patches altogether. Pairs are
 drawn per image, never across images, from distinct valid patches (i < j):
 - `balanced` (default, used for train, val and test): a quarter of `pairs_per_image`
@@ -62,13 +62,13 @@ The code is split by concern: `pairs` (sampling), `scorers` (probes, baselines, 
 
 from __future__ import annotations
 
-from evaluators.issameobject.attention import attention_correlation, pair_attention, permutation_correlation
-from evaluators.issameobject.evaluate import (check_attention_qk, check_probes, evaluate_activations,
+from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention, permutation_correlation
+from evaluators.tasks.issameobject.evaluate import (check_attention_qk, check_probes, evaluate_activations,
                                               evaluate_issameobject, evaluate_layer, layer_data, layer_probes,
                                               maybe_progress, pair_configs, read_by_a_block, wants_qk)
-from evaluators.issameobject.metrics import VALIDATION_METRICS, pair_metrics, validation_metrics, weighted_auroc
-from evaluators.issameobject.pairs import PairConfig, Pairs, gather_tokens, pair_kind, sample_pairs, valid_patches
-from evaluators.issameobject.scorers import (ATTENTION_BASELINES, SAMPLINGS, DiagQuadraticPair, FittedScorer, LinearPair, PairProbe,
+from evaluators.tasks.issameobject.metrics import VALIDATION_METRICS, pair_metrics, validation_metrics, weighted_auroc
+from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens, pair_kind, sample_pairs, valid_patches
+from evaluators.tasks.issameobject.scorers import (ATTENTION_BASELINES, SAMPLINGS, DiagQuadraticPair, FittedScorer, LinearPair, PairProbe,
                                              PairTrainConfig, PointwiseIdentityPair, QuadraticPair, attention_qk_scores,
                                              build_probe, fit_bias, fit_scorer, similarity)
 

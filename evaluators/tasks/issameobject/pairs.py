@@ -1,5 +1,5 @@
 """IsSameObject pairs: which patch pairs of each image are scored, and their labels (the package
-docstring, `evaluators.issameobject`, explains the two samplings)."""
+docstring, `evaluators.tasks.issameobject`, explains the two samplings)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.core.errors import ConfigError
-from evaluators.issameobject.scorers import SAMPLINGS
-from evaluators.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE
+from evaluators.tasks.issameobject.scorers import SAMPLINGS
+from evaluators.tasks.issameobject.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE
 
 
 @dataclass(frozen=True)
