@@ -18,7 +18,7 @@ Probes are anchored on the teacher's marginal per-bit prior (estimated on 20,000
 draws), so "prior" (epoch 0, the untrained probe) is the reference a fit has to beat.
 Reports, per (d, teacher, family): best epoch / epochs run, test bits L, H(O|Z), the gap
 in bits and per bit, whether the fit converged, and wall time, with the evaluator's
-default training settings (`TrainConfig()`, per-family learning rates from `evaluators.families`).
+default training settings (`TrainConfig()`, per-family learning rates from `evaluators.probes.families`).
 
     .venv/bin/python benchmarks/planted_teacher.py [--dims 64,1024] [--bits 32] [--n-train 2000]
 """
@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluators.families import BINDING_PROBES  # noqa: E402
-from evaluators.probes import build_probe, probe_optim  # noqa: E402
+from evaluators.probes.families import BINDING_PROBES  # noqa: E402
+from evaluators.probes.build import build_probe, probe_optim  # noqa: E402
 from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402
 
 #: Which families can represent each teacher (the ones trained on it).

@@ -44,7 +44,8 @@ sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pa
 
 from bench.core.dataset import Dataset  # noqa: E402
 from evaluators.cache.extract import extract_activations  # noqa: E402
-from evaluators.probes import MadeProbe, Probe  # noqa: E402
+from evaluators.probes.base import Probe  # noqa: E402
+from evaluators.probes.pooled import MadeProbe  # noqa: E402
 from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402
 from generators.base import build_config, get_generator  # noqa: E402
 from generators.engine import generate  # noqa: E402
@@ -127,7 +128,7 @@ def family_costs(root: Path, models: list[str], n_train: int, families: tuple[st
     comparison of two checkouts reads, even on a busy machine) beside wall seconds."""
     from evaluators.tasks.binding.columns import evaluate_binding
     from evaluators.tasks.binding.task import SPLITS, binding_task
-    from evaluators.families import BINDING_PROBES
+    from evaluators.probes.families import BINDING_PROBES
 
     torch.set_num_threads(1)
     gen = get_generator("colorshape")

@@ -29,9 +29,9 @@ from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.presets import checked_preprocessing
 from evaluators.backbones.weights import state_dict_hash
 from evaluators.cache.extract import check_device, check_dtype, parse_views
-from evaluators.families import DEFAULT_PROBES
+from evaluators.probes.build import check_family
+from evaluators.probes.families import DEFAULT_PROBES
 from evaluators.tasks.issameobject import check_probes
-from evaluators.probes import check_family
 from evaluators.threads import check_threads
 from evaluators.training import TrainConfig, resolve_device
 

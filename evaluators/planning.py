@@ -11,11 +11,11 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash
 from evaluators.backbones.ground_truth import GroundTruthBackbone
-from evaluators.tasks.binding.task import SPLITS
 from evaluators.cache.extract import check_cache_space, check_views, gib, parse_layers, pending_bytes
-from evaluators.families import family_defaults, pair_probe_names
-from evaluators.tasks.issameobject import ATTENTION_BASELINES, check_attention_qk, layer_probes
 from evaluators.plan import Model
+from evaluators.probes.families import family_defaults, pair_probe_names
+from evaluators.tasks.binding.task import SPLITS
+from evaluators.tasks.issameobject import ATTENTION_BASELINES, check_attention_qk, layer_probes
 
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.

@@ -44,7 +44,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bench.core.errors import BenchError
-from evaluators.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
+from evaluators.probes.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
 from evaluators.tasks.binding.metrics import metric_checks, paired_difference, validation_metric
 from leaderboards.metrics import CHECK_MEANINGS, TASKS, Metric, resolve_metric
 from leaderboards.published import Reference, references_for

@@ -212,7 +212,7 @@ def test_the_linear_path_replays_one_graph_per_penalty_kind_with_the_numbers_of_
     such thing, and it must not move."""
     from evaluators import linear_solver
     from tests.test_training import D, K, _splits
-    from evaluators.probes import build_probe, probe_optim
+    from evaluators.probes.build import build_probe, probe_optim
     from evaluators.training import ProbeJob, fit_probes
 
     inputs, targets, prior = _splits(informative=True)

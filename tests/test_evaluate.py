@@ -152,7 +152,7 @@ def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
 
 
 def test_a_failing_probe_becomes_an_error_row(tiny, tmp_path, monkeypatch):
-    import evaluators.probes as probes
+    import evaluators.probes.pooled as probes
     from evaluators.plan import EvaluationPlan
     from evaluators.run import run_evaluation
 

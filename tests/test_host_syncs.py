@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from evaluators import fitting, linear_solver
 from evaluators.fitting import fit_row_sets, stacked
-from evaluators.probes import build_probe
+from evaluators.probes.build import build_probe
 from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes
 
 N = {"train": 300, "val": 100, "test": 100}

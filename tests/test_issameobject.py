@@ -16,7 +16,7 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import make_table
 from evaluators.backbones.base import AttentionQK
-from evaluators.families import PAIR_PROBES
+from evaluators.probes.families import PAIR_PROBES
 from evaluators.tasks.issameobject import (
     PairConfig,
     PairTrainConfig,

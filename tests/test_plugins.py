@@ -116,10 +116,10 @@ def test_a_plugin_family_gets_its_hook_its_hyperparameters_and_the_warm_start(mo
     from bench.core.codes import FeatureSpace
     from evaluators.tasks.binding.jobs import binding_jobs
     from evaluators.tasks.binding.task import BindingTask
-    from evaluators.families import BINDING_PROBES, ProbeFamily
+    from evaluators.probes.families import BINDING_PROBES, ProbeFamily
     from evaluators.fitting import RowReader, TrainConfig, fit_probes
     from evaluators.tasks.binding.metrics import Priors
-    from evaluators.probes import LinearProbe
+    from evaluators.probes.pooled import LinearProbe
 
     class GroupedProbe(LinearProbe):
         """A linear probe with a per-bit offset that gradient training fits, and what its hook gives."""

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from bench.core.errors import BenchError
-from evaluators.families import BINDING_PROBES
-from evaluators.probes import MadeProbe, build_probe, check_family, conjunction_factors, probe_optim, scene_bits
+from evaluators.probes.base import scene_bits
+from evaluators.probes.build import build_probe, check_family, probe_optim
+from evaluators.probes.families import BINDING_PROBES
+from evaluators.probes.pooled import conjunction_factors, MadeProbe
 from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, feature_stats, fit_probes
 
 K, D, T, C = 6, 5, 7, 3

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from evaluators.families import BINDING_PROBES, family_defaults
-from evaluators.probes import LR_WIDTH, build_probe, probe_lr, probe_optim
 from evaluators.fitting import moments
+from evaluators.probes.build import LR_WIDTH, build_probe, probe_lr, probe_optim
+from evaluators.probes.families import BINDING_PROBES, family_defaults
 from evaluators.training import ProbeJob, RowReader, TrainConfig, class_directions, fit_probes, saving_and_se
 
 N = {"train": 2000, "val": 500, "test": 500}
@@ -380,7 +380,7 @@ def test_a_planted_probe_trains_the_encoder_it_widened():
 def test_targets_that_keep_one_frozen_encoder_compute_its_product_once_per_batch(monkeypatch):
     """Two targets warm-started from one O|F-probe hold equal frozen encoders and meet each batch
     in turn: the second reuses the first's product (`TokenEncoder`), and nothing they code changes."""
-    from evaluators.token_encoder import TokenEncoder
+    from evaluators.probes.token_encoder import TokenEncoder
 
     rng = np.random.default_rng(0)
     n = {"train": 64, "val": 32, "test": 32}

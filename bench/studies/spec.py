@@ -447,7 +447,7 @@ def _block(raw: Any, index: int, check: _Checker, root: Path, datasets: Mapping[
 
 def _check_names_in_registries(options: dict, task: str, key: str, check: _Checker) -> None:
     """Task, probe families, token views and control by name, each against its registry."""
-    from evaluators.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
+    from evaluators.probes.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
     from evaluators.plan import CONTROLS, TASKS
 
     if task not in TASKS:

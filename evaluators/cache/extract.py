@@ -27,9 +27,9 @@ from bench.core.dataset import Dataset, decode_image
 from bench.core.errors import BenchError
 from bench.core.hashing import fingerprint
 from bench.core.results import check_writable
-from evaluators.cache import entries
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
-from evaluators.families import TOKEN_VIEWS
+from evaluators.cache import entries
+from evaluators.probes.families import TOKEN_VIEWS
 
 DTYPES = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")

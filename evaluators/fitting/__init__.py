@@ -28,7 +28,6 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from evaluators.families import ProbeOptim
 from evaluators.fitting.data import (STAGE_PREFIX, FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size,
                                      feature_stats, modules_to_device, resolve_device, row_set_bytes,
                                      row_sets_per_stack, stack_budget, stacks_row_sets, stage_label)
@@ -37,6 +36,7 @@ from evaluators.fitting.linear import _linear_stage
 from evaluators.fitting.moments import _moment_stage, class_directions
 from evaluators.fitting.scoring import _fail, _guard, saving_and_se
 from evaluators.fitting.stacked import gradient_stages, score_sets, trains_stacked
+from evaluators.probes.families import ProbeOptim
 from evaluators.threads import torch_threads
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",

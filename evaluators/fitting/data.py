@@ -12,8 +12,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from evaluators.families import ProbeOptim
-from evaluators.probes import Probe
+from evaluators.probes.base import Probe
+from evaluators.probes.families import ProbeOptim
 
 def resolve_device(device: str) -> str:
     """`auto` means CUDA when available."""
@@ -27,7 +27,7 @@ class TrainConfig:
     """Optimiser and stopping settings shared by every probe of one `fit_probes` call.
 
     `lr` / `weight_decay` / `ema` None mean each job's own (`ProbeJob.optim`, from its family's
-    registry entry, `evaluators.families`); a number overrides it for every probe.
+    registry entry, `evaluators.probes.families`); a number overrides it for every probe.
     """
 
     epochs: int = 200

@@ -13,7 +13,7 @@ import torch
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, to_device
 from evaluators.fitting.scoring import _fail
 from evaluators.linear_solver import LinearProblem, PathSettings, PathSolution, solve_path
-from evaluators.probes import strictly_lower
+from evaluators.probes.base import strictly_lower
 
 
 def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str, RowReader]], config: TrainConfig,

@@ -12,7 +12,7 @@ import torch
 
 from bench.core.groups import group_labels, mean_se
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
-from evaluators.probes import anchor, scene_bits
+from evaluators.probes.base import anchor, scene_bits
 
 
 def _guard(job: ProbeJob, result: FitResult, prior_val: np.ndarray, prior_state: dict[str, torch.Tensor],

@@ -36,8 +36,8 @@ from evaluators.early_stopping import WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget, stage_label, to_device
 from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained, load_states
 from evaluators.fitting.scoring import _SCORE_BYTES, HeldCodes, HeldSplit, _codes, _fail, _score_sets
-from evaluators.probes import anchor, scene_bits
-from evaluators.token_encoder import TokenEncoder
+from evaluators.probes.base import anchor, scene_bits
+from evaluators.probes.token_encoder import TokenEncoder
 
 #: The devices whose gradient stage steps a stack's row sets as one (`trains_stacked`).
 STACKED_DEVICES = ("cuda",)

@@ -12,8 +12,8 @@ import numpy as np
 
 from bench.core.groups import group_labels, mean_se
 from bench.core.hashing import config_hash
-from evaluators.families import family_defaults
 from evaluators.fitting import FitResult, ProbeJob, RowReader, TrainConfig, fit_row_sets
+from evaluators.probes.families import family_defaults
 from evaluators.tasks.binding.jobs import binding_jobs
 from evaluators.tasks.binding.metrics import TARGET_STATS, binding_metrics, row_checks
 from evaluators.tasks.binding.task import BindingTask

@@ -17,12 +17,12 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, derive_seed
 from evaluators.backbones.base import AttentionQK
+from evaluators.probes.families import DEFAULT_PROBES, PAIR_PROBES, pair_probe_names
 from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention
 from evaluators.tasks.issameobject.metrics import pair_metrics, validation_metrics
 from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens, sample_pairs
-from evaluators.families import DEFAULT_PROBES, PAIR_PROBES, pair_probe_names
-from evaluators.tasks.issameobject.scorers import ATTENTION_BASELINES, PairTrainConfig, fit_scorer
 from evaluators.tasks.issameobject.patch_labels import split_patch_labels
+from evaluators.tasks.issameobject.scorers import ATTENTION_BASELINES, PairTrainConfig, fit_scorer
 from evaluators.training import resolve_device
 
 

@@ -22,7 +22,7 @@ OPTIM_KEYS = ("lr", "weight_decay", "ema")
 @dataclass(frozen=True)
 class ProbeOptim:
     """The AdamW settings a probe's gradient stage uses (`evaluators.fitting`), from its family's
-    entry (`evaluators.probes.probe_optim`); carried on the job, never set on the module.
+    entry (`evaluators.probes.build.probe_optim`); carried on the job, never set on the module.
 
     `ema`: the decay of the moving average of the weights that validation scores and the fit
     keeps (None: the raw weights). Adam's noise at a rate high enough to learn quickly kept an
@@ -49,7 +49,7 @@ class ProbeFamily:
     `defaults`: hyper-parameters, recorded in every result row's config (see `BINDING_PROBES`):
     the class's constructor arguments, and `OPTIM_KEYS` for its optimiser (`ProbeOptim`).
     `spatial`: reads every token (`--tokens all`) instead of one pooled vector.
-    `raw_lr`: its learning rate is not scaled down with the input width (`probes.probe_lr`):
+    `raw_lr`: its learning rate is not scaled down with the input width (`build.probe_lr`):
     its inputs pass through a learned encoder first, whose width, not the input's, sets the step.
     `conjunction_args`: a hook (`module:function` or the function) from the feature groups' sizes
     to the extra constructor arguments of its probes that predict O, whose bits are conjunctions
@@ -86,10 +86,6 @@ class ProbeFamily:
     def probe_class(self) -> type:
         """The class, imported on first use when given as `module:Class`."""
         return _load(self.cls)
-
-    def constructor_args(self, **overrides: Any) -> dict[str, Any]:
-        """The class's hyper-parameters: the defaults with `overrides`, less the optimiser's."""
-        return {k: v for k, v in {**self.defaults, **overrides}.items() if k not in OPTIM_KEYS}
 
     def conjunction_kwargs(self, sizes: tuple[int, ...]) -> dict[str, Any]:
         """What `conjunction_args` gives for feature groups of these sizes (nothing without the hook)."""
@@ -139,7 +135,7 @@ PAIR_PROBES: Registry[PairProbe] = Registry("probe", group="bindingbench.probes"
 TOKEN_VIEWS: Registry[TokenView] = Registry("tokens")
 
 #: Default hyper-parameters per family. `lr` is the AdamW learning rate at input widths up
-#: to `probes.LR_WIDTH`; `build_probe` scales it down as sqrt(LR_WIDTH / in_dim) beyond (see
+#: to `build.LR_WIDTH`; `build_probe` scales it down as sqrt(LR_WIDTH / in_dim) beyond (see
 #: `probe_lr`). Chosen on planted teachers (benchmarks/planted_teacher.py, z = 64 and 1024,
 #: 2,000 training scenes) and on copy tasks: the dnn overfits within an epoch or two at 1e-2
 #: and ends closest to its teacher at 1e-3; the linear probe needs 3e-2 to grow the large
@@ -149,16 +145,16 @@ TOKEN_VIEWS: Registry[TokenView] = Registry("tokens")
 #: factors fit spurious products within a few epochs; 0.1 holds them back (oracle:mix-0.25 β*
 #: 0.21 -> 0.23 of a true 0.27, oracle:objects 0.97 -> 0.98, 2,000 scenes), where it would
 #: stop the linear probe from growing the large weights oracle targets need.
-BINDING_PROBES.register("linear", ProbeFamily("evaluators.probes:LinearProbe", {"lr": 3e-2}))
-BINDING_PROBES.register("quadratic", ProbeFamily("evaluators.probes:QuadraticProbe", {"rank": 8, "lr": 1e-2}))
-BINDING_PROBES.register("quadratic-shared", ProbeFamily("evaluators.probes:SharedQuadraticProbe",
+BINDING_PROBES.register("linear", ProbeFamily("evaluators.probes.pooled:LinearProbe", {"lr": 3e-2}))
+BINDING_PROBES.register("quadratic", ProbeFamily("evaluators.probes.pooled:QuadraticProbe", {"rank": 8, "lr": 1e-2}))
+BINDING_PROBES.register("quadratic-shared", ProbeFamily("evaluators.probes.pooled:SharedQuadraticProbe",
                                                         {"rank": 8, "lr": 2e-2, "weight_decay": 0.1},
-                                                        conjunction_args="evaluators.probes:shared_factors"))
-BINDING_PROBES.register("dnn", ProbeFamily("evaluators.probes:MadeProbe", {"hidden": 256, "depth": 1, "lr": 1e-3}))
+                                                        conjunction_args="evaluators.probes.pooled:shared_factors"))
+BINDING_PROBES.register("dnn", ProbeFamily("evaluators.probes.pooled:MadeProbe", {"hidden": 256, "depth": 1, "lr": 1e-3}))
 BINDING_PROBES.register("attention", ProbeFamily(
-    "evaluators.probes:AttentionProbe",
+    "evaluators.probes.attention:AttentionProbe",
     {"heads": 2, "key_dim": 32, "rank": 8, "width": 256, "lr": 3e-3, "weight_decay": 0.05, "ema": 0.998},
-    spatial=True, raw_lr=True, conjunction_args="evaluators.probes:feature_members", warm_starts=True,
+    spatial=True, raw_lr=True, conjunction_args="evaluators.probes.attention:feature_members", warm_starts=True,
     device_batches=False, patience=5, lr_patience=2, cpu_steps=64, amp=False))
 
 _SCORERS = "evaluators.tasks.issameobject.scorers"
