@@ -34,7 +34,7 @@ from evaluators.cache.extract import extract_activations  # noqa: E402
 from evaluators.tasks.binding.metrics import metric_checks  # noqa: E402
 from evaluators.tasks.binding.columns import evaluate_binding  # noqa: E402
 from evaluators.tasks.binding.task import SPLITS, binding_task  # noqa: E402
-from evaluators.training import RowReader, TrainConfig  # noqa: E402
+from evaluators.fitting import RowReader, TrainConfig  # noqa: E402
 from generators.base import build_config, get_generator  # noqa: E402
 from generators.engine import generate  # noqa: E402
 

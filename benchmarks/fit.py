@@ -32,11 +32,10 @@ sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pa
 import torch  # noqa: E402
 
 from bench.core.dataset import Dataset  # noqa: E402
-from benchmarks.older_layouts import (binding_task, evaluate_binding, evaluate_binding_sets,  # noqa: E402
+from benchmarks.older_layouts import (RowReader, TrainConfig, binding_task, evaluate_binding,  # noqa: E402
+                                      evaluate_binding_sets, extract_activations,
                                       row_sets_per_stack)  # wherever the checkout timed keeps them
 from evaluators.backbones import resolve_backbone  # noqa: E402
-from evaluators.cache.extract import extract_activations  # noqa: E402
-from evaluators.training import RowReader, TrainConfig  # noqa: E402
 from generators.base import build_config, get_generator  # noqa: E402
 from generators.engine import generate  # noqa: E402
 

@@ -19,7 +19,7 @@ from benchmarks import gpu_budget
 from evaluators.backbones import Backbone
 from evaluators.tasks.binding import evaluate_binding, evaluate_binding_sets
 from evaluators.cache.extract import extract_activations
-from evaluators.training import RowReader, TrainConfig
+from evaluators.fitting import RowReader, TrainConfig
 from generators.base import build_config, get_generator
 from generators.engine import generate
 

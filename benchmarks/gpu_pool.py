@@ -11,7 +11,7 @@ import numpy as np
 
 from benchmarks import gpu_budget
 from benchmarks.gpu_fits import fit_inputs
-from evaluators.training import RowReader
+from evaluators.fitting import RowReader
 
 
 def fit_side_by_side(acts: dict, task, row_sets: list[tuple[int, str]], families: list[str], workers: int,

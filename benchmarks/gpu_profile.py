@@ -20,7 +20,7 @@ from benchmarks.gpu_fits import MODEL, extract
 from benchmarks.gpu_report import write_json
 from benchmarks.gpu_timeline import first_less_warm, profiled
 from evaluators.tasks.binding import binding_task, evaluate_binding_sets
-from evaluators.training import RowReader, TrainConfig
+from evaluators.fitting import RowReader, TrainConfig
 
 
 def profile_fits(root: str, cache: str, layers: str, input_size: int | None, families: list[str], device: str,

@@ -5,7 +5,7 @@ sat 90 % idle. This runs the fit of linear, quadratic, dnn over the row sets of
 `random:dinov2-small` through the path CUDA takes (stacked and graphed, dense class differences,
 Gram–Schmidt), here eagerly on the CPU, and counts every tensor operation that is not a view (a GPU
 launches a kernel or more for each) by stage. The steps CUDA replays from graphs
-(`evaluators.cuda_graphs.GraphedStep`: the linear stage's L-BFGS iterations and each solve's start
+(`evaluators.fitting.cuda_graphs.GraphedStep`: the linear stage's L-BFGS iterations and each solve's start
 and end, the moment stage's Gram–Schmidt, a stacked training step and validation pass) are counted apart, by the stage
 that runs them: CUDA launches their operations only when it warms a graph up or captures it
 (`WARMUP` runs, then one capture per graph), and one replay per run after.
@@ -32,10 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import evaluators.fitting as fitting  # noqa: E402
 from benchmarks.gpu_fits import MODEL, extract, make_dataset  # noqa: E402
-from evaluators import cuda_graphs, linear_solver  # noqa: E402
+from evaluators.fitting import RowReader, TrainConfig, cuda_graphs, linear_solver, moments, stacked  # noqa: E402
 from evaluators.tasks.binding import binding_task, columns, evaluate_binding_sets  # noqa: E402
-from evaluators.fitting import moments, stacked  # noqa: E402
-from evaluators.training import RowReader, TrainConfig  # noqa: E402
 
 class Launches(TorchDispatchMode):
     """Counts the operations other than views (which launch nothing), per stage (set by `tagged`)."""

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evaluators.probes.families import BINDING_PROBES  # noqa: E402
 from evaluators.probes.build import build_probe, probe_optim  # noqa: E402
-from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402
+from evaluators.fitting import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402
 
 #: Which families can represent each teacher (the ones trained on it).
 TEACHERS = {

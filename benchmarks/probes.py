@@ -43,10 +43,8 @@ sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pa
                 str(Path(__file__).resolve().parents[1]))
 
 from bench.core.dataset import Dataset  # noqa: E402
-from evaluators.cache.extract import extract_activations  # noqa: E402
-from evaluators.probes.base import Probe  # noqa: E402
-from evaluators.probes.pooled import MadeProbe  # noqa: E402
-from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes  # noqa: E402
+from benchmarks.older_layouts import (MadeProbe, Probe, ProbeJob, RowReader, TrainConfig,  # noqa: E402
+                                      extract_activations, fit_probes)  # wherever the checkout timed keeps them
 from generators.base import build_config, get_generator  # noqa: E402
 from generators.engine import generate  # noqa: E402
 
@@ -126,9 +124,7 @@ def family_costs(root: Path, models: list[str], n_train: int, families: tuple[st
     """Seconds to fit each family (all of its probes) on each backbone's cls activations, and on
     pixels' patch tokens for the attention family, at one torch thread: CPU seconds (what a
     comparison of two checkouts reads, even on a busy machine) beside wall seconds."""
-    from evaluators.tasks.binding.columns import evaluate_binding
-    from evaluators.tasks.binding.task import SPLITS, binding_task
-    from evaluators.probes.families import BINDING_PROBES
+    from benchmarks.older_layouts import BINDING_PROBES, SPLITS, binding_task, evaluate_binding
 
     torch.set_num_threads(1)
     gen = get_generator("colorshape")

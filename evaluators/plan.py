@@ -33,7 +33,7 @@ from evaluators.probes.build import check_family
 from evaluators.probes.families import DEFAULT_PROBES
 from evaluators.tasks.issameobject import check_probes
 from evaluators.threads import check_threads
-from evaluators.training import TrainConfig, resolve_device
+from evaluators.fitting import TrainConfig, resolve_device
 
 TASKS = ("binding", "issameobject")
 #: Per task: the layers and probe families evaluated when none are named.

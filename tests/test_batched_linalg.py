@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evaluators.batched_linalg import LINE, eigh, qr_q
+from evaluators.fitting.batched_linalg import LINE, eigh, qr_q
 
 
 @pytest.mark.parametrize("width", [7, 24, 89])

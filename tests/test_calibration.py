@@ -31,7 +31,7 @@ from evaluators.cache.extract import extract_activations
 from evaluators.tasks.binding.metrics import metric_checks
 from evaluators.tasks.binding.columns import evaluate_binding
 from evaluators.tasks.binding.task import SPLITS, BindingTask, binding_task
-from evaluators.training import RowReader, TrainConfig
+from evaluators.fitting import RowReader, TrainConfig
 from tests.helpers import make_dataset
 
 #: The evaluator's defaults: the calibration is of what `bench evaluate` runs.

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from evaluators import cuda_graphs
+from evaluators.fitting import cuda_graphs
 
 
 class _Graph:
@@ -210,10 +210,10 @@ def test_the_linear_path_replays_one_graph_per_penalty_kind_with_the_numbers_of_
     numbers are those of the eager ring. The stand-in capture keeps the step and each replay runs it again, which is what a graph
     does as long as nothing the step's Python reads changes between replays: the head is the one
     such thing, and it must not move."""
-    from evaluators import linear_solver
+    from evaluators.fitting import linear_solver
     from tests.test_training import D, K, _splits
     from evaluators.probes.build import build_probe, probe_optim
-    from evaluators.training import ProbeJob, fit_probes
+    from evaluators.fitting import ProbeJob, fit_probes
 
     inputs, targets, prior = _splits(informative=True)
 

@@ -26,8 +26,7 @@ from bench.core.results import read_results
 from evaluators.tasks.binding import binding_task, evaluate_binding, evaluate_binding_sets
 from evaluators.backbones.hf import HFBackbone
 from evaluators.tasks.binding.task import SPLITS
-from evaluators.fitting import linear
-from evaluators.training import RowReader
+from evaluators.fitting import RowReader, linear
 from tests.golden import VOLATILE
 from tests.test_backbones import tiny_checkpoint
 from tests.test_stacking import CONFIG, FAMILIES, _numbers, _row_sets

@@ -17,10 +17,9 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from evaluators import fitting, linear_solver
-from evaluators.fitting import fit_row_sets, stacked
+from evaluators import fitting
+from evaluators.fitting import ProbeJob, RowReader, TrainConfig, fit_probes, fit_row_sets, linear_solver, stacked
 from evaluators.probes.build import build_probe
-from evaluators.training import ProbeJob, RowReader, TrainConfig, fit_probes
 
 N = {"train": 300, "val": 100, "test": 100}
 K, D = 6, 12

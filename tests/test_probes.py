@@ -13,7 +13,7 @@ from evaluators.probes.base import scene_bits
 from evaluators.probes.build import build_probe, check_family, probe_optim
 from evaluators.probes.families import BINDING_PROBES
 from evaluators.probes.pooled import conjunction_factors, MadeProbe
-from evaluators.training import FitResult, ProbeJob, RowReader, TrainConfig, feature_stats, fit_probes
+from evaluators.fitting import FitResult, ProbeJob, RowReader, TrainConfig, feature_stats, fit_probes
 
 K, D, T, C = 6, 5, 7, 3
 

@@ -19,13 +19,12 @@ from evaluators.tasks.binding import binding_task, evaluate_binding, evaluate_bi
 from evaluators.tasks.binding.jobs import binding_jobs
 from evaluators.tasks.binding.rows import stacks
 from evaluators.tasks.binding.task import SPLITS
-from evaluators.fitting import FitResult, feature_stats, row_sets_per_stack
+from evaluators.fitting import FitResult, RowReader, TrainConfig, feature_stats, row_sets_per_stack
 from evaluators.fitting import stacked as stacked_stage
 from evaluators.fitting.linear import _linear_stage
 from evaluators.plan import EvaluationPlan
 from evaluators.planning import Work
 from evaluators.run import run_evaluation
-from evaluators.training import RowReader, TrainConfig
 from tests.test_host_syncs import counted_reads
 
 FAMILIES = ["linear", "quadratic", "dnn"]
@@ -345,7 +344,7 @@ def test_validation_reads_the_same_held_tensors_every_epoch(task, monkeypatch):
 def test_a_validation_chunk_is_replayed_into_the_tensor_its_first_pass_made(monkeypatch):
     """`validation_bits`: the first call runs eagerly and its output is the tensor later calls (warm-ups,
     then replays of the captured pass) write in place, one graph per chunk."""
-    from evaluators import cuda_graphs
+    from evaluators.fitting import cuda_graphs
 
     monkeypatch.setattr(cuda_graphs.GraphedStep, "_on_side_stream", lambda self, step: step())
     monkeypatch.setattr(cuda_graphs.GraphedStep, "_capture", lambda self, step, on_fail: type("G", (), {

@@ -78,7 +78,7 @@ def test_a_row_set_gets_the_same_numbers_on_any_thread_count(tmp_path):
     from bench.core.dataset import Dataset
     from evaluators.tasks.binding import binding_task, evaluate_binding
     from evaluators.tasks.binding.task import SPLITS
-    from evaluators.training import RowReader, TrainConfig
+    from evaluators.fitting import RowReader, TrainConfig
     from tests.test_stacking import _numbers
 
     task = binding_task(Dataset(make_dataset(tmp_path / "ds", n_train=300, n_val=100, n_test=100, image_size=64,

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from evaluators.fitting import moments
+from evaluators.fitting import ProbeJob, RowReader, TrainConfig, class_directions, fit_probes, moments, saving_and_se
 from evaluators.probes.build import LR_WIDTH, build_probe, probe_lr, probe_optim
 from evaluators.probes.families import BINDING_PROBES, family_defaults
-from evaluators.training import ProbeJob, RowReader, TrainConfig, class_directions, fit_probes, saving_and_se
 
 N = {"train": 2000, "val": 500, "test": 500}
 K, D = 16, 32
@@ -87,7 +86,7 @@ def test_the_solvers_iterations_read_and_write_only_tensors_that_stay_in_place(m
     capture saw: every tensor an iteration touches must be the solver's own, updated in place for
     the whole path (a rebound one would leave a replay reading a stale copy), and what a solve
     returns must not be overwritten by the next."""
-    from evaluators import linear_solver
+    from evaluators.fitting import linear_solver
 
     seen, returned = [], []
     iterate, solve = linear_solver._LBFGS.iterate, linear_solver._LBFGS.solve
@@ -322,7 +321,7 @@ def test_gram_schmidt_spans_what_householder_qr_spans_and_zeroes_dependent_colum
 def test_a_warm_started_job_trains_after_its_source_and_starts_from_its_encoder():
     """An attention probe's other targets start from the token encoder its O|F-probe learned:
     they are trained after it, and still start at their prior (only encoder, keys and values carry over)."""
-    from evaluators.training import warm_start_from
+    from evaluators.fitting import warm_start_from
 
     rng = np.random.default_rng(0)
     n = {"train": 64, "val": 32, "test": 32}
@@ -367,7 +366,7 @@ def test_a_warm_started_job_keeps_the_encoder_it_copied_whole():
 def test_a_planted_probe_trains_the_encoder_it_widened():
     """Only an encoder copied whole is frozen: the planted probe's tokens are wider than its
     source's, and the columns that read the plant must learn."""
-    from evaluators.training import warm_start_from
+    from evaluators.fitting import warm_start_from
 
     source = build_probe("attention", 6, 3, seed=1)
     same, wider = build_probe("attention", 6, 3, seed=2), build_probe("attention", 9, 3, seed=2)

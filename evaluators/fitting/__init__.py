@@ -66,7 +66,7 @@ def fit_row_sets(
     A row set is the jobs that read one input (a backbone's layer and token view) and its
     train/val/test row readers. The row sets of one call share their targets (one dataset, one
     task); their linear stages are solved as one batched problem (the row set a batch dimension,
-    `evaluators.linear_solver`), and so are their moment stages' eigen-solves; on CUDA the same
+    `evaluators.fitting.linear_solver`), and so are their moment stages' eigen-solves; on CUDA the same
     job of every row set trains as one module in the gradient stage (`evaluators.fitting.stacked`),
     on a CPU the gradient stage runs row set by row set. A row set's numbers never depend on its
     batch-mates: every (row set, bit) problem has its own step, memory and stopping, every stacked

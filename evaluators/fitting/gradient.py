@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from evaluators.early_stopping import Plateau, WeightAverage
+from evaluators.fitting.early_stopping import Plateau, WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
 from evaluators.fitting.linear import _bias_ids
 from evaluators.fitting.scoring import HeldCodes, _batch_bits, _fail, _score

@@ -1,6 +1,6 @@
 """The linear stage: every probe's linear part along an L2 and then an L1 penalty path, the
 strength chosen on validation, solved as one batched problem per design
-(`evaluators.linear_solver`; `evaluators.fitting.fit_probes`, step 1)."""
+(`evaluators.fitting.linear_solver`; `evaluators.fitting.fit_probes`, step 1)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import torch
 
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, to_device
 from evaluators.fitting.scoring import _fail
-from evaluators.linear_solver import LinearProblem, PathSettings, PathSolution, solve_path
+from evaluators.fitting.linear_solver import LinearProblem, PathSettings, PathSolution, solve_path
 from evaluators.probes.base import strictly_lower
 
 
 def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str, RowReader]], config: TrainConfig,
                   device: str, results: Sequence[dict[str, FitResult]], active: Sequence[dict[str, ProbeJob]]) -> None:
     """Fit every linear problem of every row set (lists indexed by row set) along the penalty path
-    (`evaluators.linear_solver`), and give every job its target's chosen solution.
+    (`evaluators.fitting.linear_solver`), and give every job its target's chosen solution.
 
     A row set's problems are grouped by the input they read (targets with the same design share
     one rotation and one solve, `_row_set_problems`); the same group of every row set — the same

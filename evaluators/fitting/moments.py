@@ -8,8 +8,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from evaluators.batched_linalg import eigh, qr_q
-from evaluators.cuda_graphs import GraphedStep
+from evaluators.fitting.batched_linalg import eigh, qr_q
+from evaluators.fitting.cuda_graphs import GraphedStep
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
 from evaluators.fitting.scoring import _fail
 

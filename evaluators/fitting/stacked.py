@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from evaluators.cuda_graphs import GraphedStep, SideStreams
-from evaluators.early_stopping import WeightAverage
+from evaluators.fitting.cuda_graphs import GraphedStep, SideStreams
+from evaluators.fitting.early_stopping import WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget, stage_label, to_device
 from evaluators.fitting.gradient import _Course, _gradient_stage, _optim_settings, _trained, load_states
 from evaluators.fitting.scoring import _SCORE_BYTES, HeldCodes, HeldSplit, _codes, _fail, _score_sets

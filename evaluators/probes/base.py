@@ -63,7 +63,7 @@ class Probe(nn.Module):
 
     def linear_design(self, x: torch.Tensor, cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the standardised input the linear weights `w` read, the condition `cond` reads or None):
-        the linear stage solves on these directly (`evaluators.linear_solver`)."""
+        the linear stage solves on these directly (`evaluators.fitting.linear_solver`)."""
         return (x - self.mu) / self.sigma, (cond if self.cond is not None else None)
 
     @torch.no_grad()

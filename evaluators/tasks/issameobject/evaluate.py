@@ -23,7 +23,7 @@ from evaluators.tasks.issameobject.metrics import pair_metrics, validation_metri
 from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens, sample_pairs
 from evaluators.tasks.issameobject.patch_labels import split_patch_labels
 from evaluators.tasks.issameobject.scorers import ATTENTION_BASELINES, PairTrainConfig, fit_scorer
-from evaluators.training import resolve_device
+from evaluators.fitting import resolve_device
 
 
 def layer_data(tokens: np.ndarray, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from bench.core.errors import BenchError
 from evaluators.backbones.base import AttentionQK
-from evaluators.early_stopping import Plateau
+from evaluators.fitting.early_stopping import Plateau
 from evaluators.probes.families import PAIR_PROBES, pair_probe_names
 
 SAMPLINGS = ("balanced", "natural")

@@ -54,7 +54,7 @@ from evaluators.tasks.issameobject import (  # noqa: E402
     sample_pairs,
 )
 from evaluators.tasks.issameobject.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE, split_patch_labels  # noqa: E402
-from evaluators.training import resolve_device  # noqa: E402
+from evaluators.fitting import resolve_device  # noqa: E402
 
 PAIR_CATEGORIES = (
     "same-instance", "identical-twin", "same-make-different-colour", "same-class-different-make",

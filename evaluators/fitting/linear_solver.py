@@ -14,7 +14,7 @@ replaces the host-side tests that `torch.optim.LBFGS` makes at every iteration. 
 the path reads a value back to the host, so the number of host synchronisations does not grow
 with strengths, row sets or bits, and on a GPU the whole path is a stream of kernels. On CUDA an
 iteration (a few hundred kernels, ~380 operations, most of them the two-loop recursion's) is
-captured once per penalty kind and ring slot and replayed (`evaluators.cuda_graphs`): launched
+captured once per penalty kind and ring slot and replayed (`evaluators.fitting.cuda_graphs`): launched
 from Python one by one they were the linear stage's 2.9 s for 26 row sets on an H200. For that an
 iteration moves the solver's own tensors in place and reads the strength from a tensor.
 
@@ -39,8 +39,8 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
-from evaluators.batched_linalg import eigh
-from evaluators.cuda_graphs import GraphedStep
+from evaluators.fitting.batched_linalg import eigh
+from evaluators.fitting.cuda_graphs import GraphedStep
 
 
 #: The devices whose iterations are replayed from CUDA graphs (`_LBFGS.iterate`; CUDA only: a
