@@ -192,8 +192,8 @@ def evaluate(
     `image_size`, `mean` and `std` (R, G, B) replace the input side and normalisation of every
     spec (Hugging Face models, e.g. a `save_pretrained` folder without preprocessor_config.json,
     and `py:` modules; other sources refuse them), as `bench evaluate --image-size --mean --std`."""
-    from evaluators.plan import EvaluationPlan
-    from evaluators.run import run_evaluation
+    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.run import run_evaluation
 
     plan = EvaluationPlan(models, Path(dataset), task=task, layers=layers, tokens=tokens, probes=probes,
                           seeds=seeds, device=device, dtype=dtype, epochs=epochs, limit=limit,
@@ -398,7 +398,7 @@ def study_next_commands(study: Any, out: PathLike) -> list[str]:
 #: name -> (module, attribute; None for the module itself).
 _FOR_THE_CLI: dict[str, tuple[str, str | None]] = {
     "DATA_PRESET": ("evaluators.zoo.recipes", "DATA_PRESET"),
-    "EvaluationPlan": ("evaluators.plan", "EvaluationPlan"),
+    "EvaluationPlan": ("evaluators.runner.plan", "EvaluationPlan"),
     "METRIC_KEYS": ("leaderboards.report", "METRIC_KEYS"),
     "SCENES": ("evaluators.zoo.recipes", "SCENES"),
     "SOURCES": ("evaluators.backbones", "SOURCES"),
@@ -433,7 +433,7 @@ _FOR_THE_CLI: dict[str, tuple[str, str | None]] = {
     "render_leaderboard": ("leaderboards.render", "render_leaderboard"),
     "render_leaderboards": ("leaderboards.render", "render_leaderboards"),
     "resolve_backbone": ("evaluators.backbones", "resolve_backbone"),
-    "run_evaluation": ("evaluators.run", "run_evaluation"),
+    "run_evaluation": ("evaluators.runner.run", "run_evaluation"),
     "run_toy_analysis": ("evaluators.tasks.issameobject.toy_analysis", "run_toy_analysis"),
     "select_entries": ("evaluators.cache.inventory", "select_entries"),
     "source_of": ("evaluators.backbones", "source_of"),

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 import ray
 import torch
 
-from evaluators.plan import EvaluationPlan
-from evaluators.run import run_evaluation
+from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.run import run_evaluation
 from generators.base import build_config, get_generator
 from generators.engine import generate
 

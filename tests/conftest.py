@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluators.threads import choose_threads
+from evaluators.runner.threads import choose_threads
 from tests.helpers import make_dataset
 
 

@@ -84,7 +84,7 @@ FLOOR = 1e-6
 def versions() -> dict[str, int]:
     """The versions whose raise says the numbers were meant to move."""
     from bench.core.results import RESULTS_SCHEMA_VERSION
-    from evaluators.planning import PROBE_CODE_VERSION
+    from evaluators.runner.planning import PROBE_CODE_VERSION
 
     return {"probe_code_version": PROBE_CODE_VERSION, "schema_version": RESULTS_SCHEMA_VERSION}
 

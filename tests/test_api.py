@@ -18,7 +18,7 @@ from bench.core.errors import BenchError
 from evaluators.backbones.base import Backbone
 from evaluators.backbones.ground_truth import PixelsBackbone
 from evaluators.backbones.weights import state_dict_hash
-from evaluators.plan import EvaluationPlan, Model
+from evaluators.runner.plan import EvaluationPlan, Model
 from tests.helpers import make_dataset
 
 SIZES = dict(n_train=24, n_val=8, n_test=8)

@@ -52,9 +52,9 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
                                 fingerprint=ds.fingerprint("test")), control=control) for m in models for p in plan.families]
         return write_run(rows, plan.results_dir, f"stand-in-{len(calls)}")
 
-    from evaluators.run import probe_fingerprints
+    from evaluators.runner.run import probe_fingerprints
 
-    monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation,
+    monkeypatch.setitem(sys.modules, "evaluators.runner.run", types.SimpleNamespace(run_evaluation=run_evaluation,
                                                                              probe_fingerprints=probe_fingerprints))
     code = main(["demo", "--out", str(tmp_path / "demo"), *SMALL])
     out = capsys.readouterr()
@@ -132,9 +132,9 @@ def test_a_zoo_training_error_in_the_second_process_exits_2(tmp_path, capsys, mo
     def run_evaluation(plan, **kw):
         calls.append([m.spec for m in plan.models])
 
-    from evaluators.run import probe_fingerprints
+    from evaluators.runner.run import probe_fingerprints
 
-    monkeypatch.setitem(sys.modules, "evaluators.run", types.SimpleNamespace(run_evaluation=run_evaluation,
+    monkeypatch.setitem(sys.modules, "evaluators.runner.run", types.SimpleNamespace(run_evaluation=run_evaluation,
                                                                              probe_fingerprints=probe_fingerprints))
     bad = tiny("masked").with_(data=dict(tiny("masked").data, object_size=80))  # cannot fit a 64-px image
     monkeypatch.setitem(RECIPES, "masked", bad)
@@ -186,8 +186,8 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
 
     # the rows are those the demo's evaluations give when asked directly, as `bench demo` asked
     # before it became a study: a backbone and the control, every key and number
-    from evaluators.plan import EvaluationPlan
-    from evaluators.run import run_evaluation
+    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.run import run_evaluation
     from tests.test_studies import rows_of
 
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))

@@ -140,8 +140,8 @@ def test_rows_of_an_older_schema_are_set_aside_with_a_note(tiny, tmp_path, capsy
 
 
 def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
-    from evaluators.plan import EvaluationPlan
-    from evaluators.run import run_evaluation
+    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.run import run_evaluation
 
     plan = EvaluationPlan(["oracle:features"], tiny, probes=["linear"], epochs=1, results_dir=tmp_path, limit=8)
     path = run_evaluation(plan, progress=False)
@@ -153,8 +153,8 @@ def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
 
 def test_a_failing_probe_becomes_an_error_row(tiny, tmp_path, monkeypatch):
     import evaluators.probes.pooled as probes
-    from evaluators.plan import EvaluationPlan
-    from evaluators.run import run_evaluation
+    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.run import run_evaluation
 
     def broken(self, x, t, cond):
         raise RuntimeError("probe exploded")

@@ -1071,7 +1071,7 @@ def test_a_hostile_backbone_name_is_refused_by_evaluate(ds, tmp_path, capsys, la
 
 
 def test_a_name_inside_the_rule_is_accepted():
-    from evaluators.plan import named_spec
+    from evaluators.runner.plan import named_spec
 
     assert named_spec("DINOv2 small (v1.2)+reg_4-x=pixels").name == "DINOv2 small (v1.2)+reg_4-x"
     assert named_spec("L" * 64 + "=pixels").name == "L" * 64

@@ -89,10 +89,10 @@ def test_the_layers_run_one_way():
 @pytest.mark.parametrize("planted, expected", [
     ({"evaluators/planted.py": "def f():\n    from bench.commands.common import stderr\n"},
      "evaluators.planted imports bench.commands.common"),
-    ({"bench/core/planted.py": "import evaluators.run\n"}, "bench.core.planted imports evaluators.run"),
+    ({"bench/core/planted.py": "import evaluators.runner.run\n"}, "bench.core.planted imports evaluators.runner.run"),
     ({"leaderboards/planted.py": "def f():\n    from bench import api\n"}, "leaderboards.planted imports bench.api"),
-    ({"bench/commands/planted.py": "def f():\n    from evaluators.run import run_evaluation\n"},
-     "bench.commands.planted imports evaluators.run"),
+    ({"bench/commands/planted.py": "def f():\n    from evaluators.runner.run import run_evaluation\n"},
+     "bench.commands.planted imports evaluators.runner.run"),
     ({"evaluators/planted.py": "from benchmarks import probes\n"}, "evaluators.planted imports benchmarks.probes"),
     ({"generators/planted_a.py": "def f():\n    from generators import planted_b\n",
       "generators/planted_b.py": "import generators.planted_a\n"}, "import cycle: generators.planted_"),

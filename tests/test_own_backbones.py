@@ -207,7 +207,7 @@ def test_evaluate_takes_the_input_settings_of_a_folder_without_preprocessor_conf
     import pandas as pd
 
     from bench import api
-    from evaluators.plan import EvaluationPlan
+    from evaluators.runner.plan import EvaluationPlan
 
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
     _, path = _tiny_vit_folder(tmp_path / "mine")

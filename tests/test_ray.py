@@ -20,8 +20,8 @@ import torch
 
 from bench.cli import main
 from evaluators.cache import inventory as cache_inventory
-from evaluators.plan import EvaluationPlan
-from evaluators.run import run_evaluation
+from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.run import run_evaluation
 from tests.helpers import TINY_SCENES, make_dataset
 
 ray = pytest.importorskip("ray")
@@ -125,7 +125,7 @@ def test_a_killed_worker_is_retried_and_the_rows_are_the_same(stage, data, local
 
 
 def test_storage_a_worker_cannot_see_is_named_in_one_line(data, tmp_path):
-    from evaluators.ray_tasks import _storage_problem
+    from evaluators.runner.ray_tasks import _storage_problem
 
     card = data / "dataset.json"
     digest = hashlib.sha256(card.read_bytes()).hexdigest()
@@ -165,7 +165,7 @@ def test_bad_executor_options_exit_2_with_one_line(extra, message, data, tmp_pat
 
 
 def test_the_local_path_does_not_import_ray():
-    code = ("import sys, bench.cli, evaluators.run, bench.commands.evaluate; "
+    code = ("import sys, bench.cli, evaluators.runner.run, bench.commands.evaluate; "
             "sys.exit('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1]).returncode == 0
 
@@ -226,13 +226,13 @@ def test_gpu_tasks_ask_for_their_share_and_share_a_gpu():
     four 0.5-GPU tasks at once on two devices (the packing `--gpus-per-task 0.5` asks for). "At
     once" is a barrier all four must reach while each holds its share, not overlapping clocks: on a
     busy machine Ray's workers start seconds apart, and tasks of a second apiece then never overlapped."""
-    from evaluators.ray_tasks import slots, task_options
+    from evaluators.runner.ray_tasks import slots, task_options
 
     assert task_options(0.5)["num_gpus"] == 0.5 and task_options(0.0)["num_gpus"] == 0.0
     assert task_options(0.5)["num_cpus"] == 1
     code = f"""
 import logging, time, ray
-from evaluators.ray_tasks import slots, task_options
+from evaluators.runner.ray_tasks import slots, task_options
 ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
 @ray.remote(num_cpus=0)
 class Barrier:
@@ -260,7 +260,7 @@ print(slots(0.5), slots(1.0), slots(0.0), sorted(str(ids) for ids, _ in out), al
 
 def test_gpu_requests_follow_the_device():
     from bench.core.errors import BenchError
-    from evaluators.ray_tasks import task_gpus
+    from evaluators.runner.ray_tasks import task_gpus
 
     assert task_gpus("cuda", None) == 1.0 and task_gpus("cuda", 0.5) == 0.5 and task_gpus("cpu", None) == 0.0
     for device, gpus in (("cpu", 1.0), ("cuda", 0.0)):

@@ -22,9 +22,9 @@ from evaluators.tasks.binding.task import SPLITS
 from evaluators.fitting import FitResult, RowReader, TrainConfig, feature_stats, row_sets_per_stack
 from evaluators.fitting import stacked as stacked_stage
 from evaluators.fitting.linear import _linear_stage
-from evaluators.plan import EvaluationPlan
-from evaluators.planning import Work
-from evaluators.run import run_evaluation
+from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.planning import Work
+from evaluators.runner.run import run_evaluation
 from tests.test_host_syncs import counted_reads
 
 FAMILIES = ["linear", "quadratic", "dnn"]

@@ -170,7 +170,7 @@ def test_a_grid_runs_with_one_command_and_reruns_only_what_is_missing(grid, tmp_
 #: the two backbones until it is killed, whatever the machine's speed.
 STALLED_RUN = """
 import time
-import evaluators.run as run
+import evaluators.runner.run as run
 from bench.cli import main
 
 write, writes = run.write_run, []

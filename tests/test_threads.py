@@ -8,7 +8,7 @@ import torch
 
 from bench.cli import main
 from bench.core.errors import BenchError
-from evaluators import threads
+from evaluators.runner import threads
 from tests.helpers import TINY_SCENES, make_dataset
 
 

@@ -72,7 +72,7 @@ RESULT_SCHEMA = pa.schema(
         # weight files or folder, zoo card), so an edited checkpoint under the same spec is new
         ("weights_fingerprint", pa.string()),
         # the key's identity of the probe: a hash of its settings as requested plus the probe code
-        # version (`evaluators.planning.PROBE_CODE_VERSION`), not the values a validation sweep picks
+        # version (`evaluators.runner.planning.PROBE_CODE_VERSION`), not the values a validation sweep picks
         ("probe_fingerprint", pa.string()),
         ("dataset", pa.string()),  # dataset name (directory name)
         ("dataset_fingerprint", pa.string()),  # fingerprint of the evaluated split (its first `limit` rows)

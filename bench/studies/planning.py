@@ -361,8 +361,8 @@ def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: Backb
     from evaluators.backbones import backbone_metadata
     from evaluators.cache.extract import parse_layers
     from evaluators.tasks.issameobject import layer_probes
-    from evaluators.plan import EvaluationPlan
-    from evaluators.run import probe_fingerprints
+    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.run import probe_fingerprints
 
     plan = EvaluationPlan([backbone.model], step.target, **block.options, **backbone.preprocessing)
     views, families, task = tuple(plan.views), plan.families, plan.task

@@ -1,6 +1,6 @@
 """Running a study: make the datasets it lacks, evaluate the rows it lacks, then its leaderboards.
 
-Every evaluation goes through `evaluators.plan.EvaluationPlan` and `run_evaluation`, the path
+Every evaluation goes through `evaluators.runner.plan.EvaluationPlan` and `run_evaluation`, the path
 `bench evaluate` and `bench.api.evaluate` take, so a study's rows are theirs, and the results
 identity decides what is missing: rows already in the study's results are skipped, and a run
 killed at any point (even `kill -9`) resumes where it stopped when started again — datasets
@@ -174,8 +174,8 @@ def _work(study: Study, plan: StudyPlan) -> list[tuple[EvaluateBlock, DatasetSte
 def _evaluate(study: Study, block: EvaluateBlock, step: DatasetStep, backbones: tuple, results: Path, executor: str,
               address: str | None, progress: bool, command: str | None, skipped: list[int]) -> list[Path]:
     """One `run_evaluation` of a block's backbones (sharing input settings) on one dataset."""
-    from evaluators.plan import EvaluationPlan
-    from evaluators.run import run_evaluation
+    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.run import run_evaluation
 
     plan = EvaluationPlan([b.model for b in backbones], step.target, **block.options, **backbones[0].preprocessing,
                           results_dir=results, executor=executor, address=address, threads=study.threads,

@@ -68,7 +68,7 @@ class BackboneEntry:
     @property
     def model(self) -> Any:
         """The evaluator's `Model` of this entry (rows under `name`)."""
-        from evaluators.plan import Model
+        from evaluators.runner.plan import Model
 
         return Model(self.name, self.spec)
 
@@ -325,7 +325,7 @@ def _build(data: dict, check: _Checker, source: str, root: Path, default_name: s
         _check_board_layer(board["layer"], check)
     threads = data.get("threads")
     if threads is not None:
-        from evaluators.threads import check_threads
+        from evaluators.runner.threads import check_threads
 
         try:
             check_threads(threads)
@@ -422,7 +422,7 @@ def _resolve(text: str, root: Path) -> Path:
 
 
 def _block(raw: Any, index: int, check: _Checker, root: Path, datasets: Mapping[str, DatasetEntry]) -> EvaluateBlock:
-    from evaluators.plan import EvaluationPlan
+    from evaluators.runner.plan import EvaluationPlan
 
     key = f"evaluate[{index}]"
     block = check.table(raw, key, _EVALUATE_KEYS, required=("backbones",))
@@ -448,7 +448,7 @@ def _block(raw: Any, index: int, check: _Checker, root: Path, datasets: Mapping[
 def _check_names_in_registries(options: dict, task: str, key: str, check: _Checker) -> None:
     """Task, probe families, token views and control by name, each against its registry."""
     from evaluators.probes.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
-    from evaluators.plan import CONTROLS, TASKS
+    from evaluators.runner.plan import CONTROLS, TASKS
 
     if task not in TASKS:
         raise check.fail(f"{key}.task", f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
@@ -480,7 +480,7 @@ def _check_names_in_registries(options: dict, task: str, key: str, check: _Check
 
 def _backbones(raw: Any, key: str, check: _Checker, root: Path) -> tuple[BackboneEntry, ...]:
     """`["spec", "NAME=SPEC"]` or a table `NAME = "spec"` / `NAME = {spec = ..., image_size = ...}`."""
-    from evaluators.plan import named_spec
+    from evaluators.runner.plan import named_spec
 
     if isinstance(raw, list):
         entries = []

@@ -37,7 +37,7 @@ from evaluators.fitting.moments import _moment_stage, class_directions
 from evaluators.fitting.scoring import _fail, _guard, saving_and_se
 from evaluators.fitting.stacked import gradient_stages, score_sets, trains_stacked
 from evaluators.probes.families import ProbeOptim
-from evaluators.threads import torch_threads
+from evaluators.runner.threads import torch_threads
 
 __all__ = ["FitResult", "ProbeJob", "RowReader", "TrainConfig", "auto_batch_size", "class_directions", "feature_stats",
            "fit_probes", "fit_row_sets", "resolve_device", "row_set_bytes", "row_sets_per_stack", "saving_and_se",

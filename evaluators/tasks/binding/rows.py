@@ -17,7 +17,7 @@ from evaluators.backbones.base import BackboneInfo
 from evaluators.tasks.binding.columns import evaluate_binding_sets, result_columns
 from evaluators.tasks.binding.task import SPLITS, BindingTask
 from evaluators.fitting import RowReader, TrainConfig, row_set_bytes, row_sets_per_stack
-from evaluators.planning import BackbonePlan, Work
+from evaluators.runner.planning import BackbonePlan, Work
 
 
 def binding_common(prov: dict[str, Any], plan: BackbonePlan, ds: Dataset, test_fp: str, limit: int | None,

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 from bench.core.environ import environment
 from bench.core.resources import available_memory
 from evaluators.tasks.binding.rows import binding_rows
-from evaluators.planning import say
+from evaluators.runner.planning import say
 
 #: What starting the workers costs, in seconds: a spawned worker imports torch and the evaluators
 #: (2.5-3 s each on a 2-core machine, side by side) before its first stack.

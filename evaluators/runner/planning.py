@@ -12,7 +12,7 @@ from bench.core.errors import BenchError
 from bench.core.hashing import config_hash
 from evaluators.backbones.ground_truth import GroundTruthBackbone
 from evaluators.cache.extract import check_cache_space, check_views, gib, parse_layers, pending_bytes
-from evaluators.plan import Model
+from evaluators.runner.plan import Model
 from evaluators.probes.families import family_defaults, pair_probe_names
 from evaluators.tasks.binding.task import SPLITS
 from evaluators.tasks.issameobject import ATTENTION_BASELINES, check_attention_qk, layer_probes
@@ -32,7 +32,7 @@ def effective_limit(ds: Dataset, limit: int | None) -> int | None:
 def build_backbone(model: Model, preprocessing: Mapping[str, object] | None = None) -> Any:
     """The one place a run makes a model's backbone, with the plan's `preprocessing` in place of
     the model's own: the driver when it plans (`backbone_plans`) and every Ray worker that runs
-    a plan's units (`evaluators.ray_executor`) make it the same way."""
+    a plan's units (`evaluators.runner.ray_executor`) make it the same way."""
     return model.resolve(**(preprocessing or {}))
 
 

@@ -2,7 +2,7 @@
 
 `EvaluationPlan` gathers everything `bench evaluate`, `bench.api.evaluate`, `bench demo` and
 the Ray path ask of a run (models, dataset, task, layers, views, probes, seeds, training and
-execution settings), checks it when it is made, and is what `evaluators.run.run_evaluation`
+execution settings), checks it when it is made, and is what `evaluators.runner.run.run_evaluation`
 takes. Every caller builds the same value, so they all run the same code on the same request;
 a bad request fails here, in one line, before a dataset is opened or a backbone loaded.
 
@@ -32,7 +32,7 @@ from evaluators.cache.extract import check_device, check_dtype, parse_views
 from evaluators.probes.build import check_family
 from evaluators.probes.families import DEFAULT_PROBES
 from evaluators.tasks.issameobject import check_probes
-from evaluators.threads import check_threads
+from evaluators.runner.threads import check_threads
 from evaluators.fitting import TrainConfig, resolve_device
 
 TASKS = ("binding", "issameobject")
@@ -276,7 +276,7 @@ class EvaluationPlan:
         return parse_views(("cls",) if self.tokens is None else self.tokens)
 
     def probe_request(self) -> dict[str, object]:
-        """The request behind every row's probe fingerprint (`evaluators.run.probe_fingerprints`):
+        """The request behind every row's probe fingerprint (`evaluators.runner.run.probe_fingerprints`):
         the training settings asked for (device, seed and stack size aside: they do not change what
         is asked), dtype and the task's options, with the preprocessing given in place of the
         models' own. A study plans which rows already exist from it without loading a model."""

@@ -1,4 +1,4 @@
-"""How the Ray path (`evaluators.ray_executor`) runs its tasks: the options each asks for, the
+"""How the Ray path (`evaluators.runner.ray_executor`) runs its tasks: the options each asks for, the
 cluster session, the check that every worker sees the dataset and the activation cache, fault
 injection, each task's captured log, and gathering results as they arrive.
 

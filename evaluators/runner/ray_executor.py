@@ -18,7 +18,7 @@ The driver plans, skips finished rows and writes `results/<run_id>.parquet` exac
 local path does, in the local path's row order, so the file differs only in provenance and
 wall times.
 
-The tasks themselves run as `evaluators.ray_tasks` runs them (options, storage check, retries,
+The tasks themselves run as `evaluators.runner.ray_tasks` runs them (options, storage check, retries,
 logs). Importing this module imports Ray: only the `--executor ray` path does.
 """
 
@@ -36,9 +36,9 @@ from evaluators.tasks.binding.rows import binding_common, binding_rows, extracti
 from evaluators.tasks.binding.task import SPLITS, binding_task
 from evaluators.cache.extract import BATCH_SIZE, extract_activations, is_complete, row_shards
 from evaluators.fitting import TrainConfig, stacks_row_sets
-from evaluators.plan import Model
-from evaluators.planning import Work, build_backbone
-from evaluators.ray_tasks import Cluster, arm_fault, cluster, die, gather, in_task, slots
+from evaluators.runner.plan import Model
+from evaluators.runner.planning import Work, build_backbone
+from evaluators.runner.ray_tasks import Cluster, arm_fault, cluster, die, gather, in_task, slots
 
 #: The largest row shard: a retried shard redoes at most this many rows.
 MAX_SHARD_ROWS = 4096

@@ -32,10 +32,10 @@ from evaluators.tasks.binding.workers import StackWorkers
 from evaluators.cache.extract import extract_activations, split_fingerprint
 from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
 from evaluators.tasks.issameobject import evaluate_issameobject
-from evaluators.plan import EvaluationPlan
-from evaluators.planning import (BackbonePlan, backbone_plans, check_cache, effective_limit, 
+from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.planning import (BackbonePlan, backbone_plans, check_cache, effective_limit, 
                                  probe_fingerprints, say)
-from evaluators.threads import chosen_threads
+from evaluators.runner.threads import chosen_threads
 
 
 def run_evaluation(plan: EvaluationPlan, *, progress: bool = True,
@@ -49,7 +49,7 @@ def run_evaluation(plan: EvaluationPlan, *, progress: bool = True,
     exist (and are skipped). `progress` shows bars and notes on stderr.
     """
     if plan.executor != "local":
-        from evaluators.ray_tasks import check_options
+        from evaluators.runner.ray_tasks import check_options
 
         check_options(plan.executor, plan.task, plan.gpus_per_task, plan.address)
     ds = open_dataset(plan.dataset, need_codes=plan.task == "binding")
@@ -90,7 +90,7 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
                       f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}), a backbone's row sets "
                       f"{how}{bars}")
     if plan.executor == "ray":
-        from evaluators.ray_executor import run_binding
+        from evaluators.runner.ray_executor import run_binding
 
         return run_binding([p for p in plans if p.todo], ds, unanchored=plan.unanchored, prov=prov, test_fp=test_fp,
                            base_train=base_train, device=plan.device, dtype=plan.dtype, limit=limit,
@@ -157,7 +157,7 @@ def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
 
     computed: dict[str, Any] = {}
     if plan.executor == "ray":
-        from evaluators.ray_executor import run_issameobject
+        from evaluators.runner.ray_executor import run_issameobject
 
         computed = run_issameobject([(p, *work(p)) for p in plans if p.todo], ds, seeds=seeds, device=device,
                                     dtype=dtype, epochs=epochs, exclude_background=exclude_background, limit=limit,
@@ -201,7 +201,7 @@ def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
 
 def _local_threads(threads: int | None, progress: bool, plans: Sequence[BackbonePlan],
                    local: bool = True, note: str = "") -> ContextManager[Any]:
-    """The torch threads of the in-process work: `threads`, or the default `evaluators.threads`
+    """The torch threads of the in-process work: `threads`, or the default `evaluators.runner.threads`
     picks (None), chosen once the run has work and said once (with `note`); Ray tasks pin their own (one)."""
     if not local or not any(p.todo for p in plans):
         return nullcontext()
