@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluators.fitting as fitting  # noqa: E402
 from benchmarks.gpu_fits import MODEL, extract, make_dataset  # noqa: E402
 from evaluators.fitting import RowReader, TrainConfig, cuda_graphs, linear_solver, moments, stacked  # noqa: E402
+from evaluators.fitting.stack import Stack, StepGraphs  # noqa: E402
 from evaluators.tasks.binding import binding_task, columns, evaluate_binding_sets  # noqa: E402
 
 class Launches(TorchDispatchMode):
@@ -77,18 +78,18 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
         finally:
             ops.setdefault(stage, Counter())[graph] = mode.counts["graphed"] - before
 
-    patches = [(fitting, name, stage) for stage, name in (("linear", "_linear_stage"), ("moments", "_moment_stage"),
-                                                          ("gradient", "_gradient_rounds"), ("scoring", "score_sets"))]
-    patches.append((stacked, "_validate", "validation"))
+    patches = [(fitting, name, stage) for stage, name in (("linear", "linear_stage"), ("moments", "moment_stage"),
+                                                          ("gradient", "gradient_rounds"), ("scoring", "score_sets"))]
+    patches.append((stacked, "validate_stacks", "validation"))
     patches.append((columns, "fit_row_sets", "other"))  # the fit's work outside its stages (what is outside the fit
     # runs on the host: CUDA's probes are built and copied on the CPU and moved to the device in the fit)
     saved = [(m, n, getattr(m, n)) for m, n, _ in patches] + [(cuda_graphs.GraphedStep, "run", cuda_graphs.GraphedStep.run),
                                                               (cuda_graphs.GraphedStep, "_on_side_stream",
                                                                cuda_graphs.GraphedStep._on_side_stream),
-                                                              (stacked._Stack, "train_eagerly", stacked._Stack.train_eagerly),
-                                                              (stacked._StepGraphs, "validation_bits",
-                                                               stacked._StepGraphs.validation_bits)]
-    train = stacked._Stack.train_eagerly
+                                                              (Stack, "train_eagerly", Stack.train_eagerly),
+                                                              (StepGraphs, "validation_bits",
+                                                               StepGraphs.validation_bits)]
+    train = Stack.train_eagerly
 
     def train_counted(self, x, *rest):  # noqa: ANN001 — a stack's step is graphed per batch shape on CUDA only
         graphed_run(self, tuple(x.shape), lambda: train(self, x, *rest))
@@ -105,8 +106,8 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
             setattr(m, n, mode.tagged(stage, getattr(m, n)))
         cuda_graphs.GraphedStep.run = graphed_run
         cuda_graphs.GraphedStep._on_side_stream = lambda self, step: step()  # a warm-up (`call`'s first), here
-        stacked._Stack.train_eagerly = train_counted
-        stacked._StepGraphs.validation_bits = validation_counted
+        Stack.train_eagerly = train_counted
+        StepGraphs.validation_bits = validation_counted
         for m, n in devices:
             setattr(m, n, ("cuda", "cpu"))
         with tempfile.TemporaryDirectory() as tmp:

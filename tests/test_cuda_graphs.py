@@ -153,6 +153,7 @@ def test_the_stacks_of_a_stage_step_on_lanes_of_their_own_joined_before_validati
     from bench.core.dataset import Dataset
     from evaluators.tasks.binding import binding_task, evaluate_binding_sets
     from evaluators.fitting import stacked
+    from evaluators.fitting.stack import Stack
     from tests.test_stacking import CONFIG, _row_sets
 
     monkeypatch.setattr(stacked, "STACKED_DEVICES", ("cuda", "cpu"))
@@ -160,7 +161,7 @@ def test_the_stacks_of_a_stage_step_on_lanes_of_their_own_joined_before_validati
     task = binding_task(Dataset(balanced_small))
     lanes_of: dict[int, set] = {}
     dirty: set = set()
-    train, validate = stacked._Stack.train, stacked._validate
+    train, validate = Stack.train, stacked.validate_stacks
 
     def step(self, *args, **kwargs):  # noqa: ANN001
         lane = fake_streams.current.name
@@ -176,8 +177,8 @@ def test_the_stacks_of_a_stage_step_on_lanes_of_their_own_joined_before_validati
         del fake_streams.log[:]
         return validate(*args, **kwargs)
 
-    monkeypatch.setattr(stacked._Stack, "train", step)
-    monkeypatch.setattr(stacked, "_validate", validated)
+    monkeypatch.setattr(Stack, "train", step)
+    monkeypatch.setattr(stacked, "validate_stacks", validated)
     evaluate_binding_sets(_row_sets(task, 2), task, ["quadratic", "dnn"], train=CONFIG, n_boot=20)
     assert len(lanes_of) >= 4 and all(len(lanes) == 1 for lanes in lanes_of.values())
     assert len({next(iter(lanes)) for lanes in lanes_of.values()}) >= 4  # stacks of a stage on different lanes

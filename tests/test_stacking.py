@@ -20,8 +20,10 @@ from evaluators.tasks.binding.jobs import binding_jobs
 from evaluators.tasks.binding.rows import stacks
 from evaluators.tasks.binding.task import SPLITS
 from evaluators.fitting import FitResult, RowReader, TrainConfig, feature_stats, row_sets_per_stack
+from evaluators.fitting import stack_scoring
 from evaluators.fitting import stacked as stacked_stage
-from evaluators.fitting.linear import _linear_stage
+from evaluators.fitting.linear import linear_stage
+from evaluators.fitting.stack import Stack, StepGraphs
 from evaluators.runner.plan import EvaluationPlan
 from evaluators.runner.planning import Work
 from evaluators.runner.run import run_evaluation
@@ -141,7 +143,7 @@ def test_stacked_adamw_steps_as_torchs_adamw():
     start = torch.randn(2, 3, 4, generator=rng)
     grads = [torch.randn(2, 3, 4, generator=rng) for _ in range(5)]
     lrs = torch.tensor([1e-2, 3e-3])
-    stack = object.__new__(stacked_stage._Stack)
+    stack = object.__new__(Stack)
     stack.params, stack.trained, stack.decay, stack.average = {"w": start.clone()}, ["w"], 0.1, None
     stack.steps = torch.zeros((), dtype=torch.float64)
     stack.moments = {"w": (torch.zeros_like(start), torch.zeros_like(start))}
@@ -164,14 +166,14 @@ def test_a_stack_whose_step_raises_is_fitted_alone(task, monkeypatch, one_torch_
     from where the stage started, and read what they read when fitted alone."""
     monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
     sets = _row_sets(task, 2)
-    real = stacked_stage._Stack.losses
+    real = Stack.losses
 
     def losses(self, *args, **kwargs):
         if self.jobs[0].name == "dnn/O_paper":
             raise RuntimeError("CUDA out of memory")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(stacked_stage._Stack, "losses", losses)
+    monkeypatch.setattr(Stack, "losses", losses)
     stacked = evaluate_binding_sets(sets, task, ["dnn"], train=CONFIG, n_boot=50)
     monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ())
     for inputs, together in zip(sets, stacked):
@@ -186,7 +188,7 @@ def test_a_stack_whose_scoring_raises_is_scored_job_by_job(task, monkeypatch, on
     monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
     sets = _row_sets(task, 2)
     whole = evaluate_binding_sets(sets, task, ["dnn"], train=CONFIG, n_boot=50)
-    scoring, bits = stacked_stage._score_stacks, stacked_stage._stacked_bits
+    scoring, bits = stacked_stage.score_stacks, stack_scoring.stacked_bits
     failing: set[int] = set()
 
     def score_stacks(stacks, *args):
@@ -201,8 +203,8 @@ def test_a_stack_whose_scoring_raises_is_scored_job_by_job(task, monkeypatch, on
             raise RuntimeError("CUDA out of memory")
         return bits(template, *args)
 
-    monkeypatch.setattr(stacked_stage, "_score_stacks", score_stacks)
-    monkeypatch.setattr(stacked_stage, "_stacked_bits", fragile)
+    monkeypatch.setattr(stacked_stage, "score_stacks", score_stacks)
+    monkeypatch.setattr(stack_scoring, "stacked_bits", fragile)
     split = evaluate_binding_sets(sets, task, ["dnn"], train=CONFIG, n_boot=50)
     for once, twice in zip(whole, split):
         assert twice["dnn"].error is None
@@ -235,7 +237,7 @@ def test_the_linear_stage_reads_the_host_as_often_for_4_row_sets_as_for_1(task):
         results = [{j.name: FitResult(j.name, n_bits=j.targets["train"].shape[1]) for j in js} for js in jobs]
         active = [{j.name: j for j in js} for js in jobs]
         with counted_reads() as count:
-            _linear_stage(jobs, sets, config, "cpu", results, active)
+            linear_stage(jobs, sets, config, "cpu", results, active)
         assert all(r.error is None and r.l2_path for rs in results for r in rs.values())
         counts.append(count[0])
     assert counts[0] == counts[1], counts
@@ -324,18 +326,18 @@ def test_a_stacks_batch_is_one_gather_of_the_same_rows():
 
 
 def test_validation_reads_the_same_held_tensors_every_epoch(task, monkeypatch):
-    """A graphed stack's validation pass is replayed from a graph per chunk (`_StepGraphs.validation_bits`),
+    """A graphed stack's validation pass is replayed from a graph per chunk (`StepGraphs.validation_bits`),
     which reads the memory its capture saw: with the split held on the device, each stack's chunk
     rows and indices must be the same tensors at every epoch (stacked once for the stage)."""
     monkeypatch.setattr(stacked_stage, "STACKED_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(stacked_stage, "GRAPHED_DEVICES", ("cuda", "cpu"))
     seen: dict[tuple, list] = {}  # the tensors themselves, kept alive: a new one cannot take an old one's memory
-    chunk_bits = stacked_stage._chunk_bits
+    chunk_bits = stack_scoring.chunk_bits
 
     def watched(s, x, idx, device, held):  # noqa: ANN001
         seen.setdefault((id(s), x.shape), []).append((x, idx))
         return chunk_bits(s, x, idx, device, held)
-    monkeypatch.setattr(stacked_stage, "_chunk_bits", watched)
+    monkeypatch.setattr(stack_scoring, "chunk_bits", watched)
     evaluate_binding_sets(_row_sets(task, 2), task, ["quadratic", "dnn"], train=CONFIG, n_boot=20)
     assert len(seen) >= 4 and all(len(passes) > 2 for passes in seen.values())  # epochs
     assert all(x is passes[0][0] and idx is passes[0][1] for passes in seen.values() for x, idx in passes)
@@ -350,7 +352,7 @@ def test_a_validation_chunk_is_replayed_into_the_tensor_its_first_pass_made(monk
     monkeypatch.setattr(cuda_graphs.GraphedStep, "_capture", lambda self, step, on_fail: type("G", (), {
         "replay": staticmethod(step)})())
     stack = type("S", (), {"params": {"w": torch.zeros(1)}, "trained": ["w"]})()
-    graphs = stacked_stage._StepGraphs(stack)
+    graphs = StepGraphs(stack)
     value = torch.tensor([1.0, 2.0])
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     outs = [graphs.validation_bits(0, lambda: value * k, value) for k in range(1, 5)]

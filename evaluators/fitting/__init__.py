@@ -31,10 +31,10 @@ import torch
 from evaluators.fitting.data import (STAGE_PREFIX, FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size,
                                      feature_stats, modules_to_device, resolve_device, row_set_bytes,
                                      row_sets_per_stack, stack_budget, stacks_row_sets, stage_label)
-from evaluators.fitting.gradient import _has_linear, _has_nonlinear, warm_start_from
-from evaluators.fitting.linear import _linear_stage
-from evaluators.fitting.moments import _moment_stage, class_directions
-from evaluators.fitting.scoring import _fail, _guard, saving_and_se
+from evaluators.fitting.gradient import has_linear, has_nonlinear, warm_start_from
+from evaluators.fitting.linear import linear_stage
+from evaluators.fitting.moments import moment_stage, class_directions
+from evaluators.fitting.scoring import record_failure, guard_against_prior, saving_and_se
 from evaluators.fitting.stacked import gradient_stages, score_sets, trains_stacked
 from evaluators.probes.families import ProbeOptim
 from evaluators.runner.threads import torch_threads
@@ -139,15 +139,15 @@ def _fit_stages(row_sets: Sequence[tuple[Sequence[ProbeJob], dict[str, RowReader
                                                    config.batch_size)):
             one.start(scored)
     with stage_label("linear"):
-        _linear_stage([[j for j in one.active.values() if _has_linear(j)] for one in states],
-                      [one.inputs for one in states], config, device, [one.results for one in states],
-                      [one.active for one in states])
+        linear_stage([[j for j in one.active.values() if has_linear(j)] for one in states],
+                     [one.inputs for one in states], config, device, [one.results for one in states],
+                     [one.active for one in states])
     with stage_label("moments"):
-        _moment_stage([[j for j in one.active.values() if hasattr(j.model, "init_from_moments")] for one in states],
-                      [one.inputs["train"] for one in states], device, [one.results for one in states],
-                      [one.active for one in states], stack_budget(config, device))
+        moment_stage([[j for j in one.active.values() if hasattr(j.model, "init_from_moments")] for one in states],
+                     [one.inputs["train"] for one in states], device, [one.results for one in states],
+                     [one.active for one in states], stack_budget(config, device))
     with stage_label("gradient"):
-        _gradient_rounds(states, config, device, progress)
+        gradient_rounds(states, config, device, progress)
     with stage_label("guard"):
         finished = [one.guard(config, groups) for one in states]
     with stage_label("test"):
@@ -158,16 +158,16 @@ def _fit_stages(row_sets: Sequence[tuple[Sequence[ProbeJob], dict[str, RowReader
     return [one.results for one in states]
 
 
-def _gradient_rounds(states: Sequence["_RowSet"], config: TrainConfig, device: str,
-                     progress: Callable[[int], None] | None) -> None:
+def gradient_rounds(states: Sequence["_RowSet"], config: TrainConfig, device: str,
+                    progress: Callable[[int], None] | None) -> None:
     """The gradient stage of every row set, in two rounds: the jobs that start on their own, then
     those warm-started from a job of the first (`ProbeJob.warm_start`)."""
-    first = [[j for j in one.active.values() if _has_nonlinear(j) and j.warm_start not in one.active]
+    first = [[j for j in one.active.values() if has_nonlinear(j) and j.warm_start not in one.active]
              for one in states]
     _gradient_of(states, first, config, device, progress)
     later = []
     for one, done in zip(states, first):
-        later.append([j for j in one.active.values() if _has_nonlinear(j) and all(j is not f for f in done)])
+        later.append([j for j in one.active.values() if has_nonlinear(j) and all(j is not f for f in done)])
         for j in later[-1]:
             if j.warm_start in one.active:  # else its source failed: it starts from its own weights
                 warm_start_from(j.model, one.active[j.warm_start].model)
@@ -201,7 +201,7 @@ class _RowSet:
         """The untrained probes' validation scores (`val`): the anchored ones' are their prior's."""
         for name, scored in val.items():
             if isinstance(scored, Exception):
-                _fail(self.results[name], scored, self.active, name)
+                record_failure(self.results[name], scored, self.active, name)
             elif name in self.prior_states:
                 self.prior_val[name] = scored[0]
 
@@ -210,17 +210,17 @@ class _RowSet:
         finished = [j for j in self.jobs if self.results[j.name].error is None]
         for j in finished:
             if j.name in self.prior_states:
-                _guard(j, self.results[j.name], self.prior_val[j.name], self.prior_states[j.name], groups,
-                       config.guard_se)
+                guard_against_prior(j, self.results[j.name], self.prior_val[j.name], self.prior_states[j.name], groups,
+                                    config.guard_se)
         return finished
 
     def finish(self, test: dict[str, tuple[np.ndarray, np.ndarray] | Exception]) -> None:
         """The finished jobs' test scores (`test`), scored once with the chosen weights."""
         for name, scored in test.items():
             if isinstance(scored, Exception):
-                _fail(self.results[name], scored, {}, name)
+                record_failure(self.results[name], scored, {}, name)
             elif not np.isfinite(scored[0]).all():
-                _fail(self.results[name], _non_finite_test(scored[0]), {}, name)
+                record_failure(self.results[name], _non_finite_test(scored[0]), {}, name)
             else:
                 self.results[name].scene_bits, self.results[name].bits_correct = scored
 

@@ -13,8 +13,8 @@ import torch
 
 from evaluators.fitting.early_stopping import Plateau, WeightAverage
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
-from evaluators.fitting.linear import _bias_ids
-from evaluators.fitting.scoring import HeldCodes, _batch_bits, _fail, _score
+from evaluators.fitting.linear import bias_ids
+from evaluators.fitting.scoring import HeldCodes, batch_bits, record_failure, score_jobs
 
 
 @torch.no_grad()
@@ -52,22 +52,25 @@ WARM_START_PARTS = ("encoder.", "keys.", "values.", "probe.encoder.", "probe.key
 FROZEN_PARTS = ("encoder.", "probe.encoder.")
 
 
-def _has_linear(job: ProbeJob) -> bool:
+def has_linear(job: ProbeJob) -> bool:
+    """Whether the job's probe has a linear part for the linear stage to fit (`Probe.linear_names`)."""
     linear = getattr(job.model, "linear_parameters", None)
     return linear is not None and bool(linear())
 
 
-def _has_nonlinear(job: ProbeJob) -> bool:
+def has_nonlinear(job: ProbeJob) -> bool:
+    """Whether the job's probe has parameters beyond its linear part, which the gradient stage trains
+    (a module without `nonlinear_parameters`: any parameter at all)."""
     nonlinear = getattr(job.model, "nonlinear_parameters", None)
     return bool(nonlinear()) if nonlinear is not None else any(True for _ in job.model.parameters())
 
 
-def _trained(job: ProbeJob) -> list[torch.nn.Parameter]:
+def trained_parameters(job: ProbeJob) -> list[torch.nn.Parameter]:
     """The parameters the gradient stage trains (and marks as needing a gradient): all but the
     linear part, which stays at its solution except the bias (a quadratic term shifts the logits'
     mean, and a bias frozen at the linear fit's value no longer centres them), and but the parts a
     warm start froze (`FROZEN_PARTS`)."""
-    kept = {id(p) for p in (job.model.linear_parameters() if _has_linear(job) else [])} - _bias_ids(job.model)
+    kept = {id(p) for p in (job.model.linear_parameters() if has_linear(job) else [])} - bias_ids(job.model)
     frozen = getattr(job.model, "frozen_names", frozenset())
     kept |= {id(p) for name, p in job.model.named_parameters() if name in frozen}
     for p in job.model.parameters():
@@ -75,7 +78,7 @@ def _trained(job: ProbeJob) -> list[torch.nn.Parameter]:
     return [p for p in job.model.parameters() if id(p) not in kept]
 
 
-def _optim_settings(job: ProbeJob, config: TrainConfig) -> tuple[float, float, float | None]:
+def optim_settings(job: ProbeJob, config: TrainConfig) -> tuple[float, float, float | None]:
     """(learning rate, weight decay, moving-average decay): the config's where it sets them, else the job's."""
     lr = config.lr if config.lr is not None else job.optim.lr
     decay = config.weight_decay if config.weight_decay is not None else job.optim.weight_decay
@@ -90,7 +93,7 @@ def _plateau_settings(job: ProbeJob, config: TrainConfig) -> tuple[int, int]:
     return patience, lr_patience
 
 
-class _Course:
+class Course:
     """One job's course through the gradient stage, however it is stepped (with its row set's other
     jobs, or stacked with the same job of other row sets): its validation history, the plateau that
     stops it, its learning rate and the schedule that lowers it, and the best weights so far.
@@ -177,9 +180,9 @@ def load_states(pairs: Sequence[tuple[torch.nn.Module, dict[str, torch.Tensor]]]
         torch._foreach_copy_(dsts, srcs)
 
 
-def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig, device: str,
-                    results: dict[str, FitResult], active: dict[str, ProbeJob],
-                    progress: Callable[[int], None] | None) -> None:
+def gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], config: TrainConfig, device: str,
+                   results: dict[str, FitResult], active: dict[str, ProbeJob],
+                   progress: Callable[[int], None] | None) -> None:
     """AdamW on each job's parameters beyond its linear part, early-stopped on validation: the jobs
     of one row set, stepped together on shared batches (`evaluators.fitting.stacked` steps the same
     job of many row sets as one).
@@ -195,17 +198,17 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
     courses, groups, averages = {}, {}, {}
     running = {j.name: j for j in jobs}
     for j in jobs:
-        lr, decay, ema = _optim_settings(j, config)
-        trained = _trained(j)
+        lr, decay, ema = optim_settings(j, config)
+        trained = trained_parameters(j)
         groups[j.name] = {"params": trained, "lr": lr, "weight_decay": decay}
         if ema:
             averages[j.name] = WeightAverage(trained, ema)
-        courses[j.name] = _Course(j, results[j.name], lr, config)
+        courses[j.name] = Course(j, results[j.name], lr, config)
         results[j.name].setting.update(lr=lr, weight_decay=decay, ema=ema)
     optimizer = adamw(list(groups.values()))
-    for name, scored in _score(jobs, inputs["val"], "val", device, config.batch_size).items():
+    for name, scored in score_jobs(jobs, inputs["val"], "val", device, config.batch_size).items():
         if isinstance(scored, Exception):
-            _fail(results[name], scored, active, name)
+            record_failure(results[name], scored, active, name)
             running.pop(name, None)
         else:
             courses[name].start(scored[0])
@@ -229,9 +232,9 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
             losses = {}
             for name, j in list(running.items()):
                 try:
-                    losses[name] = _batch_bits(j, "train", index, x, device, j.optim.amp, held)[0].mean()
+                    losses[name] = batch_bits(j, "train", index, x, device, j.optim.amp, held)[0].mean()
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
-                    _fail(results[name], e, active, name)
+                    record_failure(results[name], e, active, name)
                     running.pop(name, None)
             if not losses:
                 continue
@@ -241,7 +244,7 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
                 optimizer.step()
             except Exception as e:  # noqa: BLE001 — then every job of the step fails
                 for name in losses:
-                    _fail(results[name], e, active, name)
+                    record_failure(results[name], e, active, name)
                     running.pop(name, None)
                 continue
             for name, loss in losses.items():
@@ -252,13 +255,13 @@ def _gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], conf
         with ExitStack() as swapped:  # validate (and keep) the averaged weights; train on from the raw ones
             for name in averaged:
                 swapped.enter_context(averages[name].swapped_in())
-            val = _score(list(running.values()), inputs["val"], "val", device, config.batch_size)
+            val = score_jobs(list(running.values()), inputs["val"], "val", device, config.batch_size)
             keep = {name: copy.deepcopy(running[name].model.state_dict()) for name in averaged}
         for name in list(running):
             outcome = val[name] if isinstance(val[name], Exception) else \
                 courses[name].epoch(epoch, float(train_sum[name]) / n_train, val[name][0], keep.get(name))
             if isinstance(outcome, Exception):
-                _fail(results[name], outcome, active, name)
+                record_failure(results[name], outcome, active, name)
             if outcome is not True:
                 running.pop(name)
         if progress:

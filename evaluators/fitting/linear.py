@@ -11,13 +11,13 @@ import numpy as np
 import torch
 
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, to_device
-from evaluators.fitting.scoring import _fail
+from evaluators.fitting.scoring import record_failure
 from evaluators.fitting.linear_solver import LinearProblem, PathSettings, PathSolution, solve_path
 from evaluators.probes.base import strictly_lower
 
 
-def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str, RowReader]], config: TrainConfig,
-                  device: str, results: Sequence[dict[str, FitResult]], active: Sequence[dict[str, ProbeJob]]) -> None:
+def linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str, RowReader]], config: TrainConfig,
+                 device: str, results: Sequence[dict[str, FitResult]], active: Sequence[dict[str, ProbeJob]]) -> None:
     """Fit every linear problem of every row set (lists indexed by row set) along the penalty path
     (`evaluators.fitting.linear_solver`), and give every job its target's chosen solution.
 
@@ -64,8 +64,8 @@ def _linear_stage(jobs: Sequence[Sequence[ProbeJob]], inputs: Sequence[dict[str,
         if not ok:
             for members, _, _ in group[2]:
                 for job in members:
-                    _fail(results[r][job.name], FloatingPointError("the activations hold NaN or inf"), active[r],
-                          job.name)
+                    record_failure(results[r][job.name], FloatingPointError("the activations hold NaN or inf"), active[r],
+                                   job.name)
             continue
         lead = first[shapes[i]]
         home = home_of.get(lead) if equal.get(i) else None
@@ -114,7 +114,7 @@ def _row_set_problems(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], de
             x_val, val = _linear_problem(members[0], raw["val"], "val", device, made)
         except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
             for job in members:
-                _fail(results[job.name], e, active, job.name)
+                record_failure(results[job.name], e, active, job.name)
             continue
         for gx, gv, problems in groups:  # targets that read the same input share one rotation and one solve
             if _same(gx, x_train) and _same(gv, x_val):
@@ -169,7 +169,7 @@ def _linear_stage_alone(one: tuple[int, _Group], settings: PathSettings, results
     except Exception as e:  # noqa: BLE001 — a failing solve becomes error rows of its targets
         for members, _, _ in group[2]:
             for job in members:
-                _fail(results[r][job.name], e, active[r], job.name)
+                record_failure(results[r][job.name], e, active[r], job.name)
         return
     _assign(group, solved, 0, settings, results[r], active[r])
 
@@ -189,8 +189,8 @@ def _assign(group: _Group, solutions: list[PathSolution], i: int, settings: Path
         for job in members:
             r = results[job.name]
             if not math.isfinite(path[choice]):
-                _fail(r, FloatingPointError(f"validation loss is {path[choice]} at {kind.upper()} {strength:g}"),
-                      active, job.name)
+                record_failure(r, FloatingPointError(f"validation loss is {path[choice]} at {kind.upper()} {strength:g}"),
+                               active, job.name)
                 continue
             _load_linear(job.model, sol.w[i], sol.v[i])
             r.l2_path, r.l1_path = (sorted(((float(s), float(v)) for k, s, v in zip(kinds, strength_of, path)
@@ -286,7 +286,7 @@ def _load_linear(model: torch.nn.Module, w: torch.Tensor, v: torch.Tensor) -> No
     model.set_linear(w, rest[:, -1], context, rest[:, :-1] if rest.shape[1] > 1 else None)
 
 
-def _bias_ids(model: torch.nn.Module) -> set[int]:
+def bias_ids(model: torch.nn.Module) -> set[int]:
     """The probe's per-bit bias (its own or a wrapped probe's): the one linear parameter the
     gradient stage trains on, and the one the L1 path keeps under L2."""
     return {id(p) for name, p in model.named_parameters() if name in ("bias", "probe.bias")}

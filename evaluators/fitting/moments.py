@@ -11,7 +11,7 @@ import torch
 from evaluators.fitting.batched_linalg import eigh, qr_q
 from evaluators.fitting.cuda_graphs import GraphedStep
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
-from evaluators.fitting.scoring import _fail
+from evaluators.fitting.scoring import record_failure
 
 #: Rows per chunk of the moment stage (its K x n x m products stay a few hundred MB at most).
 _MOMENT_CHUNK = 1024
@@ -22,9 +22,9 @@ _MOMENT_CHUNK = 1024
 MOMENT_DIMS = 384
 
 
-def _moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReader], device: str,
-                  results: Sequence[dict[str, FitResult]], active: Sequence[dict[str, ProbeJob]],
-                  budget: int | None = None) -> None:
+def moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReader], device: str,
+                 results: Sequence[dict[str, FitResult]], active: Sequence[dict[str, ProbeJob]],
+                 budget: int | None = None) -> None:
     """Give quadratic probes their moment-based starting directions (per `linear_key` once), the
     row sets of a stack (lists indexed by row set) together: their eigen-solves run as one batch,
     so that a GPU meets one train of small kernels per stack instead of one per row set. As many
@@ -58,7 +58,7 @@ def _moment_stage(jobs: Sequence[Sequence[ProbeJob]], readers: Sequence[RowReade
                         other.model.init_from_moments(mine.to(device))
                 except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
                     for other in sharing:
-                        _fail(results[r][other.name], e, active[r], other.name)
+                        record_failure(results[r][other.name], e, active[r], other.name)
 
 
 def _shared_labels(members: list[tuple[int, ProbeJob]], readers: Sequence[RowReader], device: str

@@ -15,8 +15,8 @@ from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
 from evaluators.probes.base import anchor, scene_bits
 
 
-def _guard(job: ProbeJob, result: FitResult, prior_val: np.ndarray, prior_state: dict[str, torch.Tensor],
-           groups: np.ndarray | None, n_se: float) -> None:
+def guard_against_prior(job: ProbeJob, result: FitResult, prior_val: np.ndarray, prior_state: dict[str, torch.Tensor],
+                        groups: np.ndarray | None, n_se: float) -> None:
     """Keep the fit only if it saves more validation bits than the exact prior by more than
     `n_se` standard errors (Student's t with G − 1 degrees of freedom at the same one-sided level,
     G the validation groups, so that a handful of F codes cannot pass a noise fit: with 16
@@ -41,26 +41,28 @@ def saving_and_se(reference: np.ndarray, fitted: np.ndarray, groups: np.ndarray 
     return (float(d.mean()) if len(d) else 0.0), mean_se(d, groups)
 
 
-def _fail(result: FitResult, error: Exception, active: dict, name: str) -> None:
+def record_failure(result: FitResult, error: Exception, active: dict, name: str) -> None:
+    """A job that raised: its first line of error on its result (an error row), not converged, and
+    the job out of `active` (its row set's jobs still fitting), whatever stage it failed in."""
     result.error = f"{type(error).__name__}: {error}".splitlines()[0]
     result.converged = False
     active.pop(name, None)
 
 
-def _batch_bits(job: ProbeJob, split: str, idx: np.ndarray, x: torch.Tensor, device: str,
-                amp: bool = True, held: "HeldCodes | None" = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch_bits(job: ProbeJob, split: str, idx: np.ndarray, x: torch.Tensor, device: str,
+               amp: bool = True, held: "HeldCodes | None" = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(bits per scene, logits, target) of one job on a batch, teacher-forced (bf16 autocast on CUDA
     unless `amp` is off: its family's `ProbeOptim.amp`). `held`: the job's codes of the split
     already on the device (`HeldCodes`), indexed there instead of copied from the host."""
-    target, cond, prior = _codes(job, split, idx, device, held)
+    target, cond, prior = job_codes(job, split, idx, device, held)
     with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp and device.startswith("cuda")):
         residual = job.model(x, target, cond)
     logits = anchor(residual.float(), prior)
     return scene_bits(logits, target), logits, target
 
 
-def _codes(job: ProbeJob, split: str, idx: np.ndarray | torch.Tensor, device: str,
-           held: "HeldCodes | None" = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def job_codes(job: ProbeJob, split: str, idx: np.ndarray | torch.Tensor, device: str,
+              held: "HeldCodes | None" = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(target, condition or None, prior or None) of a job's rows `idx` of a split, on the device."""
     if held is not None:
         return held.rows(job.name, idx)
@@ -112,21 +114,21 @@ class HeldSplit:
 
 #: Input bytes per chunk when a split is scored: no gradient is kept, so a pooled view's split is
 #: scored in one pass, a spatial view's in chunks of this size.
-_SCORE_BYTES = 64 * 2**20
+SCORE_BYTES = 64 * 2**20
 
 
 @torch.no_grad()
-def _score(jobs: Sequence[ProbeJob], reader: RowReader, split: str, device: str,
-           batch: int) -> dict[str, tuple[np.ndarray, np.ndarray] | Exception]:
+def score_jobs(jobs: Sequence[ProbeJob], reader: RowReader, split: str, device: str,
+               batch: int) -> dict[str, tuple[np.ndarray, np.ndarray] | Exception]:
     """Per-scene bits and teacher-forced correct-bit counts of every job on a split, in order;
-    a job that raises gets its exception instead, and the others go on (`_score_sets` of one)."""
-    return _score_sets([(jobs, reader)], split, device, batch)[0]
+    a job that raises gets its exception instead, and the others go on (`score_row_sets` of one)."""
+    return score_row_sets([(jobs, reader)], split, device, batch)[0]
 
 
 @torch.no_grad()
-def _score_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader]], split: str, device: str,
-                batch: int) -> list[dict[str, tuple[np.ndarray, np.ndarray] | Exception]]:
-    """`_score` of several row sets' jobs, each on its own reader: scores stay on the device until
+def score_row_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader]], split: str, device: str,
+                   batch: int) -> list[dict[str, tuple[np.ndarray, np.ndarray] | Exception]]:
+    """`score_jobs` of several row sets' jobs, each on its own reader: scores stay on the device until
     every split is done and come back in one transfer, however many row sets and jobs."""
     scored: list[dict[str, tuple[list, list] | Exception]] = []
     for jobs, reader in sets:
@@ -136,14 +138,14 @@ def _score_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader]], split: str
         scored.append(mine)
         if not jobs:
             continue
-        chunk = max(batch, _SCORE_BYTES // max(reader.float_row_bytes, 1))
+        chunk = max(batch, SCORE_BYTES // max(reader.float_row_bytes, 1))
         for idx, rows in reader.chunks(chunk):
             x = torch.from_numpy(rows).to(device)
             for j in jobs:
                 if isinstance(mine[j.name], Exception):
                     continue
                 try:
-                    b, logits, target = _batch_bits(j, split, idx, x, device, j.optim.amp)
+                    b, logits, target = batch_bits(j, split, idx, x, device, j.optim.amp)
                 except Exception as e:  # noqa: BLE001 — reported per job
                     mine[j.name] = e
                     continue
