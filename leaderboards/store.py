@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.core.errors import BenchError
-from bench.core.results import KEY_COLUMNS, RESULT_SCHEMA, read_results
+from bench.core.results import RESULT_SCHEMA, read_results, row_key
 
 #: Per-scene columns (test bits, F-code groups, prior references): kept as numpy arrays, which
 #: paired comparisons read, never as Python lists (a row holds thousands of them).
@@ -183,7 +183,7 @@ def latest(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per key: the newest successful one, else the newest failure (re-runs supersede)."""
     best: dict[tuple, dict[str, Any]] = {}
     for r in rows:
-        key = tuple(r[c] for c in KEY_COLUMNS)
+        key = row_key(r)
         old = best.get(key)
         if old is None or _preference(r) > _preference(old):
             best[key] = r

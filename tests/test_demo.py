@@ -52,10 +52,7 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
                                 fingerprint=ds.fingerprint("test")), control=control) for m in models for p in plan.families]
         return write_run(rows, plan.results_dir, f"stand-in-{len(calls)}")
 
-    from evaluators.runner.run import probe_fingerprints
-
-    monkeypatch.setitem(sys.modules, "evaluators.runner.run", types.SimpleNamespace(run_evaluation=run_evaluation,
-                                                                             probe_fingerprints=probe_fingerprints))
+    monkeypatch.setitem(sys.modules, "evaluators.runner.run", types.SimpleNamespace(run_evaluation=run_evaluation))
     code = main(["demo", "--out", str(tmp_path / "demo"), *SMALL])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -132,10 +129,7 @@ def test_a_zoo_training_error_in_the_second_process_exits_2(tmp_path, capsys, mo
     def run_evaluation(plan, **kw):
         calls.append([m.spec for m in plan.models])
 
-    from evaluators.runner.run import probe_fingerprints
-
-    monkeypatch.setitem(sys.modules, "evaluators.runner.run", types.SimpleNamespace(run_evaluation=run_evaluation,
-                                                                             probe_fingerprints=probe_fingerprints))
+    monkeypatch.setitem(sys.modules, "evaluators.runner.run", types.SimpleNamespace(run_evaluation=run_evaluation))
     bad = tiny("masked").with_(data=dict(tiny("masked").data, object_size=80))  # cannot fit a 64-px image
     monkeypatch.setitem(RECIPES, "masked", bad)
     assert main(["demo", "--out", str(tmp_path / "demo"), *SMALL]) == 2

@@ -211,6 +211,10 @@ MALFORMED = [
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = { a = 'pixels', b = { spec = 'pixels', size = 3 } }", "evaluate[1].backbones.b.size: unknown key"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['a=pixels']\n[[evaluate]]\nbackbones = ['a=oracle:objects']", "evaluate[2].backbones: a names oracle:objects here"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]\nbackbones = ['pixels']", "not valid TOML"),
+    # the request's own checks (`EvaluationPlan`), their one line after the block's key path
+    ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\ntask = 'issameobject'\ntokens = 'cls'",
+     "evaluate[1]: tokens: issameobject compares patch tokens"),
+    ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\nepochs = 0", "evaluate[1]: epochs: must be ≥ 1"),
 ]
 
 
@@ -223,6 +227,63 @@ def test_a_malformed_study_exits_2_with_one_line_naming_the_file_and_key(tmp_pat
     assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"bench: error: {study}: ") and key in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
+
+
+#: One request of both backbone kinds: a ground-truth one (its mean view an alias of cls) and a
+#: checkpoint folder, under a limit smaller than every split.
+SAME_REQUEST = """
+[datasets.d]
+path = "data-b"
+[[evaluate]]
+backbones = ["pixels", "vit=./vit"]
+tokens = ["cls", "mean"]
+probes = ["linear", "quadratic"]
+seeds = [0, 1]
+limit = 8
+"""
+
+
+def test_a_study_plans_the_rows_and_cache_bench_evaluate_plans(grid, tmp_path, monkeypatch):
+    """One planner: a study asks the evaluation planner on the request `bench evaluate` makes, so
+    both key the same rows (`row_key`), owe the same row sets (the cls/mean alias, the limit) and
+    count the same cache bytes."""
+    from bench import api
+    from bench.core.dataset import Dataset
+    from bench.core.results import existing_keys, row_key, write_run
+    from evaluators.cache.extract import pending_bytes, split_fingerprint
+    from evaluators.runner.planning import backbone_plans, effective_limit
+
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    (grid / "same.toml").write_text(SAME_REQUEST)
+    study = api.load_study(grid / "same.toml")
+    block, ds = study.blocks[0], Dataset(grid / "data-b")
+    request = block.request(block.backbones, ds.path)
+    limit = effective_limit(ds, request.limit)
+    test_fp = split_fingerprint(ds, "test", limit)
+    pixels, vit = backbone_plans(request, ds, done=set(), test_fp=test_fp, limit=limit, progress=False)
+    assert limit == 8 and pixels.aliases == {"cls": ["mean"]} and vit.aliases == {}
+    # the rows the run would write, as it keys them; held: every row of seed 0, and pixels' cls rows of seed 1
+    rows = [dict(backbone=p.name, dataset=ds.name, dataset_fingerprint=test_fp, limit=limit, control=None,
+                 split="test", layer=w.layer, tokens=v, task="binding", probe=f, seed=w.seed, status="ok",
+                 weights_fingerprint=p.backbone.info.revision, probe_fingerprint=p.probe_fps[f])
+            for p in (pixels, vit) for w in p.todo for f in w.families for v in p.shown(w.view)]
+    held = [r for r in rows if r["seed"] == 0 or (r["backbone"] == "pixels" and r["tokens"] == "cls")]
+    out = tmp_path / "out"
+    write_run(held, out / "results", "held")
+    (out / "bench-study.json").write_text('{"study": "same", "settings": {}}')
+    assert existing_keys(out / "results") == {row_key(r) for r in held}
+    evaluate = backbone_plans(request, ds, done=existing_keys(out / "results"), test_fp=test_fp, limit=limit,
+                              progress=False)
+    plan = api.plan_study(study, out)
+    units = {u.backbone.name: u for u in plan.units}
+    for p, pending, kept in zip(evaluate, (1, 2), (6, 4)):  # pixels owes seed 1 (its mean rows), the vit seed 1
+        u = units[p.name]
+        assert (u.layers, u.pending_row_sets, u.held) == (tuple(p.layers), len(p.todo), kept) and len(p.todo) == pending
+        assert (u.rows, u.row_sets) == (len([r for r in rows if r["backbone"] == p.name]), len(p.layers) * len(p.views) * 2)
+    assert [p.skipped for p in evaluate] == [2, 4]
+    assert units["vit"].activation_bytes == sum(
+        pending_bytes(vit.backbone, ds, s, layers=vit.layers, views=vit.views, dtype=request.dtype, limit=limit)
+        for s in ("train", "val", "test")) > 0
 
 
 def test_variables_fill_values_with_their_types_and_typos_are_refused(tmp_path, capsys, monkeypatch):

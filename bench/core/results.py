@@ -15,7 +15,7 @@ import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,6 +39,15 @@ RESULTS_SCHEMA_VERSION = 5
 #: The key: a row is identified by these (re-runs skip keys already present).
 KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "limit", "control", "split", "layer", "tokens", "task",
                "probe", "seed", "weights_fingerprint", "probe_fingerprint")
+
+
+
+def row_key(row: Mapping[str, Any]) -> tuple:
+    """The key of a row (its `KEY_COLUMNS` cells, in order): the one rule every part keys rows
+    by — `bench evaluate` and a study's plan deciding which rows are still owed, `existing_keys`,
+    the leaderboard keeping the newest row per key — so they never disagree on what is held."""
+    return tuple(row[c] for c in KEY_COLUMNS)
+
 
 _F = pa.float64()
 _METRICS = [
@@ -242,6 +251,4 @@ def existing_keys(results_dir: str | os.PathLike) -> set[tuple]:
     t = read_results(d)
     if t.num_rows == 0:
         return set()
-    cols = [t[c].to_pylist() for c in KEY_COLUMNS]
-    status = t["status"].to_pylist()
-    return {key for key, s in zip(zip(*cols), status) if s == "ok"}
+    return {row_key(r) for r in t.select([*KEY_COLUMNS, "status"]).to_pylist() if r["status"] == "ok"}

@@ -36,7 +36,6 @@ ROW_SET_SECONDS = 30.0
 MANIFEST = "bench-study.json"
 #: The lock a run holds on its study's folder (`runner.run_study`): one run of a folder at a time.
 LOCK = ".bench-study.lock"
-SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -146,8 +145,7 @@ def plan_study(study: Study, out: str | Path | None = None, cwd: Path | None = N
     walls = _walls(table)
     steps = tuple(_dataset_step(study, entry, folder) for entry in study.datasets.values())
     by_name = {s.entry.name: s for s in steps}
-    units = tuple(_unit(study, block, by_name[d], b, held) for block in study.blocks for d in block.datasets
-                  for b in block.backbones)
+    units = tuple(u for block in study.blocks for d in block.datasets for u in _units(study, block, by_name[d], held))
     seconds, source, timed = 0.0, [], 0
     for u in units:
         if u.pending_row_sets is None or u.done:
@@ -357,62 +355,56 @@ def _dataset_step(study: Study, entry: DatasetEntry, folder: Path) -> DatasetSte
                        entry.options.get("image_size", 448))
 
 
-def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: BackboneEntry, held: set[tuple]) -> Unit:
-    from evaluators.backbones import backbone_metadata
-    from evaluators.cache.extract import parse_layers
-    from evaluators.tasks.issameobject import layer_probes
-    from evaluators.runner.plan import EvaluationPlan
-    from evaluators.runner.run import probe_fingerprints
+def _units(study: Study, block: EvaluateBlock, step: DatasetStep, held: set[tuple]) -> list[Unit]:
+    """The units of one block on one dataset, each backbone planned by the evaluation planner
+    (`evaluators.runner.planning.rows_owed`) on the request `bench evaluate` makes of its group
+    (`EvaluateBlock.request`), keyed as the run keys its rows; nothing is held of a dataset not made yet."""
+    requests = {b: block.request(group, step.target) for group in block.groups() for b in group}
+    keyed: dict[str, Any] = {"dataset": "", "test_fp": "", "limit": None, "done": set()}
+    if step.status == "present":
+        from bench.core.dataset import Dataset
+        from evaluators.cache.extract import split_fingerprint
+        from evaluators.runner.planning import effective_limit
 
-    plan = EvaluationPlan([backbone.model], step.target, **block.options, **backbone.preprocessing)
-    views, families, task = tuple(plan.views), plan.families, plan.task
+        ds = Dataset(step.target)
+        limit = effective_limit(ds, requests[block.backbones[0]].limit)  # one limit a block
+        keyed = {"dataset": ds.name, "test_fp": split_fingerprint(ds, "test", limit), "limit": limit, "done": held}
+    return [_unit(study, block, step, b, requests[b], keyed) for b in block.backbones]
+
+
+def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: BackboneEntry, plan: Any,
+          keyed: dict[str, Any]) -> Unit:
+    from evaluators.backbones import backbone_metadata
+    from evaluators.runner.planning import request_fingerprints, rows_owed
+
+    views = tuple(plan.views)
     info = backbone_metadata(backbone.spec)
     if info is None:
         return Unit(block, step.entry.name, backbone, None, None, views, None, None, 0, None)
     try:
-        layers = tuple(parse_layers(plan.layer_request, info.n_layers))
+        owed = rows_owed(plan, backbone.name, info, probe_fps=request_fingerprints(plan), **keyed)
     except BenchError as e:
         hint = "; it has no layers: leave layers out of this block" if not info.n_layers else ""
         raise BenchError(f"{study.source}: {block.key}.layers: {e} (backbone {backbone.name}{hint})") from None
-    trained = tuple(v for v in views if not (info.family in ("pixels", "oracle") and v == "mean" and "cls" in views))
-    per_layer = {layer: (layer_probes(families, layer, info.n_layers) if task == "issameobject" else families)
-                 for layer in layers}
-    rows = sum(len(per_layer[layer]) for layer in layers) * len(views) * len(plan.seeds)
-    held_rows, pending_sets = 0, len(layers) * len(trained) * len(plan.seeds)
-    if step.status == "present":
-        from bench.core.dataset import Dataset
-        from evaluators.cache.extract import split_fingerprint
-
-        ds = Dataset(step.target)
-        limit = plan.limit if plan.limit is not None and any(plan.limit < ds.num_rows(s) for s in SPLITS) else None
-        test_fp = split_fingerprint(ds, "test", limit)
-        fps = probe_fingerprints(task, families, plan.probe_request())
-        pending_sets = 0
-        for layer in layers:
-            for view in trained:
-                shown = [view, "mean"] if view == "cls" and len(trained) < len(views) else [view]
-                for seed in plan.seeds:
-                    have = [(backbone.name, ds.name, test_fp, limit, plan.control, "test", layer, v, task, fam, seed,
-                             info.revision, fps[fam]) in held for fam in per_layer[layer] for v in shown]
-                    held_rows += sum(have)
-                    pending_sets += not all(have)
-    return Unit(block, step.entry.name, backbone, info.n_layers, layers, views, len(layers) * len(trained) *
-                len(plan.seeds), rows, held_rows, pending_sets, _unit_bytes(info, backbone, step, layers, views,
-                                                                             plan.limit) if pending_sets else 0)
+    layers, pending = tuple(owed.layers), len(owed.todo)
+    return Unit(block, step.entry.name, backbone, info.n_layers, layers, views,
+                len(layers) * len(owed.views) * len(plan.seeds), owed.rows, owed.held, pending,
+                _unit_bytes(info, backbone, step, layers, views, plan.limit) if pending else 0)
 
 
 def _unit_bytes(info: Any, backbone: BackboneEntry, step: DatasetStep, layers: Sequence[int], views: Sequence[str],
                 limit: int | None) -> int:
-    """fp16 bytes of the activations one unit extracts: rows × layers × (tokens × width per view) × 2."""
+    """An upper bound on the activations one unit extracts (`metadata_bytes`): every view asked
+    for, and 3 x `limit` rows (or all the scenes) at the side the run will use."""
+    from evaluators.backbones.ground_truth import FAMILIES
+    from evaluators.runner.planning import metadata_bytes
+
     if step.scenes is None:
         return 0
-    ground_truth = info.family in ("pixels", "oracle")
+    ground_truth = info.family in FAMILIES
     side = (step.image_size or info.input_size) if ground_truth else (backbone.image_size or info.input_size)
-    grid = (side // info.patch_size) ** 2 if info.patch_size else 0
-    width = info.width or 64  # an oracle's width is its dataset's code length: small either way
-    per_row = sum({"cls": width, "mean": width, "cls+mean": 2 * width, "all": grid * width}[v] for v in views)
     rows = step.scenes if limit is None else min(step.scenes, 3 * limit)
-    return rows * len(layers) * per_row * 2
+    return metadata_bytes(info, side, rows, layers, views)
 
 
 def _activation_bytes(units: Sequence[Unit], steps: dict[str, DatasetStep]) -> int:

@@ -164,22 +164,17 @@ def _work(study: Study, plan: StudyPlan) -> list[tuple[EvaluateBlock, DatasetSte
     out = []
     for block in study.blocks:
         for name in block.datasets:
-            groups: dict[tuple, list] = {}
-            for b in block.backbones:
-                groups.setdefault(tuple(sorted(b.preprocessing.items())), []).append(b)
-            out += [(block, steps[name], tuple(group)) for group in groups.values()]
+            out += [(block, steps[name], group) for group in block.groups()]
     return out
 
 
 def _evaluate(study: Study, block: EvaluateBlock, step: DatasetStep, backbones: tuple, results: Path, executor: str,
               address: str | None, progress: bool, command: str | None, skipped: list[int]) -> list[Path]:
     """One `run_evaluation` of a block's backbones (sharing input settings) on one dataset."""
-    from evaluators.runner.plan import EvaluationPlan
     from evaluators.runner.run import run_evaluation
 
-    plan = EvaluationPlan([b.model for b in backbones], step.target, **block.options, **backbones[0].preprocessing,
-                          results_dir=results, executor=executor, address=address, threads=study.threads,
-                          command=command)
+    plan = block.request(backbones, step.target, results_dir=results, executor=executor, address=address,
+                         threads=study.threads, command=command)
     path = run_evaluation(plan, progress=progress, on_skipped=skipped.append)
     return [] if path is None else [path]
 

@@ -7,34 +7,27 @@ lm-evaluation-harness tasks and MTEB benchmarks are). Every key, type and name i
 against the same registries the commands use (generators, backbone sources, probe families,
 token views, metrics), before any work; a bad file raises BenchError with one line naming the
 file and the key path, arrays counted from 1 (`study.toml: evaluate[2].probes[1]: unknown probe
-'mlp'; ...`).
-
-`${VAR}` and `${VAR:-default}` in a string take a value from `variables` (`--set VAR=VALUE`)
-or the environment. A string that is a single reference takes the type TOML reads its value
-as (`${N_TRAIN:-800}` is the number 800), and one that comes out empty leaves its key out (the
-key's default applies). Relative paths (a dataset `path`, an import's `src`, a checkpoint
-folder, a `py:` file, a timm state-dict file) resolve from the study file's folder.
+'mlp'; ...`); each block's options are checked as the request `bench evaluate` makes of them
+(`EvaluateBlock.request`). Variables and relative paths: `bench.studies.parsing`.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from bench.core.errors import BenchError
-from bench.core.labels import check_label
+from bench.studies.parsing import AnyKey, Checker, Resolver, resolve_path, spec_path
 
 try:  # Python 3.11+; `tomli` is the same parser, for 3.10
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib  # type: ignore[no-redef]
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 #: The options of a study's `import` beside `src` (those of `bench import`), with their types;
 #: which importers take which of `_IMPORT_OWN` is `generators.importers.IMPORTERS`'s to say.
 _IMPORT_COMMON = {"split_seed": int, "max_scenes": int, "val_fraction": float, "test_fraction": float,
@@ -110,6 +103,22 @@ class EvaluateBlock:
     def key(self) -> str:
         return f"evaluate[{self.index}]"
 
+    def groups(self) -> list[tuple[BackboneEntry, ...]]:
+        """The block's backbones by input settings, in order (one request takes one set)."""
+        groups: dict[tuple, list[BackboneEntry]] = {}
+        for b in self.backbones:
+            groups.setdefault(tuple(sorted(b.preprocessing.items())), []).append(b)
+        return [tuple(g) for g in groups.values()]
+
+    def request(self, backbones: Sequence[BackboneEntry], dataset: Path, **run: Any) -> Any:
+        """The `EvaluationPlan` of `backbones` (one of `groups`) on `dataset`: the request `bench
+        evaluate` makes of these options, checked when made. The study's checks, its plan (rows
+        owed, cache estimate) and its run all ask this one request; `run` adds the run's settings."""
+        from evaluators.runner.plan import EvaluationPlan
+
+        return EvaluationPlan([b.model for b in backbones], dataset, **self.options, **backbones[0].preprocessing,
+                              **run)
+
 
 @dataclass(frozen=True)
 class Study:
@@ -162,9 +171,9 @@ def load_study(study: str | os.PathLike[str], variables: Mapping[str, str] | Non
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise BenchError(f"{source}: not valid TOML: {e}") from None
-    check = _Checker(source)
+    check = Checker(source)
     given = {k: str(v) for k, v in (variables or {}).items()}
-    resolver = _Resolver(check, given, allow_unset)
+    resolver = Resolver(check, given, allow_unset)
     data = resolver.walk(data, "")
     unused = sorted(set(given) - resolver.read)
     if unused:
@@ -195,119 +204,7 @@ def _read(study: str | os.PathLike[str]) -> tuple[str, str, Path, str]:
     return shipped.read_text(encoding="utf-8"), f"shipped:{text_name}", Path.cwd(), text_name
 
 
-class _Checker:
-    """Raises the one-line errors of a study file: `FILE: KEY.PATH: message`."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, key: str, message: str) -> BenchError:
-        return BenchError(f"{self.source}: {key}: {message}")
-
-    def label(self, value: str, key: str, what: str) -> None:
-        """Refuse, at `key`, a name that is not a label (`bench.core.labels`: it names rows and folders)."""
-        try:
-            check_label(value, what)
-        except BenchError as e:
-            raise self.fail(key, str(e)) from None
-
-    def table(self, value: Any, key: str, allowed: Mapping[str, Any], required: tuple[str, ...] = ()) -> dict:
-        """`value` as a table with only `allowed` keys (each of its type) and every `required` one."""
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected a table, got {_type_name(value)}")
-        for k, v in value.items():
-            where = f"{key}.{k}" if key else k
-            if k not in allowed:
-                close = difflib.get_close_matches(k, list(allowed), n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(allowed)}"
-                raise self.fail(where, f"unknown key; {hint}")
-            self.typed(v, where, allowed[k])
-        for k in required:
-            if k not in value:
-                raise self.fail(f"{key}.{k}" if key else k, "missing (required)")
-        return value
-
-    def typed(self, value: Any, key: str, types: Any) -> Any:
-        types = types if isinstance(types, tuple) else (types,)
-        ok = any(isinstance(value, t) and not (isinstance(value, bool) and t in (int, float)) for t in types)
-        if not ok:
-            names = " or ".join({str: "a string", int: "an integer", float: "a number", bool: "true or false",
-                                 list: "an array", dict: "a table"}[t] for t in types)
-            raise self.fail(key, f"expected {names}, got {_type_name(value)}")
-        return value
-
-    def items(self, value: Any, key: str, types: Any) -> list:
-        """A scalar or an array of them, as a list, each element checked (`key[i]` names a bad one)."""
-        values = value if isinstance(value, list) else [value]
-        for i, v in enumerate(values):
-            self.typed(v, f"{key}[{i + 1}]" if isinstance(value, list) else key, types)
-        return values
-
-
-def _type_name(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-            dict: "a table"}.get(type(value), type(value).__name__)
-
-
-class _Resolver:
-    """Fills `${VAR}` references in every string of the parsed file, recording what it read."""
-
-    def __init__(self, check: _Checker, given: Mapping[str, str], allow_unset: bool) -> None:
-        self.check, self.given, self.allow_unset = check, given, allow_unset
-        self.read: set[str] = set()
-        self.values: dict[str, str] = {}
-        self.unset: set[str] = set()
-        self.by_key: dict[str, set[str]] = {}
-
-    def walk(self, value: Any, key: str) -> Any:
-        if isinstance(value, dict):
-            out = {}
-            for k, v in value.items():
-                v = self.walk(v, f"{key}.{k}" if key else k)
-                if v is not _LEFT_OUT:
-                    out[k] = v
-            return out
-        if isinstance(value, list):
-            return [w for w in (self.walk(v, f"{key}[{i + 1}]") for i, v in enumerate(value)) if w is not _LEFT_OUT]
-        if isinstance(value, str) and "${" in value:
-            return self._fill(value, key)
-        return value
-
-    def _fill(self, text: str, key: str) -> Any:
-        def value_of(m: re.Match) -> str:
-            var, default = m.group(1), m.group(2)
-            self.read.add(var)
-            self.by_key.setdefault(key.split(".")[0] if not key.startswith("datasets") else "datasets", set()).add(var)
-            if var in self.given:
-                value = self.given[var]
-            elif var in os.environ:
-                value = os.environ[var]
-            elif default is not None:
-                value = default
-            elif self.allow_unset:
-                self.unset.add(var)
-                return m.group(0)
-            else:
-                raise self.check.fail(key, f"${{{var}}} is not set; pass --set {var}=VALUE or export {var}")
-            self.values[var] = value
-            return value
-
-        whole = _VAR.fullmatch(text)
-        filled = _VAR.sub(value_of, text)
-        if not whole or filled == text:
-            return filled
-        if filled == "":
-            return _LEFT_OUT
-        try:  # a whole reference takes the type TOML reads its value as: 48 a number, /data a string
-            return tomllib.loads(f"v = {filled}")["v"]
-        except tomllib.TOMLDecodeError:
-            return filled
-
-
-_LEFT_OUT = object()
-
-
-def _build(data: dict, check: _Checker, source: str, root: Path, default_name: str, resolver: _Resolver) -> Study:
+def _build(data: dict, check: Checker, source: str, root: Path, default_name: str, resolver: Resolver) -> Study:
     check.table(data, "", _TOP_KEYS, required=("datasets", "evaluate"))
     name = data.get("name", default_name)
     check.label(name, "name", "the study's name (it names its folder)")
@@ -341,7 +238,7 @@ def _build(data: dict, check: _Checker, source: str, root: Path, default_name: s
                  unset=tuple(sorted(resolver.unset)))
 
 
-def _datasets(table: Any, check: _Checker, root: Path) -> dict[str, DatasetEntry]:
+def _datasets(table: Any, check: Checker, root: Path) -> dict[str, DatasetEntry]:
     check.typed(table, "datasets", dict)
     if not table:
         raise check.fail("datasets", "name at least one dataset ([datasets.NAME])")
@@ -359,11 +256,11 @@ def _datasets(table: Any, check: _Checker, root: Path) -> dict[str, DatasetEntry
     return out
 
 
-def _generated(name: str, entry: dict, key: str, check: _Checker, root: Path) -> DatasetEntry:
+def _generated(name: str, entry: dict, key: str, check: Checker, root: Path) -> DatasetEntry:
     from generators.base import build_config, get_generator
 
     check.table(entry, key, _GENERATE_KEYS)
-    overrides = dict(check.table(entry.get("set", {}), f"{key}.set", _AnyKey()))
+    overrides = dict(check.table(entry.get("set", {}), f"{key}.set", AnyKey()))
     for k in ("n_train", "n_val", "n_test", "seed", "image_size"):
         if k in entry:
             if k in overrides:
@@ -385,7 +282,7 @@ def _generated(name: str, entry: dict, key: str, check: _Checker, root: Path) ->
     return DatasetEntry(name, "generate", generator=gen.name, preset=entry.get("preset"), overrides=overrides)
 
 
-def _imported(name: str, entry: dict, key: str, check: _Checker, root: Path) -> DatasetEntry:
+def _imported(name: str, entry: dict, key: str, check: Checker, root: Path) -> DatasetEntry:
     from generators.importers import IMPORTERS
 
     importer = check.typed(entry["import"], f"{key}.import", str)
@@ -394,36 +291,19 @@ def _imported(name: str, entry: dict, key: str, check: _Checker, root: Path) -> 
     own = {k: _IMPORT_OWN[k] for k in IMPORTERS[importer][1]}
     check.table(entry, key, {"import": str, "src": str, **_IMPORT_COMMON, **own}, required=("src",))
     options = {k: v for k, v in entry.items() if k not in ("import", "src")}
-    return DatasetEntry(name, "import", importer=importer, options=options, path=_resolve(entry["src"], root))
+    return DatasetEntry(name, "import", importer=importer, options=options, path=resolve_path(entry["src"], root))
 
 
-def _existing(name: str, entry: dict, key: str, check: _Checker, root: Path) -> DatasetEntry:
+def _existing(name: str, entry: dict, key: str, check: Checker, root: Path) -> DatasetEntry:
     check.table(entry, key, {"path": str})
-    path = _resolve(entry["path"], root)
+    path = resolve_path(entry["path"], root)
     if "${" not in entry["path"] and not (path / "dataset.json").is_file():
         raise check.fail(f"{key}.path", f"{path} holds no dataset (no dataset.json); make it with bench generate "
                                         "or bench import, or let the study make it (generator = ...)")
     return DatasetEntry(name, "path", path=path)
 
 
-class _AnyKey(dict):
-    """`set`'s allowed keys: any (the generator's config checks them), any scalar type."""
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-    def __getitem__(self, key: str) -> tuple:
-        return (str, int, float, bool, list)
-
-
-def _resolve(text: str, root: Path) -> Path:
-    path = Path(text).expanduser()
-    return path if path.is_absolute() else root / path
-
-
-def _block(raw: Any, index: int, check: _Checker, root: Path, datasets: Mapping[str, DatasetEntry]) -> EvaluateBlock:
-    from evaluators.runner.plan import EvaluationPlan
-
+def _block(raw: Any, index: int, check: Checker, root: Path, datasets: Mapping[str, DatasetEntry]) -> EvaluateBlock:
     key = f"evaluate[{index}]"
     block = check.table(raw, key, _EVALUATE_KEYS, required=("backbones",))
     names = tuple(check.items(block.get("datasets", list(datasets)), f"{key}.datasets", str))
@@ -436,16 +316,16 @@ def _block(raw: Any, index: int, check: _Checker, root: Path, datasets: Mapping[
     backbones = _backbones(block["backbones"], f"{key}.backbones", check, root)
     if "seeds" in options:
         options["seeds"] = tuple(check.items(options["seeds"], f"{key}.seeds", int))
-    for group in {tuple(sorted(b.preprocessing.items())) for b in backbones}:
+    block = EvaluateBlock(index, backbones, names, options)
+    for group in block.groups():
         try:  # the evaluator's own checks of the request, on a plan that is never run
-            EvaluationPlan([b.model for b in backbones if tuple(sorted(b.preprocessing.items())) == group],
-                           Path("."), **options, **dict(group))
+            block.request(group, Path("."))
         except BenchError as e:
             raise check.fail(key, str(e)) from None
-    return EvaluateBlock(index, backbones, names, options)
+    return block
 
 
-def _check_names_in_registries(options: dict, task: str, key: str, check: _Checker) -> None:
+def _check_names_in_registries(options: dict, task: str, key: str, check: Checker) -> None:
     """Task, probe families, token views and control by name, each against its registry."""
     from evaluators.probes.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
     from evaluators.runner.plan import CONTROLS, TASKS
@@ -478,7 +358,7 @@ def _check_names_in_registries(options: dict, task: str, key: str, check: _Check
             raise check.fail(f"{key}.layers", str(e)) from None
 
 
-def _backbones(raw: Any, key: str, check: _Checker, root: Path) -> tuple[BackboneEntry, ...]:
+def _backbones(raw: Any, key: str, check: Checker, root: Path) -> tuple[BackboneEntry, ...]:
     """`["spec", "NAME=SPEC"]` or a table `NAME = "spec"` / `NAME = {spec = ..., image_size = ...}`."""
     from evaluators.runner.plan import named_spec
 
@@ -491,7 +371,7 @@ def _backbones(raw: Any, key: str, check: _Checker, root: Path) -> tuple[Backbon
             except BenchError as e:
                 raise check.fail(f"{key}[{i + 1}]", str(e)) from None
             _check_not_empty(model.spec, f"{key}[{i + 1}]", check)
-            spec = _spec_path(model.spec, root)
+            spec = spec_path(model.spec, root)
             entries.append((f"{key}[{i + 1}]", BackboneEntry(model.name if model.name != model.spec else spec, spec,
                                                              key=f"{key}[{i + 1}]")))
     else:
@@ -506,7 +386,7 @@ def _backbones(raw: Any, key: str, check: _Checker, root: Path) -> tuple[Backbon
             for k in ("mean", "std"):
                 if k in value:
                     pre[k] = tuple(check.items(value[k], f"{where}.{k}", (int, float)))
-            entries.append((where, BackboneEntry(name, _spec_path(value["spec"], root), value.get("image_size"),
+            entries.append((where, BackboneEntry(name, spec_path(value["spec"], root), value.get("image_size"),
                                                  pre.get("mean"), pre.get("std"), key=where)))
     if not entries:
         raise check.fail(key, "name at least one backbone")
@@ -515,28 +395,13 @@ def _backbones(raw: Any, key: str, check: _Checker, root: Path) -> tuple[Backbon
     return tuple(e for _, e in entries)
 
 
-def _check_not_empty(spec: str, key: str, check: _Checker) -> None:
+def _check_not_empty(spec: str, key: str, check: Checker) -> None:
     """An empty spec names no backbone (resolved from the study's folder, it named that folder)."""
     if not spec.strip():
         raise check.fail(key, "empty spec; name a backbone (`bench models` lists them)")
 
 
-def _spec_path(spec: str, root: Path) -> str:
-    """A spec with its relative file or folder resolved from the study's folder (a checkpoint
-    folder `./ckpt`, `py:FILE:FUNCTION`, `timm:ARCH@FILE`); other specs as written."""
-    if spec.startswith((".", "~")) or (spec.startswith("/") is False and (root / spec).is_dir()):
-        return str(_resolve(spec, root))
-    if spec.startswith("py:"):
-        file, sep, function = spec[3:].rpartition(":")
-        return f"py:{_resolve(file, root)}{sep}{function}" if sep else spec
-    if spec.startswith("timm:") and "@" in spec:
-        arch, _, file = spec.partition("@")
-        if Path(file).suffix in (".pth", ".pt", ".safetensors", ".bin"):
-            return f"{arch}@{_resolve(file, root)}"
-    return spec
-
-
-def _check_backbone(entry: BackboneEntry, key: str, check: _Checker) -> None:
+def _check_backbone(entry: BackboneEntry, key: str, check: Checker) -> None:
     from evaluators.backbones import backbone_metadata, check_loadable
     from evaluators.backbones.presets import checked_preprocessing
 
@@ -550,7 +415,7 @@ def _check_backbone(entry: BackboneEntry, key: str, check: _Checker) -> None:
         check.label(entry.name, key, "a backbone name")
 
 
-def _check_names(blocks: tuple[EvaluateBlock, ...], check: _Checker) -> None:
+def _check_names(blocks: tuple[EvaluateBlock, ...], check: Checker) -> None:
     """One name, one backbone: rows are keyed by the name, so two specs under it would mix."""
     seen: dict[str, tuple[BackboneEntry, str]] = {}
     for block in blocks:
@@ -561,7 +426,7 @@ def _check_names(blocks: tuple[EvaluateBlock, ...], check: _Checker) -> None:
                                                            f"{first[1]}; give them different names")
 
 
-def _check_metrics(metrics: tuple[str, ...], blocks: tuple[EvaluateBlock, ...], check: _Checker) -> None:
+def _check_metrics(metrics: tuple[str, ...], blocks: tuple[EvaluateBlock, ...], check: Checker) -> None:
     from leaderboards.metrics import METRICS
 
     tasks = {b.task for b in blocks}
@@ -573,7 +438,7 @@ def _check_metrics(metrics: tuple[str, ...], blocks: tuple[EvaluateBlock, ...], 
                                                           "evaluates that task")
 
 
-def _check_board_layer(layer: str | int, check: _Checker) -> None:
+def _check_board_layer(layer: str | int, check: Checker) -> None:
     from leaderboards.board import parse_layer
 
     try:

@@ -40,6 +40,16 @@ def _with_cls(spatial: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([spatial.mean(axis=1, keepdims=True), spatial], axis=1))
 
 
+#: The families of `GroundTruthBackbone`: their class token is the mean patch token (`_with_cls`).
+FAMILIES = ("pixels", "oracle")
+
+
+def cls_is_mean(info: BackboneInfo) -> bool:
+    """Whether a backbone's class token is its mean patch token, read from its info alone, so a
+    run (from the loaded backbone) and a study (from the registry's metadata) alias the same views."""
+    return info.family in FAMILIES
+
+
 class GroundTruthBackbone(Backbone):
     """Tokens are computed in `prepare`; the "forward pass" only hands them over (layer 0)."""
 

@@ -184,8 +184,15 @@ def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: S
         if entries.find_complete(cache_dir, key, layers, views) is not None:
             return 0
     n = min(dataset.num_rows(split), limit or dataset.num_rows(split))
-    per_row = sum(int(np.prod(s)) for s in _row_shapes(views, backbone.info.width, grid).values())
-    return n * len(layers) * per_row * np.dtype(entries.DTYPE).itemsize
+    return entry_bytes(n, layers, views, backbone.info.width, grid)
+
+
+def entry_bytes(rows: int, layers: Sequence[int], views: Sequence[str], width: int,
+                grid: tuple[int, int] | None) -> int:
+    """Bytes a cache entry of `rows` scenes takes: rows x layers x (tokens x width per view) x 2
+    (fp16); the one count behind `bench evaluate`'s disk check and a study's estimate."""
+    per_row = sum(int(np.prod(s)) for s in _row_shapes(views, width, grid).values())
+    return rows * len(layers) * per_row * np.dtype(entries.DTYPE).itemsize
 
 
 def check_cache_space(needed: int, cache_dir: Path | None = None, say: Callable[[str], None] | None = None) -> None:

@@ -276,7 +276,7 @@ class EvaluationPlan:
         return parse_views(("cls",) if self.tokens is None else self.tokens)
 
     def probe_request(self) -> dict[str, object]:
-        """The request behind every row's probe fingerprint (`evaluators.runner.run.probe_fingerprints`):
+        """The request behind every row's probe fingerprint (`evaluators.runner.planning.probe_fingerprints`):
         the training settings asked for (device, seed and stack size aside: they do not change what
         is asked), dtype and the task's options, with the preprocessing given in place of the
         models' own. A study plans which rows already exist from it without loading a model."""

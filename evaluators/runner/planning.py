@@ -10,9 +10,11 @@ from typing import Any, Callable, Mapping, Sequence
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash
-from evaluators.backbones.ground_truth import GroundTruthBackbone
-from evaluators.cache.extract import check_cache_space, check_views, gib, parse_layers, pending_bytes
-from evaluators.runner.plan import Model
+from bench.core.results import row_key
+from evaluators.backbones.base import BackboneInfo
+from evaluators.backbones.ground_truth import cls_is_mean
+from evaluators.cache.extract import check_cache_space, check_views, entry_bytes, gib, parse_layers, pending_bytes
+from evaluators.runner.plan import EvaluationPlan, Model
 from evaluators.probes.families import family_defaults, pair_probe_names
 from evaluators.tasks.binding.task import SPLITS
 from evaluators.tasks.issameobject import ATTENTION_BASELINES, check_attention_qk, layer_probes
@@ -82,51 +84,95 @@ def probe_fingerprints(task: str, families: Sequence[str], request: dict[str, An
                               "code": PROBE_CODE_VERSION, **request}) for family in families}
 
 
-def backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: str | Sequence[int],
-                    views: Sequence[str], families: Sequence[str], seeds: Sequence[int], done: set[tuple], test_fp: str,
-                    limit: int | None, progress: bool, probe_fps: dict[str, str],
-                    control: str | None = None, preprocessing: Mapping[str, object] | None = None
-                    ) -> list[BackbonePlan]:
-    """Resolve every backbone and check it against the task, views and probes, so that a bad
+def request_fingerprints(plan: EvaluationPlan) -> dict[str, str]:
+    """The probe fingerprints of a request's families (`probe_fingerprints` of its `probe_request`)."""
+    return probe_fingerprints(plan.task, plan.families, plan.probe_request())
+
+
+def view_aliases(info: BackboneInfo, views: Sequence[str]) -> dict[str, list[str]]:
+    """Views that are the same vector on a backbone as another asked for: on a ground-truth one
+    (`cls_is_mean`) `mean` is `cls`, so its probes are trained once and the rows written under both."""
+    return {"cls": ["mean"]} if cls_is_mean(info) and {"cls", "mean"} <= set(views) else {}
+
+
+@dataclass(frozen=True)
+class Owed:
+    """What one backbone of a request owes on one dataset: the layers asked for, the views trained
+    (an alias's rows are copies, `view_aliases`), the row sets still owed (`todo`), how many family
+    fits (`skipped`) and rows (`held`) the results already hold, and the rows asked for (`rows`)."""
+
+    layers: list[int]
+    views: list[str]
+    aliases: dict[str, list[str]]
+    todo: list[Work]
+    skipped: int
+    held: int
+    rows: int
+
+
+def rows_owed(plan: EvaluationPlan, name: str, info: BackboneInfo, *, dataset: str, test_fp: str,
+              limit: int | None, done: set[tuple], probe_fps: Mapping[str, str]) -> Owed:
+    """The rows backbone `name` (its `info`: layers, family, weights fingerprint) owes for `plan` on
+    the dataset `dataset` (`test_fp` and `limit`: `effective_limit`'s), keyed by `row_key` against
+    `done`. `bench evaluate` asks with a loaded backbone's info, a study with the registry's metadata
+    (`backbone_metadata`), so both plan the same rows. A layer request the backbone cannot meet
+    raises `parse_layers`'s BenchError (the caller names the backbone)."""
+    layers = parse_layers(plan.layer_request, info.n_layers)
+    aliases = view_aliases(info, plan.views)
+    trained = [v for v in plan.views if not any(v in a for a in aliases.values())]
+    fixed = {"backbone": name, "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit,
+             "control": plan.control, "split": "test", "task": plan.task, "weights_fingerprint": info.revision}
+    todo, skipped, held, rows = [], 0, 0, 0
+    for layer in layers:
+        here = layer_probes(plan.families, layer, info.n_layers) if plan.task == "issameobject" else plan.families
+        for view in trained:
+            for seed in plan.seeds:
+                have = {f: [row_key({**fixed, "layer": layer, "tokens": v, "probe": f, "seed": seed,
+                                     "probe_fingerprint": probe_fps[f]}) in done for v in [view, *aliases.get(view, [])]]
+                        for f in here}
+                owed = [f for f in here if not all(have[f])]
+                skipped += len(here) - len(owed)
+                held += sum(sum(h) for h in have.values())
+                rows += sum(len(h) for h in have.values())
+                if owed:
+                    todo.append(Work(layer, view, seed, owed))
+    return Owed(layers, trained, aliases, todo, skipped, held, rows)
+
+
+def metadata_bytes(info: BackboneInfo, side: int, rows: int, layers: Sequence[int], views: Sequence[str]) -> int:
+    """The cache bytes `rows` scenes of a backbone known by its metadata alone take at input `side`
+    (`entry_bytes`, as `bench evaluate` counts them; an oracle's width, its dataset's code length,
+    is taken as 64: small either way)."""
+    grid = (side // info.patch_size,) * 2 if info.patch_size else None
+    return entry_bytes(rows, layers, views, info.width or 64, grid)
+
+
+def backbone_plans(plan: EvaluationPlan, ds: Dataset, *, done: set[tuple], test_fp: str, limit: int | None,
+                   progress: bool) -> list[BackbonePlan]:
+    """Resolve every backbone of `plan` and check it against the task, views and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
     plans, notes = [], []
-    for model in models:
+    task, probe_fps, preprocessing = plan.task, request_fingerprints(plan), plan.preprocessing
+    for model in plan.models:
         name, spec = model.name, model.spec
         backbone = build_backbone(model, preprocessing).bind(ds)
         if task == "issameobject":
-            check_attention_qk(backbone, families)
-        check_views(backbone, ds, "test", views)
+            check_attention_qk(backbone, plan.families)
+        check_views(backbone, ds, "test", plan.views)
         try:
-            layer_ids = parse_layers(layers, backbone.info.n_layers)
+            owed = rows_owed(plan, name, backbone.info, dataset=ds.name, test_fp=test_fp, limit=limit, done=done,
+                             probe_fps=probe_fps)
         except BenchError as e:  # name the backbone: a run may mix deep ones and layer-less references
             hint = "; it has no layers: evaluate it in a run without --layers" if not backbone.info.n_layers else ""
             raise BenchError(f"{e} (backbone {spec}{hint})") from None
-        aliases: dict[str, list[str]] = {}
-        if isinstance(backbone, GroundTruthBackbone) and {"cls", "mean"} <= set(views):
-            aliases["cls"] = ["mean"]
+        if owed.aliases:
             notes.append(f"{spec}: its class token is the mean patch token, so cls and mean are the same vector; "
                          "probes are trained once and the rows written under both")
-        trained = [v for v in views if not any(v in a for a in aliases.values())]
-
-        def key(layer: int, view: str, family: str, seed: int) -> tuple:
-            return (name, ds.name, test_fp, limit, control, "test", layer, view, task, family, seed,
-                    backbone.info.revision, probe_fps[family])
-
         if task == "issameobject":
-            notes += _unread_layer_note(spec, backbone, layer_ids, families)
-        todo, skipped = [], 0
-        for layer in layer_ids:
-            here = layer_probes(families, layer, backbone.info.n_layers) if task == "issameobject" else families
-            for view in trained:
-                for seed in seeds:
-                    owed = [f for f in here
-                            if any(key(layer, v, f, seed) not in done for v in [view, *aliases.get(view, [])])]
-                    skipped += len(here) - len(owed)
-                    if owed:
-                        todo.append(Work(layer, view, seed, owed))
-        plans.append(BackbonePlan(spec, backbone, layer_ids, trained, todo, skipped, aliases, probe_fps, name, model,
-                                  preprocessing))
+            notes += _unread_layer_note(spec, backbone, owed.layers, plan.families)
+        plans.append(BackbonePlan(spec, backbone, owed.layers, owed.views, owed.todo, owed.skipped, owed.aliases,
+                                  probe_fps, name, model, preprocessing))
     for note in notes:
         say(progress, note)
     return plans

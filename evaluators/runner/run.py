@@ -33,8 +33,7 @@ from evaluators.cache.extract import extract_activations, split_fingerprint
 from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
 from evaluators.tasks.issameobject import evaluate_issameobject
 from evaluators.runner.plan import EvaluationPlan
-from evaluators.runner.planning import (BackbonePlan, backbone_plans, check_cache, effective_limit, 
-                                 probe_fingerprints, say)
+from evaluators.runner.planning import BackbonePlan, backbone_plans, check_cache, effective_limit, say
 from evaluators.runner.threads import chosen_threads
 
 
@@ -71,11 +70,7 @@ def _run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
     task_data: BindingTask | None = None  # built when the first row needs training
     test_fp, done, run_id, prov = _run_start(ds, limit, plan.results_dir, plan.overwrite, base_train.device,
                                              plan.command)
-    request = plan.probe_request()
-    plans = backbone_plans(plan.models, ds, task="binding", layers=plan.layer_request, views=plan.views,
-                            families=plan.families, seeds=plan.seeds, done=done, test_fp=test_fp, limit=limit,
-                            progress=progress, control=plan.control, preprocessing=plan.preprocessing,
-                            probe_fps=probe_fingerprints("binding", plan.families, request))
+    plans = backbone_plans(plan, ds, done=done, test_fp=test_fp, limit=limit, progress=progress)
     check_cache(plans, ds, plan.dtype, limit, progress, on_skipped)
     work = [w for p in plans for w in p.todo]
     if work:
@@ -142,11 +137,7 @@ def _run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
     limit = effective_limit(ds, plan.limit)
     test_fp, done, run_id, prov = _run_start(ds, limit, results_dir, plan.overwrite, resolve_device(device),
                                              plan.command)
-    request = plan.probe_request()
-    plans = backbone_plans(plan.models, ds, task=task, layers=plan.layer_request, views=["all"], families=families,
-                            seeds=seeds, done=done, test_fp=test_fp, limit=limit, progress=progress,
-                            preprocessing=plan.preprocessing,
-                            probe_fps=probe_fingerprints(task, families, request))
+    plans = backbone_plans(plan, ds, done=done, test_fp=test_fp, limit=limit, progress=progress)
     check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):
         say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
