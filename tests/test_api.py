@@ -155,3 +155,22 @@ def test_evaluate_takes_backbone_objects_and_measures_edited_weights_again(tiny,
     (row,) = edited.to_dict(orient="records")
     assert row["weights_fingerprint"] == f"sha256:{state_dict_hash(mine.model)[:12]}" != fingerprint
     assert row["run_id"] != rows["mine"]["run_id"] and "older weights" in edited.attrs["set_aside"]
+
+
+def test_evaluate_run_serves_the_cli_command_line_skipped_rows_rows_and_path(tiny, tmp_path, capsys):
+    """`bench evaluate` is `api.evaluate_run` with a command line around it: the command line goes
+    into each row, the run file and its rows come back, and a second call skips what is there."""
+    kw = dict(probes="linear", epochs=1, results=tmp_path / "results")
+    first = api.evaluate_run(["oracle:objects", "pixels"], tiny, command="bench evaluate -m pixels", **kw)
+    assert first.path is not None and first.path.parent == tmp_path / "results" and first.skipped == 0
+    assert sorted(r["backbone"] for r in first.rows) == ["oracle:objects", "pixels"]
+    assert {r["command"] for r in first.rows} == {"bench evaluate -m pixels"}
+    again = api.evaluate_run(["pixels"], tiny, **kw)
+    assert (again.path, again.rows, again.skipped) == (None, [], 1)
+    frame = api.evaluate(["pixels"], tiny, **kw)  # the DataFrame view says the same in its attrs
+    assert (frame.attrs["path"], frame.attrs["skipped"]) == (None, 1) and list(frame["backbone"]) == ["pixels"]
+    # the CLI prints those rows, and says what it skipped
+    assert main(["evaluate", "-m", "pixels", "-d", str(tiny), "--probes", "linear", "--epochs", "1",
+                 "--results", str(tmp_path / "results")]) == 0
+    err = capsys.readouterr().err
+    assert f"skipped 1 row(s) already in {tmp_path / 'results'}" in err and "nothing to do" in err

@@ -1080,7 +1080,7 @@ def test_a_name_inside_the_rule_is_accepted():
 
 @pytest.mark.parametrize("label", HOSTILE_LABELS, ids=lambda x: repr(x[:12]))
 def test_a_hostile_display_name_is_refused_by_the_api(tmp_path, label):
-    from bench.api import EvaluationPlan
+    from evaluators.runner.plan import EvaluationPlan
     from bench.core.errors import BenchError
 
     with pytest.raises(BenchError) as e:

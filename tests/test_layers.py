@@ -2,7 +2,8 @@
 it, with `bench.studies` (study files, run through them); `bench.api` above those; the CLI
 (`bench.cli`, `bench.commands`) and the `benchmarks/` scripts on top. A module imports only from
 its own layer or below, and there is no import cycle anywhere; the commands read everything below
-the API through it (only `bench.api` and `bench.core`).
+the API through it (only `bench.api` and `bench.core`), and of the API only the names of its
+`__all__`: real functions, so a reader (or an IDE) follows a command into the library.
 
 The graph is read from source with `ast`, imports inside functions included (a lazy import
 is still a dependency), and the check is shown to catch planted violations."""
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import shutil
+import subprocess
+import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -59,7 +62,7 @@ def layer(module: str) -> int:
         return 0
     if module.split(".")[0] in ("generators", "evaluators", "leaderboards") or module.startswith("bench.studies"):
         return 1
-    if module == "bench.api":
+    if module == "bench.api" or module.startswith("bench.api."):
         return 2
     return 3  # bench.cli, bench.commands, benchmarks
 
@@ -103,3 +106,109 @@ def test_a_planted_violation_is_caught(tmp_path, planted, expected):
     for name, text in planted.items():  # an import inside a function body counts too
         (tmp_path / name).write_text(text)
     assert [v for v in violations(import_graph(tmp_path)) if v.startswith(expected)]
+
+
+#: What a command may import besides `bench.api` and `bench.core`: the standard library, the CLI's
+#: own libraries, and the other commands.
+CLI_LIBRARIES = ("typer", "rich", "click")
+
+
+def api_names(root: Path) -> set[str]:
+    """The names of `bench.api.__all__`, read from its source."""
+    tree = ast.parse((root / "bench" / "api" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("bench/api/__init__.py defines no __all__")
+
+
+def front_door_violations(root: Path) -> list[str]:
+    """`file: what` for every import of a command (bench/commands/*.py, function bodies too) that is
+    neither `bench.api`, `bench.core.*`, another command, the standard library nor typer/rich/click,
+    and for every name it reads of the API (`from bench.api import X`, `api.X`) that is not in
+    `bench.api.__all__`."""
+    public = api_names(root)
+    out = []
+    for path in sorted((root / "bench" / "commands").glob("*.py")):
+        where = path.relative_to(root).as_posix()
+        aliases = set()  # local names bound to the bench.api module
+        for node in ast.walk(ast.parse(path.read_text(), where)):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name == "bench.api" and a.asname:
+                        aliases.add(a.asname)
+                    elif not _allowed(a.name):
+                        out.append(f"{where}: import {a.name}")
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:
+                    module = ".".join(["bench", "commands"][: 3 - node.level] + ([module] if module else []))
+                for a in node.names:
+                    if module == "bench" and a.name == "api":
+                        aliases.add(a.asname or "api")
+                    elif module == "bench.api":
+                        if a.name not in public:
+                            out.append(f"{where}: bench.api.{a.name} (not in bench.api.__all__)")
+                    elif not _allowed(module) or module == "bench":
+                        out.append(f"{where}: from {module} import {a.name}")
+        for node in ast.walk(ast.parse(path.read_text(), where)):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr not in public):
+                out.append(f"{where}: api.{node.attr} (not in bench.api.__all__)")
+    return out
+
+
+def _allowed(module: str) -> bool:
+    """A module a command may import besides the API: the shared core, another command, the
+    standard library, the CLI's libraries."""
+    top = module.split(".")[0]
+    return (module.startswith(("bench.core", "bench.commands")) or top in CLI_LIBRARIES
+            or top in sys.stdlib_module_names)
+
+
+def test_the_commands_read_only_the_front_door():
+    assert front_door_violations(ROOT) == []
+
+
+@pytest.mark.parametrize("planted, expected", [
+    ("def f():\n    from evaluators.runner.run import run_evaluation\n",
+     "bench/commands/planted.py: from evaluators.runner.run import run_evaluation"),
+    ("import leaderboards.board\n", "bench/commands/planted.py: import leaderboards.board"),
+    ("import pyarrow.parquet as pq\n", "bench/commands/planted.py: import pyarrow.parquet"),
+    ("from bench.api import run_evaluation\n", "bench/commands/planted.py: bench.api.run_evaluation (not in"),
+    ("from bench.api.evaluation import evaluate\n", "bench/commands/planted.py: from bench.api.evaluation import"),
+    ("from bench import api\ndef f():\n    return api.load_selected('results')\n",
+     "bench/commands/planted.py: api.load_selected (not in"),
+    ("from bench import api as front\nx = front.METRIC_KEYS\n", "bench/commands/planted.py: api.METRIC_KEYS (not in"),
+])
+def test_a_command_reaching_past_the_front_door_is_caught(tmp_path, planted, expected):
+    shutil.copytree(ROOT / "bench", tmp_path / "bench", ignore=shutil.ignore_patterns("__pycache__"))
+    assert front_door_violations(tmp_path) == []
+    (tmp_path / "bench" / "commands" / "planted.py").write_text(planted)
+    assert [v for v in front_door_violations(tmp_path) if v.startswith(expected)]
+
+
+def test_the_front_door_is_real_functions():
+    """No lazy re-export: every public name is defined in the package (a reader follows it), and an
+    unknown one is an AttributeError, not an import."""
+    from bench import api
+
+    assert set(api.__all__) == api_names(ROOT) and not hasattr(api, "__getattr__")
+    for name in api.__all__:
+        assert name in vars(api) and getattr(api, name).__module__.startswith(("bench.api", "bench.core")), name
+    with pytest.raises(AttributeError):
+        api.run_evaluation  # noqa: B018
+
+
+def test_help_loads_neither_torch_nor_pandas():
+    """`bench --help` and every command's `--help` import the API and the commands, whose
+    functions import torch, pandas and matplotlib only when called."""
+    script = ("import sys\nfrom bench.cli import main\n"
+              "for args in (['--help'], ['evaluate', '--help'], ['leaderboard', '--help'], ['run', '--help'],"
+              " ['zoo', 'train', '--help'], ['cache', 'rm', '--help'], ['report', '--help']):\n"
+              "    assert main(args) == 0, args\n"
+              "print(sorted(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -9,11 +9,10 @@ from typing import Optional
 
 import typer
 
+from bench import api
 from bench.commands.common import TABLE_WIDTH, Format, echo, render_table, stderr
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
-from bench.core.paths import check_output_file, output_path
-from bench.api import get_generator, list_generators
 
 
 def register(app: typer.Typer) -> None:
@@ -51,8 +50,6 @@ def generate(
     address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
 ) -> None:
     """Render a synthetic dataset with exact codes, masks and analytic priors."""
-    from bench import api
-
     overrides = _parse_sets(set_ + ([f"camera_heights={camera_heights}"] if camera_heights is not None else []))
     api.generate(generator, out=out, preset=preset, n_train=n_train, n_val=n_val, n_test=n_test, seed=seed,
                  image_size=image_size, workers=workers, overrides=overrides, overwrite=overwrite, executor=executor,
@@ -65,25 +62,20 @@ def generators_cmd(
         False, "--wide", help="Tables as wide as their cells need (default: 100 columns, cells wrapped)."),
 ) -> None:
     """List generators and their presets: a table per generator, its version and description in the title."""
-    rows = []
-    for name in list_generators():
-        g = get_generator(name)
-        for preset, values in g.presets.items():
-            rows.append({
-                "generator": name, "preset": preset, "default": preset == g.default_preset,
-                "version": g.version, "description": g.description,
-                "settings": ", ".join(f"{k}={v}" for k, v in values.items()),
-            })
+    found = api.generators()
+    rows = [{"generator": g.name, "preset": preset, "default": preset == g.default_preset, "version": g.version,
+             "description": g.description, "settings": ", ".join(f"{k}={v}" for k, v in values.items())}
+            for g in found for preset, values in g.presets.items()]
     if fmt in (Format.json, Format.csv):
         echo(render_table(rows, ["generator", "preset", "default", "version", "settings", "description"], fmt))
         return
     tables = []  # what a generator's presets share, said once above them (on every line it made 894 columns)
-    for name in list_generators():
-        g = get_generator(name)
-        tables.append(render_table([r for r in rows if r["generator"] == name], ["preset", "default", "settings"],
-                                   fmt, title=f"{name} v{g.version}: {g.description}",
+    for g in found:
+        tables.append(render_table([r for r in rows if r["generator"] == g.name], ["preset", "default", "settings"],
+                                   fmt, title=f"{g.name} v{g.version}: {g.description}",
                                    width=None if wide else TABLE_WIDTH))
     echo("\n\n".join(tables))
+
 
 def info(
     path: Path = typer.Argument(..., help="Dataset directory."),
@@ -115,11 +107,5 @@ def preview(
     n: int = typer.Option(16, help="Number of scenes."),
 ) -> None:
     """Write a contact sheet: scenes beside their instance masks, captioned with objects."""
-    from bench.api import contact_sheet
-
-    if n < 1:
-        raise BenchError(f"n: must be ≥ 1, got {n}")
-    png = check_output_file(output_path(out, "out"), "out", (".png",))
-    ds = Dataset(path)
-    contact_sheet(ds, split, n).save(png)
+    png = api.preview(path, out, split=split, n=n)
     stderr.print(f"wrote {png}")

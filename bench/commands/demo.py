@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from bench.commands.common import Format
-from bench.commands.run import run_and_report
+from bench.commands.run import run_and_show
 from bench.core.errors import BenchError
 from bench.core.paths import output_path
 
@@ -45,5 +45,5 @@ def demo(
     if epochs is not None and epochs < 1:
         raise BenchError(f"epochs: must be ≥ 1, got {epochs}")
     given = dict(n_train=n_train, n_val=n_val, n_test=n_test, image_size=image_size, epochs=epochs)
-    run_and_report("demo", {VARIABLES[k]: str(v) for k, v in given.items() if v is not None}, folder, fmt=fmt,
+    run_and_show("demo", {VARIABLES[k]: str(v) for k, v in given.items() if v is not None}, folder, fmt=fmt,
                    command=(ctx.obj or {}).get("command"))

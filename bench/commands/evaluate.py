@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-import pyarrow.parquet as pq
 import typer
 
+from bench import api
 from bench.commands.common import TABLE_WIDTH, Format, echo, parse_floats, registry_help, render_table, stderr
 from bench.core.numbers import fixed, plus_minus
 
@@ -52,9 +52,7 @@ def short_summary(rows: list[dict[str, Any]], task: str) -> tuple[list[dict[str,
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
-    from bench.api import probes_help, tokens_help
-
-    app.command("evaluate", cls=registry_help({"probes": probes_help, "tokens": tokens_help}))(evaluate)
+    app.command("evaluate", cls=registry_help({"probes": api.probes_help, "tokens": api.tokens_help}))(evaluate)
 
 
 
@@ -93,7 +91,6 @@ def evaluate(
 ) -> None:
     """Measure binding (B, β, β*) or IsSameObject accuracy of backbones; write results/<run_id>.parquet."""
     from bench.core.errors import BenchError
-    from bench.api import EvaluationPlan, run_evaluation
 
     try:
         seed_values = [int(s) for s in _split(seeds)]
@@ -101,25 +98,23 @@ def evaluate(
         raise BenchError(f"seeds: expected integers, got {', '.join(seeds)}") from None
     if probes and not _split(probes):
         raise BenchError("probes: empty; name probe families (see `bench evaluate --help`) or leave --probes out")
-    skipped: list[int] = []
-    plan = EvaluationPlan(
+    done = api.evaluate_run(
         _split(model), dataset, task=task, layers=layers, tokens=_split(tokens) or None,
         probes=_split(probes) or None, seeds=seed_values, device=device, dtype=dtype, epochs=epochs,
-        results_dir=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
+        results=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
         unanchored=unanchored, executor=executor, address=address, gpus_per_task=gpus_per_task, control=control,
         command=(ctx.obj or {}).get("command"), threads=threads, image_size=image_size,
-        mean=parse_floats(mean, "mean"), std=parse_floats(std, "std"),
+        mean=parse_floats(mean, "mean"), std=parse_floats(std, "std"), progress=True,
     )
-    path = run_evaluation(plan, on_skipped=skipped.append)
-    if skipped:
-        stderr.print(f"skipped {sum(skipped)} row(s) already in {results} (--overwrite re-runs them)", soft_wrap=True)
-    if path is None:
+    if done.skipped:
+        stderr.print(f"skipped {done.skipped} row(s) already in {results} (--overwrite re-runs them)", soft_wrap=True)
+    if done.path is None:
         if fmt in (Format.json, Format.csv):  # machine-readable output stays parseable: no rows
             echo(render_table([], SUMMARY_COLUMNS[task], fmt))
         stderr.print(f"every requested row is already in {results}; nothing to do (use --overwrite to re-run)", soft_wrap=True)
         return
     columns = SUMMARY_COLUMNS[task]
-    rows = pq.read_table(path).to_pylist()
+    rows = done.rows
     for row in rows:
         row["checks"] = "; ".join(row["checks"] or ()) or None
     title = f"{task} results · {dataset.name}"
@@ -128,4 +123,4 @@ def evaluate(
         echo(render_table(shown, names, fmt, title=title, width=TABLE_WIDTH))
     else:
         echo(render_table(rows, columns, fmt, title=title))
-    stderr.print(f"wrote {len(rows)} rows to {path}", soft_wrap=True)
+    stderr.print(f"wrote {len(rows)} rows to {done.path}", soft_wrap=True)

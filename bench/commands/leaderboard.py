@@ -4,28 +4,21 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from rich.text import Text
 
-from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, stderr, wrap
-from bench.core.errors import BenchError
+from bench import api
+from bench.commands.common import TABLE_WIDTH, Format, echo, registry_help, stderr
 from bench.core.paths import output_path
 
 
 def register(app: typer.Typer) -> None:
-    from bench.api import tokens_filter_help
-
-    app.command("leaderboard", cls=registry_help({"metric": _metrics_help, "tokens": tokens_filter_help}))(leaderboard)
-    app.command("compare", cls=registry_help({"tokens": tokens_filter_help}))(compare)
-    app.command("plot", cls=registry_help({"tokens": tokens_filter_help}))(plot)
-
-
-def _metrics_help() -> str:
-    from bench.api import metrics_help  # only when help is shown: tables load numpy and the metrics
-
-    return metrics_help()
+    tokens_help = api.tokens_filter_help
+    app.command("leaderboard", cls=registry_help({"metric": api.metrics_help, "tokens": tokens_help}))(leaderboard)
+    app.command("compare", cls=registry_help({"tokens": tokens_help}))(compare)
+    app.command("plot", cls=registry_help({"tokens": tokens_help}))(plot)
 
 
 _RESULTS = typer.Argument(Path("results"), help="Results directory (every *.parquet in it).")
@@ -48,19 +41,9 @@ _SHOW_OLD = typer.Option(
 _WIDE = typer.Option(False, "--wide", help="A table as wide as its columns need (default: 100 columns, cells wrapped).")
 
 
-def _board(results_dir: Path, *, fingerprint: str | None = None, include_limited: bool = False,
-           show_old: bool = False, **selection: Any) -> tuple[list[dict[str, Any]], Any]:
-    """The selected, deduplicated rows (`leaderboards.store.load_selected`) and their leaderboard
-    (BenchError when there are none); what the selection set aside goes to stderr in one line."""
-    from bench.api import build_leaderboard, load_selected
-
-    selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old)
-    if not selected.rows:
-        aside = f"; {selected.note}" if selected.note else ""
-        raise BenchError(f"results: no runs in {results_dir} (run `bench evaluate` or `bench demo` first){aside}")
-    if selected.note:
-        stderr.print(wrap(selected.note), soft_wrap=True, markup=False, highlight=False)
-    return selected.rows, build_leaderboard(selected.rows, **selection)
+def _say(line: str) -> None:
+    """A note on stderr (what was set aside, why no published row), as written."""
+    stderr.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def leaderboard(
@@ -82,23 +65,16 @@ def leaderboard(
         help="Add the papers' published rows for this task and metric (marked published, never ranked)."),
 ) -> None:
     """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
-    from bench.api import render_leaderboard
     from bench.core.outdir import WrittenFiles
 
     files = None
     if out is not None:  # a file of the user's there is refused before the results are read
         files = WrittenFiles(output_path(out, "out"), "out")
         files.check([files.main])
-    _, board = _board(results_dir, fingerprint=fingerprint, include_limited=include_limited, show_old=show_old,
-                      dataset=dataset,
-                      task=task, metric=metric, probes=probe, tokens=tokens, layer=layer, reference=reference)
-    text = render_leaderboard(board, fmt, None if wide else TABLE_WIDTH)
-    if reference:
-        from bench.api import none_published
-
-        why = none_published(board.metric)
-        if why:
-            stderr.print(wrap(why), soft_wrap=True, markup=False, highlight=False)
+    text = api.leaderboard_table(results_dir, dataset=dataset, task=task, metric=metric, probes=probe, tokens=tokens,
+                                 layer=layer, fingerprint=fingerprint, include_limited=include_limited,
+                                 show_old=show_old, reference=reference, fmt=fmt.value,
+                                 width=None if wide else TABLE_WIDTH, say=_say)
     if files is None:
         echo(text)
         return
@@ -125,14 +101,9 @@ def compare(
     wide: bool = _WIDE,
 ) -> None:
     """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
-    from bench.api import compare_backbones, load_selected, render_compare
-
-    selected = load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
-    if selected.note:
-        stderr.print(wrap(selected.note), soft_wrap=True, markup=False, highlight=False)
-    records = compare_backbones(selected.rows, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens,
-                                layer=layer)
-    echo(render_compare(records, a, b, fmt, None if wide else TABLE_WIDTH))
+    echo(api.compare(results_dir, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens, layer=layer,
+                     fingerprint=fingerprint, include_limited=include_limited, fmt=fmt.value,
+                     width=None if wide else TABLE_WIDTH, say=_say))
 
 
 class PlotKind(str, Enum):
@@ -157,28 +128,7 @@ def plot(
     include_limited: bool = _INCLUDE_LIMITED,
 ) -> None:
     """Draw results as PNG + SVG: layer-wise curves, probe-family bars, or a sweep curve."""
-    from bench.api import plots
-    from bench.core.outdir import WrittenFiles
-
-    figure = plots.figure_paths(Path("plots") / kind.value if out is None else out)
-    files = WrittenFiles(figure[0], "out")
-    files.check(figure)  # a file of the user's there is refused before the results are read
-    selection = dict(dataset=dataset, task=task, metric=metric, probes=probe, tokens=tokens)
-    chosen = dict(fingerprint=fingerprint, include_limited=include_limited)
-    if kind == PlotKind.layers:
-        rows, _ = _board(results_dir, **chosen, **selection)
-        files.claim(figure)
-        paths = plots.layer_curves(rows, figure[0], **selection)
-    elif kind == PlotKind.bars:
-        _, board = _board(results_dir, layer=layer, **chosen, **selection)
-        files.claim(figure)
-        paths = plots.probe_bars(board, figure[0])
-    else:
-        if datasets is None:
-            raise BenchError("datasets: a sweep plot needs --datasets DIR (the sweep's dataset cards hold each x value)")
-        rows, board = _board(results_dir, layer=layer, **chosen, **selection)
-        x_values = plots.sweep_values(board.datasets, datasets, x)
-        files.claim(figure)
-        paths = plots.sweep_curve(rows, x_values, x, figure[0], layer=layer, **selection)
-    files.finish(paths)
+    paths = api.plot(kind.value, results_dir, out, dataset=dataset, task=task, metric=metric, probes=probe,
+                     tokens=tokens, layer=layer, x=x, datasets=datasets, fingerprint=fingerprint,
+                     include_limited=include_limited, say=_say)
     stderr.print("wrote " + ", ".join(map(str, paths)))

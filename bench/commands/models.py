@@ -7,9 +7,8 @@ from typing import Optional
 
 import typer
 
+from bench import api
 from bench.commands.common import Format, echo, parse_floats, render_table, stderr
-from bench.core.errors import BenchError
-from bench.core.paths import output_path
 
 cache_app = typer.Typer(help="See and clear cached activations.")
 
@@ -32,22 +31,15 @@ def models(
 ) -> None:
     """List the registered backbones: every backbone source's (presets, random-init controls, pixels, oracles, zoo,
     plugins'), or one spec resolved, with where its weights come from."""
-    from bench.api import SOURCES, listed_by_source, resolve_backbone, source_of, spec_source
-
-    if spec is not None and not spec.strip():
-        raise BenchError("model: empty spec; name a backbone, or give none to list them all")
-    overrides = {"image_size": image_size, "mean": parse_floats(mean, "mean"), "std": parse_floats(std, "std")}
-    if not spec and any(v is not None for v in overrides.values()):
-        raise BenchError("model: --image-size, --mean and --std need a spec")
-    listed = [(source_of(spec), [resolve_backbone(spec, **overrides).info])] if spec else listed_by_source()
-    rows = [{**info.to_dict(), "source": spec_source(info.spec)} for _, infos in listed for info in infos]
+    listing = api.models(spec, image_size=image_size, mean=parse_floats(mean, "mean"), std=parse_floats(std, "std"))
+    rows = listing.rows
     if fmt == Format.json:
         echo(render_table(rows, list(rows[0]), fmt))
         return
     short = [{"spec": r["spec"], "source": r["source"], "revision": r["revision"][:19],
               "params_M": round(r["n_params"] / 1e6, 1), "input": r["input_size"], "patch": r["patch_size"],
               "L": r["n_layers"], "D": r["width"] or "data", "pre": r["n_prefix"]} for r in rows]
-    forms = "; ".join(f"{name}: {source.forms}" for name, source in SOURCES.items())
+    forms = "; ".join(f"{name}: {text}" for name, text in listing.forms.items())
     echo(render_table(short, list(short[0]), fmt, title=f"Backbones (spec forms by source: {forms})"))
 
 
@@ -66,19 +58,9 @@ def extract(
     limit: Optional[int] = typer.Option(None, help="Only the first N scenes of each split (as `bench evaluate --limit`)."),
 ) -> None:
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
-    from bench.core.dataset import Dataset
-    from bench.core.paths import check_output_dir
-    from bench.api import cache_root, extract_activations
-
-    cache_dir = None if cache_dir is None else output_path(cache_dir, "cache-dir")
-    ds = Dataset(dataset)
-    for s in split:  # the cheap check at open, of every split asked for, before any is extracted
-        ds.files(s)
-    check_output_dir(cache_root(cache_dir), "cache-dir")  # before the model loads and the first batch runs
-    for s in split:
-        acts = extract_activations(model, ds, s, layers=layers, views=tokens.split(","), device=device, dtype=dtype,
-                                   batch_size=batch_size, resolution=resolution, image_size=image_size,
-                                   cache_dir=cache_dir, limit=limit)
+    for s, acts in api.extract(model, dataset, splits=split, layers=layers, views=tokens.split(","), device=device,
+                               dtype=dtype, batch_size=batch_size, resolution=resolution, image_size=image_size,
+                               cache_dir=cache_dir, limit=limit):
         echo(f"{s}: {acts.n} rows, layers {acts.layers[0]}..{acts.layers[-1]}, views {','.join(acts.views)} -> {acts.path}")
 
 
@@ -95,9 +77,7 @@ def cache_ls(
     cache_dir: Optional[Path] = typer.Option(None, help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
 ) -> None:
     """List cached activation entries (partial ones are resumable)."""
-    from bench.api import list_entries
-
-    rows = [e.row() for e in list_entries(cache_dir)]
+    rows = api.cache_entries(cache_dir)
     columns = CACHE_COLUMNS if fmt != Format.json else [*CACHE_COLUMNS, "revision", "path"]
     echo(render_table(rows, columns, fmt, title="Activation cache"))
 
@@ -110,17 +90,5 @@ def cache_rm(
     cache_dir: Optional[str] = typer.Option(None, metavar="DIR", help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
 ) -> None:
     """Remove cached activation entries."""
-    from bench.api import list_entries, remove_entries, select_entries
-
-    # "" would be the working directory, not a cache: refused rather than searched
-    entries = list_entries(None if cache_dir is None else output_path(cache_dir, "cache-dir"))
-    if all_:
-        chosen = entries
-    elif partial:
-        chosen = [e for e in entries if not e.complete]
-    elif keys:
-        chosen = select_entries(entries, keys)
-    else:
-        raise BenchError("cache rm: name entry keys, or pass --all or --partial")
-    freed = remove_entries(chosen)
-    stderr.print(f"removed {len(chosen)} entr{'y' if len(chosen) == 1 else 'ies'} ({freed / 2**20:.1f} MiB)")
+    removed, freed = api.remove_cache_entries(keys or (), every=all_, partial=partial, cache_dir=cache_dir)
+    stderr.print(f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({freed / 2**20:.1f} MiB)")

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
+from bench import api
 from bench.commands.common import Format, echo, render_table, stderr
-from bench.core.errors import BenchError
 
 
 def register(app: typer.Typer) -> None:
@@ -37,23 +37,11 @@ def toys_analysis(
     fmt: Format = typer.Option(Format.table, "--format", help="table, markdown, csv or json."),
 ) -> None:
     """Score patch pairs of identical-object toy scenes by pair category, per layer."""
-    from bench.core.paths import output_path
-    from bench.core.results import check_writable
-    from bench.api import TABLE_COLUMNS, check_probes, run_toy_analysis, table_rows, write_analysis
-
-    folder = output_path(out, "out")
-    check_probes([probe])  # every check that can fail runs before the extraction
-    if heatmap_scenes < 0:
-        raise BenchError(f"heatmap-scenes: must be ≥ 0, got {heatmap_scenes}")
-    _check_toys(dataset)
-    check_writable(folder, "out")
-    analysis = run_toy_analysis(
-        model, dataset, train_dataset=train_dataset, probe=probe, layers=_layers(layers), split=split,
-        device=device, dtype=dtype, epochs=epochs, limit=limit, heatmap_scenes=heatmap_scenes,
-    )
-    json_path, png = write_analysis(analysis, folder)
-    echo(render_table(table_rows(analysis), TABLE_COLUMNS, fmt, title=f"IsSameObject scores by pair category — {model}"))
-    stderr.print(f"wrote {json_path} and {png}")
+    done = api.toys_analysis(model, dataset, train_dataset=train_dataset, probe=probe, layers=layers, split=split,
+                             out=out, device=device, dtype=dtype, epochs=epochs, limit=limit,
+                             heatmap_scenes=heatmap_scenes)
+    echo(render_table(done.rows, done.columns, fmt, title=f"IsSameObject scores by pair category — {model}"))
+    stderr.print(f"wrote {done.json_path} and {done.png}")
 
 
 def report(
@@ -68,11 +56,6 @@ def report(
         False, "--include-limited", help="Also show --limit runs, each as its own dataset `NAME (limit N)`."),
 ) -> None:
     """Write a self-contained HTML report (opens from disk, no server, no network)."""
-    from bench import api
-
-    if metric not in api.METRIC_KEYS[:3]:
-        raise BenchError(f"metric: unknown {metric!r}; IsSameObject metrics: {', '.join(api.METRIC_KEYS[:3])}")
-
     if results_dir is None and Path("results").is_dir():
         results_dir = Path("results")
     paths = api.report(results_dir, out, analyses=analysis, metric=metric, fingerprint=fingerprint,
@@ -95,24 +78,6 @@ def site(
 ) -> None:
     """Build a static leaderboard site (opens from disk, no server, no network): a board per dataset x task x
     metric, a page per backbone and per dataset, the paired comparisons and the provenance."""
-    from bench import api
-
     paths = api.site(results_dirs, out, datasets=datasets, analyses=analysis, include_limited=include_limited,
                      say=lambda line: stderr.print(line, soft_wrap=True, markup=False, highlight=False))
     echo(str(paths[0]))
-
-
-def _check_toys(path: Path) -> None:
-    """Refuse, before any extraction, a dataset that is not a `bench generate toys` set."""
-    from bench.core.dataset import Dataset
-
-    generator = Dataset(path).card.get("generator", {}).get("name")
-    if generator != "toys":
-        raise BenchError(f"dataset: {path} was made by the {generator!r} generator; toys-analysis needs "
-                         "identical-object scenes from `bench generate toys`")
-
-
-def _layers(spec: str):
-    """`0,4,8` as ints; anything else (all, last, mid, 0.5) is passed through for the extractor to parse."""
-    parts = [p.strip() for p in spec.split(",")]
-    return [int(p) for p in parts] if len(parts) > 1 or parts[0].isdigit() else spec

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -31,45 +30,42 @@ def run(
     fmt: Format = typer.Option(Format.table, "--format", help="Leaderboard format."),
 ) -> None:
     """Run a study: check the whole file, print the plan, make the datasets and fit the rows that are missing, rank."""
-    run_and_report(study, _variables(values), None if out is None else output_path(out, "out"), dry_run=dry_run,
+    run_and_show(study, _variables(values), None if out is None else output_path(out, "out"), dry_run=dry_run,
                    executor=executor, address=address, fmt=fmt, command=(ctx.obj or {}).get("command"))
 
 
-def run_and_report(study: str, variables: Mapping[str, str], out: Path | None, *, dry_run: bool = False,
+def run_and_show(study: str, variables: Mapping[str, str], out: Path | None, *, dry_run: bool = False,
                    executor: str = "local", address: str | None = None, fmt: Format = Format.table,
                    command: str | None = None) -> None:
-    """`bench run` (and `bench demo`, the demo study): load, plan, run, print the leaderboards,
-    the study's notes, where everything is and what to run next."""
-    t0 = time.perf_counter()
-    loaded = api.load_study(study, variables, allow_unset=dry_run)
+    """`bench run` (and `bench demo`, the demo study): the plan alone (`dry_run`), or the run
+    (`api.run_and_report`) with its leaderboards, the study's notes, where everything is and what
+    to run next."""
     if dry_run:
-        for line in api.plan_study(loaded, out).lines():
+        for line in api.study_plan_lines(study, variables, out):
             echo(line)
         return
 
+    def say(line: str) -> None:
+        stderr.print(line, soft_wrap=True, markup=False, highlight=False)
+
     def show(plan: Any) -> None:  # once the whole study passed its checks: a refusal is the only line
         for line in plan.lines():
-            stderr.print(line, soft_wrap=True, markup=False, highlight=False)
+            say(line)
 
-    done = api.run_study(loaded, out, executor=executor, address=address, progress=True, command=command,
-                         on_plan=show)
-    stderr.print("3/3 leaderboard")
-    text, note = api.study_report(loaded, done.results, fmt.value)
-    if note:
-        stderr.print(note, soft_wrap=True, markup=False, highlight=False)
-    echo(text)
-    if fmt in (Format.table, Format.markdown) and loaded.notes:
-        echo("\n" + wrap(loaded.notes, TABLE_WIDTH))
-    pages = api.study_site(done, say=lambda line: None)
-    stderr.print(f"site: {_shown(pages[0])} (open it in a browser; nothing in it is fetched from a network)",
-                 soft_wrap=True, markup=False, highlight=False)
-    fitted = "nothing to fit" if not done.written else f"wrote {len(done.written)} run file(s)"
-    stderr.print(f"{loaded.name} finished in {time.perf_counter() - t0:.0f} s ({fitted}; {done.skipped} row(s) were "
-                 f"there already); its datasets, results and activation cache are in {_shown(done.out)}/ (kept; a run "
-                 "of the same study and settings there reuses them)." + (" Next:" if loaded.next else ""),
-                 soft_wrap=True, markup=False, highlight=False)
-    for line in api.study_next_commands(loaded, done.out):
-        stderr.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+    done = api.run_and_report(study, variables, out, executor=executor, address=address, fmt=fmt.value,
+                              command=command, on_plan=show, say=say)
+    if done.set_aside:
+        say(done.set_aside)
+    echo(done.board)
+    if fmt in (Format.table, Format.markdown) and done.study.notes:
+        echo("\n" + wrap(done.study.notes, TABLE_WIDTH))
+    say(f"site: {_shown(done.pages[0])} (open it in a browser; nothing in it is fetched from a network)")
+    fitted = "nothing to fit" if not done.run.written else f"wrote {len(done.run.written)} run file(s)"
+    say(f"{done.study.name} finished in {done.seconds:.0f} s ({fitted}; {done.run.skipped} row(s) were there "
+        f"already); its datasets, results and activation cache are in {_shown(done.run.out)}/ (kept; a run of the "
+        "same study and settings there reuses them)." + (" Next:" if done.study.next else ""))
+    for line in done.next:
+        say(f"  {line}")
 
 
 def _shown(path: Path) -> str:

@@ -136,6 +136,14 @@ def category_stats(scores: np.ndarray, category: np.ndarray) -> list[dict[str, A
     return out
 
 
+def check_toys(path: Path) -> None:
+    """Refuse, before any extraction, a dataset that is not a `bench generate toys` set."""
+    generator = Dataset(path).card.get("generator", {}).get("name")
+    if generator != "toys":
+        raise BenchError(f"dataset: {path} was made by the {generator!r} generator; toys-analysis needs "
+                         "identical-object scenes from `bench generate toys`")
+
+
 def run_toy_analysis(
     spec: str,
     toys: Path | Dataset,

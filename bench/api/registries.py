@@ -1,0 +1,32 @@
+"""Help texts read from the registries (probe families, token views, metrics), plugins' entries
+included: the CLI shows them when `--help` is asked for, so only then do plugins load."""
+
+from __future__ import annotations
+
+
+def probes_help() -> str:
+    """`--probes`: every probe family of the task it serves, with its defaults."""
+    from evaluators.probes.families import probes_help as text
+
+    return text()
+
+
+def tokens_help() -> str:
+    """`--tokens` of `bench evaluate`: the token views a probe can read."""
+    from evaluators.probes.families import tokens_help as text
+
+    return text()
+
+
+def tokens_filter_help() -> str:
+    """`--tokens` of the views of results (leaderboard, compare, plot): the token views to keep."""
+    from evaluators.probes.families import tokens_filter_help as text
+
+    return text()
+
+
+def metrics_help() -> str:
+    """`--metric`: the metrics a leaderboard ranks by (reading it loads numpy and the metrics)."""
+    from leaderboards.metrics import metrics_help as text
+
+    return text()
