@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import evaluators.fitting as fitting  # noqa: E402
 from benchmarks.gpu_fits import MODEL, extract, make_dataset  # noqa: E402
-from evaluators.fitting import RowReader, TrainConfig, cuda_graphs, linear_solver, moments, stacked  # noqa: E402
+from evaluators.fitting import RowReader, TrainConfig, cuda_graphs, lbfgs, moments, stacked  # noqa: E402
 from evaluators.fitting.stack import Stack, StepGraphs  # noqa: E402
 from evaluators.tasks.binding import binding_task, columns, evaluate_binding_sets  # noqa: E402
 
@@ -99,7 +99,7 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
         graphed_run(self, key, lambda: out.append(bits()))
         return out[0]
     devices = [(stacked, "STACKED_DEVICES"), (stacked, "GRAPHED_DEVICES"), (moments, "DENSE_DEVICES"),
-               (moments, "GRAPHED_DEVICES"), (linear_solver, "GRAPHED_DEVICES")]
+               (moments, "GRAPHED_DEVICES"), (lbfgs, "GRAPHED_DEVICES")]
     saved += [(m, n, getattr(m, n)) for m, n in devices]
     try:
         for m, n, stage in patches:

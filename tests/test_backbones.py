@@ -175,15 +175,15 @@ def test_bad_builtin_specs_are_bench_errors(spec):
 def network_waits(monkeypatch) -> list[tuple[float, str]]:
     """Each network wait of the hub code, as (its deadline in s, how it ended: "returned", "timed
     out", or the error's type and reason), in order. Every wait on the hub runs under the watchdog
-    `_with_stall_deadline`; a command that fails fast waits out none of their deadlines."""
-    import evaluators.backbones.hf as hf
+    `hub.with_stall_deadline`; a command that fails fast waits out none of their deadlines."""
+    import evaluators.backbones.hub as hub
     import evaluators.backbones.hub_weights as hub_weights
 
     waits: list[tuple[float, str]] = []
-    watchdog = hf._with_stall_deadline
+    watchdog = hub.with_stall_deadline
 
     def watched(fn, watch, deadline=None):
-        seconds = hf.STALL_DEADLINE_S if deadline is None else deadline
+        seconds = hub.STALL_DEADLINE_S if deadline is None else deadline
         try:
             value = watchdog(fn, watch, deadline)
         except TimeoutError:  # the watchdog's, or a socket's own timeout
@@ -197,8 +197,8 @@ def network_waits(monkeypatch) -> list[tuple[float, str]]:
         waits.append((seconds, "returned"))
         return value
 
-    for module in (hf, hub_weights):
-        monkeypatch.setattr(module, "_with_stall_deadline", watched)
+    for module in (hub, hub_weights):
+        monkeypatch.setattr(module, "with_stall_deadline", watched)
     return waits
 
 
@@ -220,11 +220,11 @@ def test_uncached_hub_id_fails_fast_offline(tmp_path, monkeypatch):
 
 
 def test_the_network_watchdog_gives_up_after_its_deadline_without_progress(tmp_path, monkeypatch):
-    """`_with_stall_deadline` on a fake clock that moves 1/64 s at each reading (its own polls),
+    """`hub.with_stall_deadline` on a fake clock that moves 1/64 s at each reading (its own polls),
     around a call that never returns: without a folder to watch its deadline is a total one; with
     one, a download that grows at each poll runs on past the deadline, and once it stops growing
     the call is given up the first poll `deadline` s after its last growth."""
-    import evaluators.backbones.hf as hf
+    import evaluators.backbones.hub as hub
 
     step, deadline = 1 / 64, 3 / 64  # binary fractions: the clock's sums are exact
     growing = {"polls": 0}
@@ -238,22 +238,22 @@ def test_the_network_watchdog_gives_up_after_its_deadline_without_progress(tmp_p
         readings.append(len(readings) * step)
         return readings[-1]
 
-    monkeypatch.setattr(hf, "time", SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr(hub, "time", SimpleNamespace(monotonic=clock))
     release = threading.Event()
     try:
         with pytest.raises(TimeoutError, match="no progress for 0 s"):
-            hf._with_stall_deadline(lambda: release.wait(60), None, deadline)
+            hub.with_stall_deadline(lambda: release.wait(60), None, deadline)
         assert readings[-1] - readings[1] == deadline  # from its first poll, where it started counting
         readings.clear()
         growing["polls"] = 20
         with pytest.raises(TimeoutError):
-            hf._with_stall_deadline(lambda: release.wait(60), tmp_path, deadline)
+            hub.with_stall_deadline(lambda: release.wait(60), tmp_path, deadline)
         assert (tmp_path / "download").stat().st_size == 20
         assert readings[-1] > 5 * deadline  # it ran on while the download grew
         assert readings[-1] - readings[20] == deadline  # the poll that saw the last growth started the count
     finally:
         release.set()
-    assert hf._with_stall_deadline(lambda: 7, tmp_path, deadline) == 7
+    assert hub.with_stall_deadline(lambda: 7, tmp_path, deadline) == 7
 
 
 def test_hub_id_loads_from_the_local_cache(tmp_path, monkeypatch, checkpoints):

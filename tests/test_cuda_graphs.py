@@ -211,7 +211,7 @@ def test_the_linear_path_replays_one_graph_per_penalty_kind_with_the_numbers_of_
     numbers are those of the eager ring. The stand-in capture keeps the step and each replay runs it again, which is what a graph
     does as long as nothing the step's Python reads changes between replays: the head is the one
     such thing, and it must not move."""
-    from evaluators.fitting import linear_solver
+    from evaluators.fitting import lbfgs
     from tests.test_training import D, K, _splits
     from evaluators.probes.build import build_probe, probe_optim
     from evaluators.fitting import ProbeJob, fit_probes
@@ -220,19 +220,19 @@ def test_the_linear_path_replays_one_graph_per_penalty_kind_with_the_numbers_of_
 
     def fit() -> tuple[dict, list]:
         solvers: list = []
-        init = linear_solver._LBFGS.__init__
+        init = lbfgs.BatchedLBFGS.__init__
 
         def kept(self, *args, **kwargs):  # noqa: ANN001
             init(self, *args, **kwargs)
             solvers.append(self)
         with monkeypatch.context() as m:
-            m.setattr(linear_solver._LBFGS, "__init__", kept)
+            m.setattr(lbfgs.BatchedLBFGS, "__init__", kept)
             job = ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))
             res = fit_probes([job], inputs)["l"]
         return {"val": res.val_scene_bits.copy(), **{k: v.clone() for k, v in job.model.state_dict().items()}}, solvers
 
     eager, _ = fit()
-    monkeypatch.setattr(linear_solver, "GRAPHED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(lbfgs, "GRAPHED_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(cuda_graphs.GraphedStep, "_capture", lambda self, step, on_fail: type("G", (), {
         "replay": staticmethod(step)})())
     graphed, solvers = fit()

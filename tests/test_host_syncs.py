@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from evaluators import fitting
-from evaluators.fitting import ProbeJob, RowReader, TrainConfig, fit_probes, fit_row_sets, linear_solver, stacked
+from evaluators.fitting import ProbeJob, RowReader, TrainConfig, fit_probes, fit_row_sets, lbfgs, stacked
 from evaluators.probes.build import build_probe
 
 N = {"train": 300, "val": 100, "test": 100}
@@ -140,7 +140,7 @@ def test_a_stacks_scoring_and_linear_iterations_launch_as_much_for_4_row_sets_as
     for n in (2, 4):
         mode = _Operations()
         monkeypatch.setattr(fitting, "score_sets", mode.counted(stacked.score_sets))
-        monkeypatch.setattr(linear_solver._LBFGS, "iterate", mode.counted(linear_solver._LBFGS.__dict__["iterate"]))
+        monkeypatch.setattr(lbfgs.BatchedLBFGS, "iterate", mode.counted(lbfgs.BatchedLBFGS.__dict__["iterate"]))
         row_sets = []
         for _ in range(n):
             jobs, inputs = _jobs_and_inputs()

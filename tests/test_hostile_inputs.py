@@ -715,10 +715,10 @@ class StalledServer:
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    import evaluators.backbones.hf as hf
+    import evaluators.backbones.hub as hub_module
 
-    monkeypatch.setattr(hf, "PROBE_DEADLINE_S", 1.0)
-    monkeypatch.setattr(hf, "STALL_DEADLINE_S", 1.0)
+    monkeypatch.setattr(hub_module, "PROBE_DEADLINE_S", 1.0)
+    monkeypatch.setattr(hub_module, "STALL_DEADLINE_S", 1.0)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -86,10 +86,10 @@ def test_the_solvers_iterations_read_and_write_only_tensors_that_stay_in_place(m
     capture saw: every tensor an iteration touches must be the solver's own, updated in place for
     the whole path (a rebound one would leave a replay reading a stale copy), and what a solve
     returns must not be overwritten by the next."""
-    from evaluators.fitting import linear_solver
+    from evaluators.fitting import lbfgs
 
     seen, returned = [], []
-    iterate, solve = linear_solver._LBFGS.iterate, linear_solver._LBFGS.solve
+    iterate, solve = lbfgs.BatchedLBFGS.iterate, lbfgs.BatchedLBFGS.solve
 
     def watched_iterate(self, kind):
         seen.append(tuple(t.data_ptr() for t in (self.theta, *self.data, self.f, self.g, self.h, self.step,
@@ -101,8 +101,8 @@ def test_the_solvers_iterations_read_and_write_only_tensors_that_stay_in_place(m
         returned.append((theta, theta.clone()))
         return theta, data, remaining
 
-    monkeypatch.setattr(linear_solver._LBFGS, "iterate", watched_iterate)
-    monkeypatch.setattr(linear_solver._LBFGS, "solve", watched_solve)
+    monkeypatch.setattr(lbfgs.BatchedLBFGS, "iterate", watched_iterate)
+    monkeypatch.setattr(lbfgs.BatchedLBFGS, "solve", watched_solve)
     inputs, targets, prior = _splits(informative=True)
     job = ProbeJob("l", build_probe("linear", D, K), targets, prior=prior, optim=probe_optim("linear", D))
     fit_probes([job], inputs)

@@ -19,7 +19,8 @@ from typing import Callable
 from bench.core.errors import BenchError
 from bench.core.registry import Registry
 from evaluators.backbones.base import Backbone, BackboneInfo
-from evaluators.backbones.hf import Download, HFBackbone, check_checkpoint, hub_download
+from evaluators.backbones.hf import HFBackbone, check_checkpoint
+from evaluators.backbones.hub import Download, hub_download
 from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels
 from evaluators.backbones.presets import (LIBRARY_PRESETS, PREPROCESSING, PRESETS, LibraryPreset, Preset,
@@ -379,7 +380,7 @@ def _folder_info(spec: str, path: Path) -> BackboneInfo | None:
 
 
 def _cached_revision(hub_id: str) -> str:
-    from evaluators.backbones.hf import cached_snapshot
+    from evaluators.backbones.hub import cached_snapshot
 
     path = cached_snapshot(hub_id)
     return path.name if path else "not cached"

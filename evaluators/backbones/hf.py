@@ -1,10 +1,9 @@
 """Hugging Face vision transformers: hub ids, local checkpoints and `random:` presets.
 
 Hub ids resolve offline first: a snapshot in the local cache is used as is; only
-when it is missing (and HF_HUB_OFFLINE is unset) is the hub contacted, after a
-quick reachability probe so that a machine without network fails in seconds, not
-after the client's retries. Every checkpoint is then loaded from its directory,
-so a hub id and a local copy take exactly the same path.
+when it is missing is it downloaded (`hub.py`: the cache, the network probe and its
+watchdog). Every checkpoint is then loaded from its directory, so a hub id and a local
+copy take exactly the same path.
 """
 
 from __future__ import annotations
@@ -12,12 +11,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -25,6 +20,7 @@ import torch
 from bench.core.errors import BenchError
 from bench.core.hashing import stable_json
 from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo, decode_resized
+from evaluators.backbones.hub import cached_snapshot, download_snapshot
 from evaluators.backbones.presets import (FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess, Preset,
                                          checked_preprocessing)
 from evaluators.backbones.weights import files_hash, state_dict_hash
@@ -38,7 +34,6 @@ BLOCK_NORMS = ("norm1", "layer_norm1", "layernorm_before")
 BLOCK_ATTENTIONS = ("attention", "self_attn")
 ATTENTION_QUERIES = ("q_proj", "attention.query", "query")
 ATTENTION_KEYS = ("k_proj", "attention.key", "key")
-HUB_FILES = ["config.json", "preprocessor_config.json", "*.safetensors", "*.safetensors.index.json"]
 
 
 class HFBackbone(Backbone):
@@ -180,8 +175,9 @@ def _config_identity(config: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers prints load reports and progress bars; extraction output stays clean."""
+def quiet_transformers() -> Iterator[None]:
+    """transformers' load reports and progress bars silenced while a model is built or loaded, so
+    extraction output stays clean (the zoo's trainer builds its ViTs under it too)."""
     import transformers
 
     log = transformers.utils.logging
@@ -217,7 +213,7 @@ def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone
     from transformers import AutoConfig, AutoImageProcessor
 
     check_checkpoint(path)
-    with _quiet_transformers():
+    with quiet_transformers():
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         family = _family(config.model_type, str(path))
         if config.model_type == "clip":  # vision tower only: the text tower is never built
@@ -293,7 +289,7 @@ def _build_preset(preset: Preset) -> torch.nn.Module:
     family = FAMILIES[preset.model_type]
     config = transformers.CONFIG_MAPPING[preset.model_type](**preset.config)
     extra = {"add_pooling_layer": False} if family.name == "vit" else {}
-    with _quiet_transformers():
+    with quiet_transformers():
         return getattr(transformers, family.model_class)(config, **extra)
 
 
@@ -313,158 +309,9 @@ def preset_n_params(preset: Preset) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def hub_cache_dir() -> Path:
-    """The hub cache the huggingface_hub client would use, read from the environment now."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
-    return Path(home).expanduser() / "hub"
-
-
-def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
-    """The local snapshot directory of a hub repo, or None when it is not cached."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        path = Path(snapshot_download(repo_id, revision=revision, local_files_only=True, cache_dir=hub_cache_dir()))
-    except Exception:  # any "not cached" flavour of the client's errors
-        return None
-    return path if (path / "config.json").is_file() else None
-
-
 def load_hub(spec: str, repo_id: str, revision: str | None = None) -> HFBackbone:
     """A hub id: the cached snapshot if there is one, otherwise a download (fails fast offline)."""
     path = cached_snapshot(repo_id, revision)
     if path is None:
-        path = _download(repo_id, revision)
+        path = download_snapshot(repo_id, revision)
     return load_local(spec, path, revision=path.name)
-
-
-@dataclasses.dataclass(frozen=True)
-class Download:
-    """What loading a backbone fetches from the network, its files not being in the local
-    cache: `what` (shown), what to do without network (`how`), and the endpoint asked."""
-
-    what: str
-    how: str
-    endpoint: str | None = None
-
-    def require(self) -> None:
-        """A one-line BenchError unless the download can work now (`require_network`)."""
-        require_network(self.what, self.how, self.endpoint)
-
-
-def hub_download(repo_id: str, revision: str | None = None) -> Download | None:
-    """The download `load_hub` makes for a hub id: None when its snapshot is cached."""
-    return None if cached_snapshot(repo_id, revision) is not None else Download(repo_id, _how(repo_id))
-
-
-def _how(repo_id: str) -> str:
-    return (f"download it where there is network (`hf download {repo_id}`) and pass its directory as the model, "
-            "or point HF_HOME at a cache that holds it")
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def require_network(what: str, how: str, endpoint: str | None = None) -> None:
-    """A one-line BenchError unless a download of `what` (not in the local cache) can work
-    now: HF_HUB_OFFLINE unset and the endpoint reachable within the probe's deadline."""
-    endpoint = endpoint or os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    if _offline():
-        raise BenchError(f"model: {what} is not in the local Hugging Face cache ({hub_cache_dir()}) "
-                         f"and HF_HUB_OFFLINE is set; {how}")
-    if not _reachable(endpoint):
-        raise BenchError(f"model: {what} is not in the local Hugging Face cache and could not be downloaded "
-                         f"({urlparse(endpoint).hostname or endpoint} is unreachable); {how}")
-
-
-def _download(repo_id: str, revision: str | None) -> Path:
-    from huggingface_hub import snapshot_download
-
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    how = _how(repo_id)
-    require_network(repo_id, how, endpoint)
-    repo_dir = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
-    try:
-        return Path(_with_stall_deadline(
-            lambda: snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES, cache_dir=hub_cache_dir(),
-                                      endpoint=endpoint),  # the one probed
-            repo_dir))
-    except TimeoutError:
-        raise BenchError(f"model: {repo_id}: {endpoint} sent nothing for {STALL_DEADLINE_S:.0f} s; {how}") from None
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BenchError(f"model: {repo_id} could not be downloaded ({first}); {how}") from None
-
-
-#: The reachability probe ends within this many seconds in all (connect + answer).
-PROBE_DEADLINE_S = 10.0
-#: A download fails once no byte has arrived for this long (the hub client sets no read timeout);
-#: with the probe, a stalled hub fails within 30 s.
-STALL_DEADLINE_S = 20.0
-
-
-def _reachable(endpoint: str) -> bool:
-    """Whether the endpoint answers an HTTP request within PROBE_DEADLINE_S, through the
-    proxies the environment names (HTTPS_PROXY, HTTP_PROXY, NO_PROXY: urllib reads them).
-
-    A server that accepts the connection and never answers is unreachable: a bare TCP
-    connect would call it reachable and the download would then wait forever.
-    """
-    import urllib.error
-    import urllib.request
-
-    def probe() -> bool:
-        try:
-            # a fresh opener reads the proxy variables now (urlopen's global one keeps its first)
-            opener = urllib.request.build_opener()
-            opener.open(urllib.request.Request(endpoint, method="HEAD"), timeout=PROBE_DEADLINE_S).close()
-        except urllib.error.HTTPError:  # it answered, if only with an error status
-            return True
-        return True
-
-    try:
-        return bool(_with_stall_deadline(probe, None, PROBE_DEADLINE_S))
-    except (OSError, ValueError):  # includes TimeoutError and URLError
-        return False
-
-
-def _with_stall_deadline(fn: Any, watch: Path | None, deadline: float | None = None) -> Any:
-    """`fn()`, run in a daemon thread and abandoned with TimeoutError once `deadline` s
-    pass without progress (bytes growing under `watch`; without `watch`, a total deadline).
-
-    The hub client's sockets have no read timeout, so only a watchdog bounds a stall.
-    """
-    deadline = STALL_DEADLINE_S if deadline is None else deadline
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # handed to the caller's thread
-            box["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True, name="bench-network")
-    thread.start()
-    seen, last = -1, time.monotonic()
-    while thread.is_alive():
-        thread.join(min(1.0, deadline))
-        size = _tree_bytes(watch) if watch is not None else 0
-        if size != seen:
-            seen, last = size, time.monotonic()
-        elif thread.is_alive() and time.monotonic() - last >= deadline:
-            raise TimeoutError(f"no progress for {deadline:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    for f in root.rglob("*") if root.is_dir() else ():
-        with contextlib.suppress(OSError):  # the client renames files as they complete
-            total += f.lstat().st_size
-    return total
-

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.core.errors import BenchError
-from evaluators.backbones import hf
-from evaluators.backbones.hf import STALL_DEADLINE_S, _with_stall_deadline, hub_cache_dir
+from evaluators.backbones.hub import STALL_DEADLINE_S, Download, hub_cache_dir, with_stall_deadline
 
 
 def cached_hub_file(repo_id: str, filenames: Sequence[str]) -> Path | None:
@@ -37,12 +36,12 @@ def require_network(what: str, url: str | None = None) -> None:
     weights_download(what, url).require()
 
 
-def weights_download(what: str, url: str | None = None) -> hf.Download:
+def weights_download(what: str, url: str | None = None) -> Download:
     """The download of the weights of `what` (from `url`, else the hub), not yet made."""
-    return hf.Download(f"the weights of {what}", HOW, url)
+    return Download(f"the weights of {what}", HOW, url)
 
 
-def hub_file_download(what: str, repo_id: str, filenames: Sequence[str]) -> hf.Download | None:
+def hub_file_download(what: str, repo_id: str, filenames: Sequence[str]) -> Download | None:
     """The download `hub_file` makes: None when the cache holds one of `filenames`."""
     return None if cached_hub_file(repo_id, filenames) is not None else weights_download(what)
 
@@ -59,7 +58,7 @@ def hub_file(what: str, repo_id: str, filenames: Sequence[str]) -> Path:
     repo_dir = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
     for name in filenames:
         try:
-            return Path(_with_stall_deadline(  # the hub client sets no read timeout
+            return Path(with_stall_deadline(  # the hub client sets no read timeout
                 lambda name=name: hf_hub_download(repo_id, name, cache_dir=hub_cache_dir(), endpoint=_endpoint()),
                 repo_dir))
         except TimeoutError:

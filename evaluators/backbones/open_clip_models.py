@@ -29,7 +29,8 @@ from PIL import Image
 from bench.core.errors import BenchError
 from evaluators.backbones.base import AttentionQK, BackboneInfo
 from evaluators.backbones.fused_qk import fused_attention_qk
-from evaluators.backbones.hf import Download, HFBackbone, autocast
+from evaluators.backbones.hf import HFBackbone, autocast
+from evaluators.backbones.hub import Download
 from evaluators.backbones.hub_weights import hub_file, hub_file_download, require_network, weights_download
 from evaluators.backbones.presets import Family, Preprocess
 from evaluators.backbones.weights import state_dict_hash

@@ -60,7 +60,7 @@ class TrainConfig:
     l1_path: tuple[float, ...] = (1e-2, 3e-3, 1e-3, 3e-4)
     #: The L1 penalty is smoothed, sqrt(w² + eps²) − eps, so that L-BFGS sees a smooth problem.
     l1_eps: float = 1e-2
-    #: Iterations of the batched L-BFGS per L2 and per L1 strength (`evaluators.fitting.linear_solver`),
+    #: Iterations of the batched L-BFGS per L2 and per L1 strength (`evaluators.fitting.lbfgs`),
     #: warm-started along the path: a fixed budget, so that no iteration waits on the host. The first L1
     #: strength, which starts from the best L2 solution, takes `l1_first_iterations`. 8, 30 and 25 read
     #: every oracle, control and planted teacher as the 12 and 40 before version 8 did; 6 per L2, 18–20 per

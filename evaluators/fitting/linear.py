@@ -12,7 +12,8 @@ import torch
 
 from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, to_device
 from evaluators.fitting.scoring import record_failure
-from evaluators.fitting.linear_solver import LinearProblem, PathSettings, PathSolution, solve_path
+from evaluators.fitting.linear_problems import LinearProblem, PathSettings
+from evaluators.fitting.linear_solver import PathSolution, solve_path
 from evaluators.probes.base import strictly_lower
 
 

@@ -304,12 +304,12 @@ def _publish(model: torch.nn.Module, card: dict[str, Any], final: Path) -> None:
     """save_pretrained + processor config + card into a temporary directory, then one rename."""
     from transformers import ViTImageProcessor
 
-    from evaluators.backbones.hf import _quiet_transformers
+    from evaluators.backbones.hf import quiet_transformers
 
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model.save_pretrained(tmp)
         side = int(model.config.image_size)
         ViTImageProcessor(size={"height": side, "width": side}, image_mean=[MEAN] * 3, image_std=[STD] * 3,
