@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 from bench.core.errors import BenchError
+from bench.core.tasks import DEFAULT_TASK
 
 if TYPE_CHECKING:  # importing a backbone imports torch: only `evaluate` needs it, when called
     import pandas as pd
@@ -151,7 +152,7 @@ def evaluate(
     models: Models,
     dataset: PathLike,
     *,
-    task: str = "binding",
+    task: str = DEFAULT_TASK,
     layers: str | Sequence[int] | None = None,
     tokens: str | Sequence[str] | None = None,
     probes: str | Sequence[str] | None = None,
@@ -411,7 +412,7 @@ _FOR_THE_CLI: dict[str, tuple[str, str | None]] = {
     "cache_root": ("evaluators.cache.entries", "cache_root"),
     "check_probes": ("evaluators.tasks.issameobject", "check_probes"),
     "clevr_v1": ("generators.importers.clevr_v1", None),
-    "compare_backbones": ("leaderboards.board", "compare_backbones"),
+    "compare_backbones": ("leaderboards.compare", "compare_backbones"),
     "config_to_dict": ("generators.base", "config_to_dict"),
     "contact_sheet": ("generators.preview", "contact_sheet"),
     "extract_activations": ("evaluators.cache.extract", "extract_activations"),

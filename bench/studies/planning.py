@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from bench.core.errors import BenchError
 from bench.core.paths import output_path
+from bench.core.tasks import TASKS
 from bench.studies.spec import BackboneEntry, DatasetEntry, EvaluateBlock, Study
 
 if TYPE_CHECKING:
@@ -231,15 +232,14 @@ def _check_dataset(study: Study, step: DatasetStep) -> None:
         gen, config = generator_config(step.entry)
         check_resources(gen, config, step.target, workers=1)  # `_make_dataset` renders with one
         return
-    from evaluators.tasks.binding.task import check_control, check_priors, open_dataset
+    from evaluators.tasks.binding.task import open_dataset
 
     blocks = [b for b in study.blocks if step.entry.name in b.datasets]
-    ds = open_dataset(step.target, need_codes=any(b.task == "binding" for b in blocks))
+    ds = open_dataset(step.target, need_codes=any(TASKS.get(b.task).needs_codes for b in blocks))
     for b in blocks:
-        if b.task == "binding":
-            unanchored = b.options.get("unanchored", False)
-            check_priors(ds, unanchored)
-            check_control(ds, b.options.get("control"), unanchored)
+        check_dataset = TASKS.get(b.task).hook("check_dataset")
+        if check_dataset is not None:
+            check_dataset(ds, b.options)
 
 
 def choose_out(study: Study, out: str | Path | None, cwd: Path) -> tuple[Path, str]:
@@ -360,7 +360,6 @@ def _dataset_step(study: Study, entry: DatasetEntry, folder: Path) -> DatasetSte
 def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: BackboneEntry, held: set[tuple]) -> Unit:
     from evaluators.backbones import backbone_metadata
     from evaluators.cache.extract import parse_layers
-    from evaluators.tasks.issameobject import layer_probes
     from evaluators.runner.plan import EvaluationPlan
     from evaluators.runner.run import probe_fingerprints
 
@@ -375,8 +374,8 @@ def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: Backb
         hint = "; it has no layers: leave layers out of this block" if not info.n_layers else ""
         raise BenchError(f"{study.source}: {block.key}.layers: {e} (backbone {backbone.name}{hint})") from None
     trained = tuple(v for v in views if not (info.family in ("pixels", "oracle") and v == "mean" and "cls" in views))
-    per_layer = {layer: (layer_probes(families, layer, info.n_layers) if task == "issameobject" else families)
-                 for layer in layers}
+    layer_probes = TASKS.get(task).hook("layer_probes")
+    per_layer = {layer: layer_probes(families, layer, info.n_layers) if layer_probes else families for layer in layers}
     rows = sum(len(per_layer[layer]) for layer in layers) * len(views) * len(plan.seeds)
     held_rows, pending_sets = 0, len(layers) * len(trained) * len(plan.seeds)
     if step.status == "present":

@@ -12,10 +12,10 @@ from bench.core.errors import BenchError
 from bench.core.hashing import config_hash
 from evaluators.backbones.ground_truth import GroundTruthBackbone
 from evaluators.cache.extract import check_cache_space, check_views, gib, parse_layers, pending_bytes
+from bench.core.tasks import TASKS
 from evaluators.runner.plan import Model
-from evaluators.probes.families import family_defaults, pair_probe_names
+from evaluators.probes.families import family_defaults
 from evaluators.tasks.binding.task import SPLITS
-from evaluators.tasks.issameobject import ATTENTION_BASELINES, check_attention_qk, layer_probes
 
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
@@ -78,8 +78,9 @@ def probe_fingerprints(task: str, families: Sequence[str], request: dict[str, An
     task's options) with the family's defaults and `PROBE_CODE_VERSION`. The settings a
     validation sweep then picks are an outcome, not a request, so they stay out: a re-run
     of the same request is skipped, a changed request or probe code is measured again."""
-    return {family: config_hash({"task": task, "probe": family, "hparams": family_defaults(family) if task == "binding" else None,
-                              "code": PROBE_CODE_VERSION, **request}) for family in families}
+    hparams = TASKS.get(task).hparams
+    return {family: config_hash({"task": task, "probe": family, "hparams": family_defaults(family) if hparams else None,
+                                 "code": PROBE_CODE_VERSION, **request}) for family in families}
 
 
 def backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: str | Sequence[int],
@@ -91,11 +92,14 @@ def backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: s
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
     plans, notes = [], []
+    entry = TASKS.get(task)
+    check_backbone, backbone_notes = entry.hook("check_backbone"), entry.hook("backbone_notes")
+    per_layer = entry.hook("layer_probes") or (lambda probes, layer, n_layers: list(probes))
     for model in models:
         name, spec = model.name, model.spec
         backbone = build_backbone(model, preprocessing).bind(ds)
-        if task == "issameobject":
-            check_attention_qk(backbone, families)
+        if check_backbone is not None:
+            check_backbone(backbone, families)
         check_views(backbone, ds, "test", views)
         try:
             layer_ids = parse_layers(layers, backbone.info.n_layers)
@@ -113,11 +117,11 @@ def backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: s
             return (name, ds.name, test_fp, limit, control, "test", layer, view, task, family, seed,
                     backbone.info.revision, probe_fps[family])
 
-        if task == "issameobject":
-            notes += _unread_layer_note(spec, backbone, layer_ids, families)
+        if backbone_notes is not None:
+            notes += backbone_notes(spec, backbone, layer_ids, families)
         todo, skipped = [], 0
         for layer in layer_ids:
-            here = layer_probes(families, layer, backbone.info.n_layers) if task == "issameobject" else families
+            here = per_layer(families, layer, backbone.info.n_layers)
             for view in trained:
                 for seed in seeds:
                     owed = [f for f in here
@@ -130,20 +134,6 @@ def backbone_plans(models: Sequence[Model], ds: Dataset, *, task: str, layers: s
     for note in notes:
         say(progress, note)
     return plans
-
-
-def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], families: Sequence[str]) -> list[str]:
-    """One line when a requested layer is the last hidden state, which no block reads: it gets no
-    attention-qk row, and its trained probes no attention correlation."""
-    n = backbone.info.n_layers
-    if not n or n not in layers:
-        return []
-    baselines = [p for p in families if p in ATTENTION_BASELINES]
-    correlated = any(p in pair_probe_names(True) for p in families) and backbone.attention_qk(0) is not None
-    if baselines or correlated:
-        what = " and ".join([*(f"no {p} row" for p in baselines), *(["no attention_r/attention_p"] if correlated else [])])
-        return [f"note: {spec}: hidden state {n} (the last) feeds no block, so it gets {what}"]
-    return []
 
 
 def check_cache(plans: Sequence[BackbonePlan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
