@@ -44,3 +44,20 @@ def test_the_check_catches_a_planted_task_name(tmp_path):
     (tmp_path / "evaluators" / "tasks" / "binding" / "planted.py").write_text('X = "issameobject"\nY = "binding"\n')
     assert task_literals(tmp_path, TASKS.names()) == ["evaluators/tasks/binding/planted.py:1 'issameobject'",
                                                       "leaderboards/planted.py:2 'issameobject'"]
+
+
+def test_rows_of_a_task_no_longer_registered_are_set_aside_in_one_phrase(tmp_path):
+    """The store the leaderboard, the report (`load_selected`) and the site (`load_folders`) read:
+    rows of a task no registry entry names (a plugin since uninstalled) are left out, said once."""
+    from bench.core.results import provenance, write_run
+    from leaderboards.store import load_folders, load_selected
+
+    row = {**provenance("r1", "cpu"), "backbone": "pixels", "spec": "pixels", "dataset": "d",
+           "dataset_fingerprint": "f" * 16, "split": "test", "layer": 0, "n_layers": 0, "tokens": "mean",
+           "probe": "median-norm", "seed": 0, "status": "ok", "weights_fingerprint": "w", "probe_fingerprint": "p"}
+    write_run([{**row, "task": "norm", "majority_accuracy": 0.5}, {**row, "task": "binding", "beta_star": 0.1}],
+              tmp_path, "r1")
+    for selection in (load_selected(tmp_path), load_folders([tmp_path])):
+        assert [r["task"] for r in selection.rows] == ["binding"]
+        assert selection.note == ("set aside: 1 rows of task norm, which no installed task registers "
+                                  "(registered: binding, issameobject)")
