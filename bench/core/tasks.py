@@ -4,8 +4,9 @@ spirit of MTEB's task metadata), read by every stage that once asked which task 
 A task is wholly its record: the run, the request's checks, the summary table, the leaderboard's
 metrics, the site's boards and the report's section all ask the record, never the name, so a
 plugin task (entry-point group `bindingbench.tasks`) gets everything a built-in one gets. The
-built-in records are registered by their own packages (`evaluators.tasks.binding`,
-`evaluators.tasks.issameobject`); this module names them, as strings, and imports no torch:
+built-in records live in their own packages (`evaluators.tasks.binding.TASK`,
+`evaluators.tasks.issameobject.TASK`); this module names them, as strings, registers them in
+that order on first use, and imports no torch:
 hooks are `module:function` strings imported when called (`bench.core.registry.load_ref`), as
 probe families name their classes.
 """
@@ -105,6 +106,14 @@ class Task:
         return None if ref is None else load_ref(ref)
 
 
-TASKS: Registry[Task] = Registry("task", group="bindingbench.tasks",
-                                 builtins=("evaluators.tasks.binding", "evaluators.tasks.issameobject"))
+#: The built-in tasks, in order: each name and where its own package keeps its record.
+BUILTIN_TASKS = {"binding": "evaluators.tasks.binding:TASK", "issameobject": "evaluators.tasks.issameobject:TASK"}
+
+
+def _register_builtins() -> None:
+    for name, ref in BUILTIN_TASKS.items():
+        TASKS.register(name, load_ref(ref))
+
+
+TASKS: Registry[Task] = Registry("task", group="bindingbench.tasks", builtins=(_register_builtins,))
 

@@ -1,5 +1,6 @@
-"""The tasks `bench evaluate` measures, one package each, whose `__init__` registers the task's
-record in `bench.core.tasks.TASKS` (planned by `evaluators.runner`, run by the task's own `run`):
+"""The tasks `bench evaluate` measures, one package each, whose `__init__` keeps the task's record
+(`TASK`, registered in `bench.core.tasks.TASKS`; planned by `evaluators.runner`, run by the task's
+own `run`):
 
 - `binding`: does a representation bind features to objects? Probes of the object code O given
   the feature code F, anchored on exact priors, and the estimator's metrics (β*, the paper's).

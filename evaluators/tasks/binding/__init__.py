@@ -1,9 +1,9 @@
 """The binding task: what probes are trained against (`task`), the probes of a family (`jobs`),
 scores to result columns (`columns`), the rows of a run (`rows`) and the run itself (`run`).
 
-Its `Task` record (bench/core/tasks.py) is registered here, under "binding"."""
+Its `Task` record (`TASK`, registered by bench/core/tasks.py under "binding") is here."""
 
-from bench.core.tasks import TASKS, Metric, Task
+from bench.core.tasks import Metric, Task
 from evaluators.tasks.binding.columns import evaluate_binding, evaluate_binding_sets
 from evaluators.tasks.binding.task import binding_task
 
@@ -14,7 +14,8 @@ def _metric(name: str, label: str, unit: str, higher_is_better: bool = True) -> 
     return Metric(name, label, "binding", unit, higher_is_better, screened=True)
 
 
-TASKS.register("binding", Task(
+#: This task's record (bench/core/tasks.py registers it under "binding").
+TASK = Task(
     summary="B, β, β* from F/O probes",
     probes="evaluators.probes.families:BINDING_PROBES",
     runner="evaluators.tasks.binding.run:run_binding",
@@ -63,4 +64,4 @@ TASKS.register("binding", Task(
     per_scene=True,
     title="Binding",
     report_section="leaderboards.sections:binding_section",
-))
+)

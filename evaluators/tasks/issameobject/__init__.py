@@ -58,13 +58,13 @@ registers) are not cached, so A is the model's attention renormalised over the p
 
 The code is split by concern: `pairs` (sampling), `scorers` (probes, baselines, fitting),
 `metrics`, `attention` (correlation with attention), `evaluate` (the orchestration) and `run`
-(the task's runner). Its `Task` record (bench/core/tasks.py) is registered here, under
-"issameobject".
+(the task's runner). Its `Task` record (`TASK`, registered by bench/core/tasks.py under
+"issameobject") is here.
 """
 
 from __future__ import annotations
 
-from bench.core.tasks import TASKS, Metric, Task
+from bench.core.tasks import Metric, Task
 from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention, permutation_correlation
 from evaluators.tasks.issameobject.evaluate import (DEFAULT_PROBES, check_attention_qk, check_probes, evaluate_activations,
                                               evaluate_issameobject, evaluate_layer, layer_data, layer_probes,
@@ -86,7 +86,8 @@ __all__ = [
 ]
 
 
-TASKS.register("issameobject", Task(
+#: This task's record (bench/core/tasks.py registers it under "issameobject").
+TASK = Task(
     summary="patch-pair probes",
     probes="evaluators.probes.families:PAIR_PROBES",
     runner="evaluators.tasks.issameobject.run:run_issameobject",
@@ -112,4 +113,4 @@ TASKS.register("issameobject", Task(
     board_metrics=("accuracy", "balanced_accuracy", "auroc"),
     title="IsSameObject",
     report_section="leaderboards.sections:issameobject_section",
-))
+)
