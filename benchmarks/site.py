@@ -21,12 +21,16 @@ import numpy as np
 
 from bench import api
 from bench.core.results import provenance, write_run
+from bench.core.tasks import DEFAULT_TASK, TASKS
 
 TARGET_S = 60.0
 BACKBONES = [f"random:vit-{k}" for k in range(8)]
 LAYERS = range(13)
 BINDING_COLUMNS = [(p, t) for p in ("linear", "quadratic", "dnn") for t in ("cls", "mean")] + [("attention", "all")]
 PAIR_PROBES = ("linear", "quadratic", "cosine", "majority")
+#: The tasks of the synthetic rows: the default (binding) and the one that reads every patch token (pairs).
+BINDING = DEFAULT_TASK
+PAIRS = next(name for name, task in TASKS.items() if task.fixed_views)
 N_SCENES, N_GROUPS, H_O_GIVEN_F = 400, 100, 20.0
 
 
@@ -53,7 +57,7 @@ def synthetic_rows(n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
                     bits = np.clip(H_O_GIVEN_F * (1 - skill) + rng.normal(0, 2, N_SCENES), 0, None).astype(np.float32)
                     beta = 1 - float(bits.mean()) / H_O_GIVEN_F
                     rows.append({**_row("r-bench", BACKBONES[0] if control else backbone, f"binding-{k}", layer, probe,
-                                        tokens, "binding"),
+                                        tokens, BINDING),
                                  "control": control, "prior": "exact", "converged": True, "n_F_eff": float(N_GROUPS),
                                  "beta_star": beta, "beta_star_lo": beta - 0.02, "beta_star_hi": beta + 0.02,
                                  "H_F": 7.0, "H_O_given_F": H_O_GIVEN_F, "L_O_given_F": float(bits.mean()),
@@ -67,7 +71,7 @@ def synthetic_rows(n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
             for layer in LAYERS:
                 for probe in PAIR_PROBES:
                     acc = 0.5 if probe == "majority" else 0.6 + 0.02 * b + 0.01 * layer
-                    rows.append({**_row("r-bench", backbone, f"pairs-{k}", layer, probe, "all", "issameobject"),
+                    rows.append({**_row("r-bench", backbone, f"pairs-{k}", layer, probe, "all", PAIRS),
                                  "accuracy": acc, "accuracy_lo": acc - 0.01, "accuracy_hi": acc + 0.01,
                                  "val_accuracy": acc + rng.normal(0, 0.005), "majority_accuracy": 0.5})
     return rows[:n]

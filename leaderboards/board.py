@@ -44,9 +44,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bench.core.errors import BenchError
-from evaluators.probes.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
+from bench.core.tasks import DEFAULT_TASK, TASKS
+from evaluators.probes.families import TOKEN_VIEWS
 from evaluators.tasks.binding.metrics import metric_checks, paired_difference, validation_metric
-from leaderboards.metrics import CHECK_MEANINGS, TASKS, Metric, resolve_metric
+from leaderboards.metrics import CHECK_MEANINGS, Metric, resolve_metric
 from leaderboards.published import Reference, references_for
 
 
@@ -210,7 +211,7 @@ def build_leaderboard(
         expected[(r["dataset"], r["probe"], r["tokens"])].add(r["seed"])
         groups[(r["dataset"], r["backbone"], r.get("control"), r["probe"], r["tokens"])].append(r)
     board = Leaderboard(task, m, layer, columns)
-    if task == "binding":
+    if TASKS.get(task).per_scene:
         for ds in sorted({r["dataset"] for r in rows}):
             board.n_F_eff[ds] = tuple(sorted({float(r["n_F_eff"]) for r in rows if r["dataset"] == ds
                                               and r.get("n_F_eff") is not None and math.isfinite(r["n_F_eff"])}))
@@ -248,12 +249,13 @@ def _add_references(board: Leaderboard, probes: Sequence[str], tokens: Sequence[
 
 
 def _pick_task(rows: list[dict], task: str | None) -> str:
+    """`task`, checked (an unknown one is one line listing the tasks), else the default task when
+    the rows hold it or nothing, else the first task present."""
     if task is not None:
-        if task not in TASKS:
-            raise BenchError(f"task: unknown {task!r}; allowed: {', '.join(TASKS)}")
+        TASKS.get(task)
         return task
     present = {r["task"] for r in rows}
-    return "binding" if "binding" in present or not present else sorted(present)[0]
+    return DEFAULT_TASK if DEFAULT_TASK in present or not present else sorted(present)[0]
 
 
 def _filter(rows: list[dict], column: str, allowed: Sequence[str]) -> list[dict]:
@@ -269,7 +271,7 @@ def _filter(rows: list[dict], column: str, allowed: Sequence[str]) -> list[dict]
 def probe_order(task: str) -> tuple[str, ...]:
     """Column order: the task's probes in registration order, which reads left to right from
     weakest to strongest reader, as the paper's table does (plugins' probes come last)."""
-    return (BINDING_PROBES if task == "binding" else PAIR_PROBES).names()
+    return TASKS.get(task).probe_registry.names()
 
 
 def _column_order(col: tuple[str, str], order: Sequence[str]) -> tuple:
@@ -352,8 +354,9 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
     checks = tuple(dict.fromkeys(c for r in rows for c in metric_checks(r, m.name))) if m.screened else ()
     priors = sorted({r["prior"] for r in rows if r.get("prior") is not None})
     sens = [r.get("sensitivity") for r in rows]
-    has_sens = m.task == "binding" and all(v is not None and math.isfinite(v) for v in sens)
-    per_scene, groups = _per_scene(rows) if m.task == "binding" else (None, None)
+    task = TASKS.get(m.task)
+    has_sens = task.sensitivity and all(v is not None and math.isfinite(v) for v in sens)
+    per_scene, groups = _per_scene(rows) if task.per_scene else (None, None)
     return Cell("ok", sum(values) / len(values), lo, hi, layer, n_layers, len(rows), checks=checks,
                 prior=",".join(priors) or None,
                 sensitivity=sum(sens) / len(sens) if has_sens else None,
@@ -424,50 +427,3 @@ def _rankable(row: BoardRow) -> list[Cell]:
 def _unanchored_row(row: BoardRow, m: Metric) -> bool:
     """Whether a backbone's cells are unanchored (the `*_paper` estimator is unanchored for every row)."""
     return not m.paper and any(c is not None and c.unanchored for c in row.cells.values())
-
-
-# -- paired comparison of two backbones ------------------------------------------------------
-
-#: The metrics `compare_backbones` reports when none is named: the headline and its parts.
-COMPARE_METRICS = ("beta_star", "B_star", "beta_O", "beta_F", "beta_star_paper")
-COMPARE_COLUMNS = ("dataset", "probe", "tokens", "metric", "a", "a_layer", "b", "b_layer", "difference", "lo", "hi",
-                   "verdict")
-
-
-def compare_backbones(rows: Iterable[dict[str, Any]], a: str, b: str, *, metrics: Sequence[str] = (),
-                      dataset: str | None = None, probes: Sequence[str] = (), tokens: Sequence[str] = (),
-                      layer: str | int = "best") -> list[dict[str, Any]]:
-    """metric(a) − metric(b) per dataset, probe column and metric, with the paired bootstrap
-    interval over the test scenes both were measured on (BenchError when either backbone has no
-    rows, or the two were not measured on the same scenes)."""
-    rows = [r for r in rows if r["task"] == "binding" and r.get("control") is None]
-    present = sorted({r["backbone"] for r in rows})
-    for name in (a, b):
-        if name not in present:
-            raise BenchError(f"backbone: no binding results for {name!r}; present: {', '.join(present) or 'none'}")
-    out = []
-    for metric in metrics or COMPARE_METRICS:
-        board = build_leaderboard(rows, dataset=dataset, task="binding", metric=metric, probes=probes, tokens=tokens,
-                                  layer=layer)
-        for ds in board.datasets:
-            mine = {r.backbone: r for r in board.rows if r.dataset == ds and r.backbone in (a, b)}
-            if len(mine) < 2:
-                continue
-            for col in board.columns:
-                ca, cb = mine[a].cells[col], mine[b].cells[col]
-                if ca is None or cb is None or ca.status != "ok" or cb.status != "ok":
-                    continue
-                paired = paired_cells(ca, cb, board.metric)
-                if paired is None:
-                    raise BenchError(f"compare: {a} and {b} on {ds} were not measured on the same test scenes with "
-                                     "per-scene bits (results from before this BindingBench, or different data)")
-                diff, lo, hi = paired
-                side = verdict(lo, hi, board.metric)
-                said = f"{a} better" if side > 0 else f"{b} better" if side < 0 else "no difference beyond noise"
-                out.append({"dataset": ds, "probe": col[0], "tokens": col[1], "metric": board.metric.name,
-                            "a": ca.value, "a_layer": ca.layer, "b": cb.value, "b_layer": cb.layer,
-                            "difference": diff, "lo": lo, "hi": hi, "verdict": said})
-    if not out:
-        raise BenchError(f"compare: {a} and {b} share no finished cell (dataset, probe, tokens); "
-                         "evaluate both on the same dataset with the same probes")
-    return out

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import jinja2
 
 from bench.core.numbers import fixed
+from bench.core.tasks import TASKS
 from leaderboards.board import Cell, Leaderboard
 from leaderboards.render import board_notes, cell_marks, scale_digits, title
 
@@ -142,7 +143,7 @@ def dataset_cards(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             groups.setdefault(r["dataset"], []).append(r)
     cards = []
     for name, rs in sorted(groups.items()):
-        binding = [r for r in rs if r["task"] == "binding"]
+        binding = [r for r in rs if TASKS.get(r["task"]).needs_codes]  # rows of a task that read the priors
         first = binding[0] if binding else rs[0]
         cards.append({"dataset": name, "fingerprint": first["dataset_fingerprint"] or "",
                       "tasks": ", ".join(sorted({r["task"] for r in rs})), "n_train": first.get("n_train"),

@@ -1,68 +1,34 @@
 """The metric catalogue: every number a leaderboard can rank, by results column, with its printed
-label, task, unit and direction, and what each ‡ check means. Tables, plots, the report and the
-site read names and labels from here (`METRICS` is a registry: plugins add metrics through it)."""
+label, task, unit and direction (each task's record lists its own, `Task.metrics`), and what each ‡
+check means. Tables, plots, the report and the site read names and labels from here (`METRICS` is
+a registry: plugins add metrics through it)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import replace
 
 from bench.core.errors import BenchError
 from bench.core.registry import Registry
+from bench.core.tasks import TASKS, Metric
+
+__all__ = ["METRICS", "Metric", "CHECK_MEANINGS", "metrics_help", "resolve_metric"]
 
 
-@dataclass(frozen=True)
-class Metric:
-    name: str  # the results column
-    label: str  # how tables and plots title it
-    task: str
-    unit: str  # "%" (ratios shown x100) or "bits"
-    higher_is_better: bool = True
-    screened: bool = False  # cells are ‡-screened with metric_checks(row, name)
-
-    @property
-    def paper(self) -> bool:
-        """The paper's two-probe estimator (unanchored direct O- and F-probes)."""
-        return self.name.endswith("_paper")
+def _task_metrics() -> None:
+    """Every registered task's metrics (`Task.metrics`), under their task's name."""
+    for name, task in TASKS.items():
+        for m in task.metrics:
+            METRICS.register(m.name, m if m.task == name else replace(m, task=name))
 
 
-def _binding(name: str, label: str, unit: str, higher_is_better: bool = True) -> Metric:
-    return Metric(name, label, "binding", unit, higher_is_better, screened=True)
-
-
-METRICS: Registry[Metric] = Registry("metric")
-for _m in [
-    # headline: the chain rule on prior-anchored probes
-    _binding("beta_star", "β*", "%"),
-    _binding("beta_star_paper", "β*_paper", "%"),
-    _binding("B_star", "B*", "bits"),
-    _binding("B_star_paper", "B*_paper", "bits"),
-    _binding("beta_O", "β_O", "%"),
-    _binding("beta_O_paper", "β_O_paper", "%"),
-    _binding("B_O", "B_O", "bits"),
-    _binding("B_O_paper", "B_O_paper", "bits"),
-    _binding("beta_F", "β_F", "%"),
-    _binding("B_F", "B_F", "bits"),
-    _binding("B_F_paper", "B_F_paper", "bits"),
-    _binding("L_F", "L_F", "bits", higher_is_better=False),
-    _binding("L_O_given_F", "L_O|F", "bits", higher_is_better=False),
-    _binding("L_O", "L_O", "bits", higher_is_better=False),
-    _binding("L_O_paper", "L_O_paper", "bits", higher_is_better=False),
-    _binding("L_F_paper", "L_F_paper", "bits", higher_is_better=False),
-    _binding("bit_accuracy", "bit accuracy", "%"),
-    _binding("exact_accuracy", "exact-match accuracy", "%"),
-    Metric("accuracy", "IsSameObject accuracy", "issameobject", "%"),
-    Metric("balanced_accuracy", "balanced accuracy", "issameobject", "%"),
-    Metric("auroc", "AUROC", "issameobject", "%"),
-]:
-    METRICS.register(_m.name, _m)
-DEFAULT_METRIC = {"binding": "beta_star", "issameobject": "accuracy"}
-TASKS = tuple(DEFAULT_METRIC)
+#: Every metric a leaderboard ranks: the tasks' (registered by their records), then any plugin's.
+METRICS: Registry[Metric] = Registry("metric", builtins=(_task_metrics,))
 
 
 def metrics_help() -> str:
     """`bench leaderboard --metric` help: every registered metric per task, the default first."""
-    per_task = {t: [m.name for _, m in METRICS.items() if m.task == t] for t in TASKS}
+    per_task = {t: [m.name for _, m in METRICS.items() if m.task == t] for t in TASKS.names()}
     return ("beta_star (β* from prior-anchored probes, default), beta_star_paper (the paper's two-probe estimator); "
             + "; ".join(f"{t}: {', '.join(names)}" for t, names in per_task.items()) + ".")
 
@@ -70,7 +36,7 @@ def metrics_help() -> str:
 def resolve_metric(name: str | None, task: str) -> Metric:
     """A metric by results-column name or printed label (β*, β*_paper, L_O|F, ...), checked against the task."""
     if name is None:
-        return METRICS.get(DEFAULT_METRIC[task])
+        return METRICS.get(TASKS.get(task).metric)
     wanted = _norm(name)
     for _, m in METRICS.items():
         if wanted in (_norm(m.name), _norm(m.label)):

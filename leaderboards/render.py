@@ -10,7 +10,8 @@ from rich.markup import escape
 
 from bench.core.console import Format, render_table, wrap
 from bench.core.numbers import fixed, plus_minus
-from leaderboards.board import COMPARE_COLUMNS, Cell, Leaderboard
+from leaderboards.board import Cell, Leaderboard
+from leaderboards.compare import COMPARE_COLUMNS
 from leaderboards.metrics import CHECK_MEANINGS, Metric
 
 

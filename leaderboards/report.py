@@ -7,6 +7,9 @@ site`: the same templates (`leaderboards/templates`, Jinja2, autoescaped) and th
 (`leaderboards.board`: cells, layers chosen on validation, checks, ranks). It is a reader's
 first stop, in order:
 
+Each task's section is drawn by what its record names (`Task.report_section`, the built-ins' in
+`leaderboards.sections`), in registration order:
+
 1. binding: the headline β* leaderboard (each cell at the layer chosen on validation, its
    test value with its 95% interval, its sensitivity, its notes; sortable and filterable by
    probe family and token view), then β* by depth as small multiples and by probe family;
@@ -48,20 +51,14 @@ from bench.core.dataset import replacing, write_text_atomic
 from bench.core.errors import BenchError
 from bench.core.outdir import FolderFiles, WrittenFiles
 from bench.core.paths import output_path
+from bench.core.tasks import TASKS
 from leaderboards import html
-from leaderboards.board import build_leaderboard
-from leaderboards.plots import MAX_PNG_WIDTH, layer_curves, probe_bars
+from leaderboards.plots import MAX_PNG_WIDTH
+from leaderboards.sections import METRIC_KEYS
 from leaderboards.store import load_selected
 
 ANALYSIS_JSON = "toy_analysis.json"
 ANALYSIS_PNG = "toy_analysis.png"
-CURVES_STEM = "issameobject"
-#: One curves figure per group, four panels at most, so each stays readable.
-PROBE_GROUPS = {
-    "probes": ("linear", "diag-quadratic", "quadratic", "pointwise-identity"),
-    "baselines": ("cosine", "dot", "distance", "majority"),
-}
-METRIC_KEYS = ("accuracy", "balanced_accuracy", "auroc", "majority_accuracy")
 
 
 def build_report(
@@ -87,23 +84,21 @@ def build_report(
     selected = (load_selected(results_dir, fingerprint=fingerprint, include_limited=include_limited)
                 if results_dir is not None else None)
     all_rows = selected.rows if selected else []
-    binding = [r for r in all_rows if r["task"] == "binding"]
-    rows = [r for r in all_rows if r["task"] == "issameobject"]
+    # one section per task whose record names one (`Task.report_section`), in registration order
+    sections = {name: (task, task.hook("report_section"), [r for r in all_rows if r["task"] == name])
+                for name, task in TASKS.items() if task.report_section is not None}
     loaded = [read_analysis(Path(a)) for a in analyses]
     if not all_rows and not loaded:
         raise BenchError("report: nothing to show (no results and no --analysis directory)")
-    groups = {group: present for group, probes in PROBE_GROUPS.items()
-              if (present := [p for p in probes if any(r["probe"] == p for r in rows)])}
-    drawn = {"binding_layers": any(r["n_layers"] for r in binding), "binding_bars": bool(binding),
-             **{f"{CURVES_STEM}_{group}": True for group in groups}, **{f"toys_{k}": True for k in range(len(loaded))}}
+    keys = [key for name, (_, section, rows) in sections.items() if rows for key in section.figures(name, rows)]
     # every figure this report draws, by what it shows: listed in its folder before any is drawn
-    figures = {key: drawings.folder / f"{key}.png" for key, shown in drawn.items() if shown}
+    figures = {key: drawings.folder / f"{key}.png" for key in [*keys, *(f"toys_{k}" for k in range(len(loaded)))]}
     files.claim([out])
     drawings.claim(figures.values())
     where = f"in {results_dir}" if results_dir is not None else "(no results directory given)"
     empty = {
-        "Binding": None if binding else f"no binding rows {where}: run `bench evaluate --task binding`",
-        "IsSameObject": None if rows else f"no issameobject rows {where}: run `bench evaluate --task issameobject`",
+        **{task.title or name: None if rows else f"no {name} rows {where}: run `bench evaluate --task {name}`"
+           for name, (task, _, rows) in sections.items()},
         "Identical objects (toys)": None if loaded else
         "no --analysis directory given: run `bench toys-analysis --out DIR`, then `bench report -a DIR`",
     }
@@ -113,24 +108,12 @@ def build_report(
         if say is not None:
             say(n)
     context: dict[str, Any] = {"page_title": "BindingBench report", "nav": [], "notes": notes,
-                               "folded": "; ".join(folded), "binding": None, "issameobject": None,
-                               "analyses": [], "provenance": None, "boards_script": bool(binding)}
-    if binding:
-        board = build_leaderboard(binding, task="binding")
-        if "binding_layers" in figures:  # β* by depth, when some backbone has layers to compare
-            layer_curves(binding, figures["binding_layers"], formats=("png",), task="binding")
-        probe_bars(board, figures["binding_bars"], formats=("png",))
-        context.update(binding=html.board_view(board, anchor="binding"),
-                       binding_figures=[html.data_uri(p) for k, p in figures.items() if k.startswith("binding_")])
-    if rows:
-        pngs = [figures[f"{CURVES_STEM}_{group}"] for group in groups]
-        for group, png in zip(groups, pngs):
-            layer_curves(rows, png, formats=("png",), task="issameobject", metric=metric, probes=groups[group])
-        lines = html.issameobject_view(build_leaderboard(rows, task="issameobject", metric=metric))
-        context.update(issameobject=lines, issameobject_metric=metric,
-                       issameobject_figures=[html.data_uri(p) for p in pngs],
-                       issameobject_any_test=any(x["on_test"] for x in lines),
-                       issameobject_errors=sum(r["status"] != "ok" for r in rows))
+                               "folded": "; ".join(folded), **{name: None for name in sections},
+                               "analyses": [], "provenance": None, "boards_script": False}
+    for name, (_, section, rows) in sections.items():
+        if rows:
+            context.update(section.context(name, rows, {k: p for k, p in figures.items() if k.startswith(f"{name}_")},
+                                           metric))
     for k, (analysis, fig) in enumerate(loaded):
         copy = figures[f"toys_{k}"]
         fit_png(fig, copy)

@@ -43,15 +43,13 @@ from bench.core.outdir import WrittenFiles
 from bench.core.paths import output_path
 from leaderboards import html
 from leaderboards.board import Leaderboard, build_leaderboard, paired_cells, verdict
-from leaderboards.metrics import DEFAULT_METRIC, TASKS, resolve_metric
+from bench.core.tasks import TASKS
+from leaderboards.metrics import resolve_metric
 from leaderboards.plots import NothingToDraw, figure_paths, layer_curves
 from leaderboards.render import column_name, scale_digits
 from leaderboards.report import fit_png, read_analysis
 from leaderboards.store import load_folders
 
-#: The boards of the index, per task, the headline first.
-SITE_METRICS = {"binding": ("beta_star", "beta_star_paper", "beta_O", "beta_F"),
-                "issameobject": ("accuracy", "balanced_accuracy", "auroc")}
 INDEX = "index.html"
 
 
@@ -179,14 +177,14 @@ class _Site:
         sections = []
         probes, tokens = set(), set()
         for ds in self.datasets:
-            for task in TASKS:
+            for task, entry in TASKS.items():  # the boards of the index: each task's `board_metrics`
                 rows = self.by_key.get((ds, task))
                 if not rows:
                     continue
                 boards = []
-                for metric in SITE_METRICS[task]:
+                for metric in entry.board_metrics or (entry.metric,):
                     board = build_leaderboard(rows, task=task, metric=metric, reference=True)
-                    if metric == DEFAULT_METRIC[task]:
+                    if metric == entry.metric:
                         self.headline[(ds, task)] = board
                     view = html.board_view(board, anchor=f"{slug(ds)}--{task}--{metric}")
                     if not any(x["kind"] != "published" and x["value"] is not None for x in view["lines"]):
@@ -271,8 +269,9 @@ class _Site:
             folder.preview(path)
             self.written.append(path)
             preview = path.name
-        boards = [{"task": task, "anchor": f"{slug(name)}--{task}--{DEFAULT_METRIC[task]}",
-                   "metric": resolve_metric(None, task).label} for task in TASKS if (name, task) in self.by_key]
+        boards = [{"task": task, "anchor": f"{slug(name)}--{task}--{entry.metric}",
+                   "metric": resolve_metric(None, task).label} for task, entry in TASKS.items()
+                  if (name, task) in self.by_key]
         generator = (folder.card.get("generator") or {}) if folder else {}
         return {"name": name, "card": card, "fingerprints": sorted(fps), "folder": folder,
                 "generator": generator.get("name") if isinstance(generator, dict) else generator,
@@ -288,7 +287,7 @@ class _Site:
         out = []
         for (ds, task), board in sorted(self.headline.items()):
             rows = [r for r in board.rows if r.control is None and r.reference is None]
-            if task != "binding" or len(rows) < 2:
+            if not TASKS.get(task).per_scene or len(rows) < 2:
                 continue
             m = board.metric
             scale, digits = scale_digits(m)

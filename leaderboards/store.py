@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from bench.core.errors import BenchError
 from bench.core.results import RESULT_SCHEMA, read_results, row_key
+from bench.core.tasks import TASKS
 
 #: Per-scene columns (test bits, F-code groups, prior references): kept as numpy arrays, which
 #: paired comparisons read, never as Python lists (a row holds thousands of them).
@@ -82,6 +83,19 @@ class Selection:
         if not self.set_aside:
             return None
         return "set aside: " + "; ".join(self.set_aside)
+
+
+def registered(rows: Iterable[dict[str, Any]]) -> Selection:
+    """The rows of tasks still registered (`bench.core.tasks.TASKS`); those of any other task (a
+    plugin since uninstalled) are set aside and named, so a folder written with it still reads."""
+    rows, known = list(rows), TASKS.names()
+    gone: dict[str, int] = defaultdict(int)
+    for r in rows:
+        if r["task"] not in known:
+            gone[r["task"]] += 1
+    phrases = [f"{n} rows of task {task}, which no installed task registers (registered: {', '.join(known)})"
+               for task, n in sorted(gone.items())]
+    return Selection([r for r in rows if r["task"] in known] if gone else rows, phrases)
 
 
 def newest_identity(rows: Iterable[dict[str, Any]], *, show_old: bool = False) -> Selection:
@@ -172,11 +186,12 @@ def load_selected(results_dir: str | os.PathLike, *, fingerprint: str | None = N
     """`select_rows` of a directory's newest row per key (`latest`) of each backbone's newest
     weights and probe settings (`newest_identity`); files of an older schema are named in the note."""
     older: list[str] = []
-    current = newest_identity(latest(load_results(results_dir, older)), show_old=show_old)
+    known = registered(load_results(results_dir, older))
+    current = newest_identity(latest(known.rows), show_old=show_old)
     selected = select_rows(current.rows, fingerprint=fingerprint, include_limited=include_limited)
     files = [f"{len(older)} results files of an older schema ({', '.join(older)}; re-run `bench evaluate` "
              "to measure them again)"] if older else []
-    return Selection(selected.rows, files + current.set_aside + selected.set_aside)
+    return Selection(selected.rows, files + known.set_aside + current.set_aside + selected.set_aside)
 
 
 def latest(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -209,11 +224,12 @@ def load_folders(results_dirs: Iterable[str | os.PathLike], *, include_limited: 
     rows: list[dict[str, Any]] = []
     for d in results_dirs:
         rows += load_results(d, older)
-    current = newest_identity(latest(rows), show_old=show_old)
+    known = registered(rows)
+    current = newest_identity(latest(known.rows), show_old=show_old)
     measured = measurements(current.rows, include_limited=include_limited)
     files = [f"{len(older)} results files of an older schema ({', '.join(older)}; re-run `bench evaluate` "
              "to measure them again)"] if older else []
-    return Selection(measured.rows, files + current.set_aside + measured.set_aside)
+    return Selection(measured.rows, files + known.set_aside + current.set_aside + measured.set_aside)
 
 
 def measurements(rows: Iterable[dict[str, Any]], *, include_limited: bool = False) -> Selection:

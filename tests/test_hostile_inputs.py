@@ -1485,3 +1485,15 @@ def test_a_second_run_of_a_study_folder_is_refused_naming_the_running_one(ds, tm
     ok(["run", study, "--out", out], capsys)
     rows = read_rows(out / "results")
     assert len(rows) == 2 and {r["backbone"] for r in rows} == {"pixels", "oracle:objects"}
+
+
+def test_an_unknown_task_is_one_line_listing_the_tasks(capsys, tmp_path):
+    """`--task` and a study block's `task` are names of the task registry (bench/core/tasks.py):
+    an unknown one is refused before anything is read, in one line that lists every task."""
+    line = refused(["evaluate", "-m", "pixels", "-d", tmp_path, "--task", "segmentation"], capsys, tmp_path)
+    assert line == "bench: error: task: unknown 'segmentation'; allowed: binding, issameobject", line
+    study = tmp_path / "s.toml"
+    study.write_text("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\n"
+                     "task = 'segmentation'\n")
+    line = refused(["run", study, "--dry-run"], capsys)
+    assert line.endswith("evaluate[1].task: unknown task 'segmentation'; allowed: binding, issameobject"), line

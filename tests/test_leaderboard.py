@@ -468,7 +468,7 @@ def test_compare_leads_with_the_difference_its_interval_and_verdict(tmp_path, ca
     import numpy as np
 
     from bench.core.numbers import readable
-    from leaderboards.board import COMPARE_COLUMNS
+    from leaderboards.compare import COMPARE_COLUMNS
 
     a, b = "timm:vit_base_patch16_224.augreg2_in21k_ft_in1k", "hf:facebook/dinov2-with-registers-giant"
     rng = np.random.default_rng(0)

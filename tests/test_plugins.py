@@ -1,9 +1,9 @@
 """Third-party entries through Python entry points (bench/core/registry.py), in a real process.
 
 A throwaway `*.dist-info` with an `entry_points.txt` and a one-file plugin on PYTHONPATH
-(no pip, no network; both from docs/how-to/plugins.md) registers a backbone source, a binding probe family and a generator;
-the new names must reach `bench models`, `bench evaluate --help`, a results row and the
-leaderboard, exactly as built-in ones do."""
+(no pip, no network; all from docs/how-to/plugins.md) registers a backbone source, a binding probe
+family, a generator and a task; the new names must reach `bench models`, `bench evaluate --help`,
+a results row, a study, the leaderboard and the site, exactly as built-in ones do."""
 
 from __future__ import annotations
 
@@ -26,15 +26,16 @@ BENCH = [sys.executable, "-c", "from bench.cli import main; main()"]
 PLUGINS = ROOT / "docs/how-to/plugins.md"
 
 
-def plugins_block(lang: str) -> str:
-    """The Plugins how-to's code block in `lang`: the test runs what the page shows."""
-    return re.search(rf"```{lang}\n(.*?)```", PLUGINS.read_text(), re.S).group(1)
+def plugins_block(lang: str, n: int = 0) -> str:
+    """The Plugins how-to's `n`th code block in `lang`: the test runs what the page shows."""
+    return re.findall(rf"```{lang}\n(.*?)```", PLUGINS.read_text(), re.S)[n]
 
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict[str, str]:
     site = tmp_path_factory.mktemp("site")
     (site / "bbplugin.py").write_text(plugins_block("python"))
+    (site / "bbtask.py").write_text(plugins_block("python", 1))  # the toy task
     info = site / "bbplugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bbplugin\nVersion: 0.1\n")
@@ -69,6 +70,90 @@ def test_a_plugin_reaches_models_help_results_and_the_leaderboard(plugin_env, tm
     assert [(c["backbone"], c["probe"], c["tokens"], c["status"]) for c in cells] == [
         ("coarse:16", "linear", "cls", "ok"), ("coarse:16", "plug-linear", "cls", "ok")]
     assert all(float(c["n_F_eff"]) > 1 and c["value"] for c in cells)
+
+
+def failing(args: list[str], env: dict[str, str]) -> str:
+    """Run the CLI in a process; assert exit 2 and one `bench: error:` line; return it."""
+    p = subprocess.run([*BENCH, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("bench: error: "), p.stderr
+    return p.stderr.strip()
+
+
+STUDY = """
+threads = 1
+[datasets.toy]
+path = "{data}"
+[[evaluate]]
+backbones = ["coarse:16"]
+task = "norm"
+"""
+
+
+@pytest.mark.slow
+def test_a_plugin_task_runs_through_evaluate_a_study_the_leaderboard_and_the_site(plugin_env, tmp_path):
+    """The toy task of docs/how-to/plugins.md, from the test package's `bindingbench.tasks` entry
+    point: named by `--help`, run by `bench evaluate --task norm` and by a study's block, ranked
+    by the leaderboard and shown by the site; uninstalled, its rows are set aside in one line."""
+    help_text = " ".join(bench(plugin_env, "evaluate", "--help").split())
+    assert "norm (share of scenes whose token norm beats the median)" in help_text
+    assert "norm: median-norm [median-norm]" in help_text  # its probe registry and defaults
+    data, results = tmp_path / "data", tmp_path / "results"
+    bench(plugin_env, "generate", "colorshape", "--preset", "small", "--n-train", "40", "--n-val", "20",
+          "--n-test", "20", "--workers", "1", "--out", str(data))
+    out = bench(plugin_env, "evaluate", "-m", "coarse:16", "-d", str(data), "--task", "norm", "--threads", "1",
+                "--results", str(results), "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))  # the record's summary columns
+    assert list(rows[0]) == ["backbone", "layer", "tokens", "probe", "seed", "status", "majority_accuracy", "error"]
+    assert [(r["backbone"], r["layer"], r["tokens"], r["probe"], r["status"]) for r in rows] == [
+        ("coarse:16", "0", "mean", "median-norm", "ok")]
+    assert 0.4 <= float(rows[0]["majority_accuracy"]) <= 0.6  # about half the scenes beat the median
+    cells = list(csv.DictReader(io.StringIO(bench(plugin_env, "leaderboard", str(results), "--task", "norm",
+                                                  "--format", "csv"))))
+    assert [(c["backbone"], c["probe"], c["tokens"], c["status"], c["metric"]) for c in cells] == [
+        ("coarse:16", "median-norm", "mean", "ok", "majority_accuracy")]
+    assert float(cells[0]["value"]) == float(rows[0]["majority_accuracy"])
+
+    study = tmp_path / "toy.toml"
+    study.write_text(STUDY.format(data=data))
+    bench(plugin_env, "run", str(study), "--out", str(tmp_path / "study"))
+    from bench.core.results import read_results
+
+    made = read_results(tmp_path / "study" / "results").to_pylist()
+    assert [(r["task"], r["probe"], r["status"]) for r in made] == [("norm", "median-norm", "ok")]
+
+    bench(plugin_env, "site", str(results), "--out", str(tmp_path / "site"))
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "median-norm" in index and "above-median share" in index
+
+    plain = {**os.environ, "PYTHONPATH": str(ROOT)}  # the plugin uninstalled: its rows are set aside
+    p = subprocess.run([*BENCH, "leaderboard", str(results)], capture_output=True, text=True, env=plain, timeout=600)
+    set_aside = [x for x in p.stderr.splitlines() if "no installed task registers" in x]
+    assert len(set_aside) == 1 and "1 rows of task norm" in set_aside[0], p.stderr
+
+
+def test_a_plugin_task_that_fails_to_import_or_takes_a_name_is_one_line(tmp_path):
+    site = tmp_path / "site"
+    info = site / "badtask-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: badtask\nVersion: 0.1\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    (info / "entry_points.txt").write_text("[bindingbench.tasks]\nsegmentation = no_such_task_module\n")
+    line = failing(["evaluate", "-m", "pixels", "-d", str(tmp_path), "--task", "segmentation"], env)
+    assert line.startswith("bench: error: plugin: bindingbench.tasks entry point 'segmentation' "
+                           "(no_such_task_module) failed: ModuleNotFoundError"), line
+    (site / "taken.py").write_text("from bench.core.tasks import TASKS, Task\n"
+                                   "TASKS.register('binding', Task('mine', 'x:Y', 'x:run', 'm', ()))\n")
+    (info / "entry_points.txt").write_text("[bindingbench.tasks]\nbinding = taken\n")
+    line = failing(["evaluate", "-m", "pixels", "-d", str(tmp_path), "--task", "binding"], env)
+    assert line == ("bench: error: plugin: bindingbench.tasks entry point 'binding' (taken) failed: "
+                    "BenchError: task: 'binding' is registered twice"), line
+
+
+def test_the_old_probes_group_still_reaches_the_binding_families():
+    from evaluators.probes.families import BINDING_PROBES, PAIR_PROBES
+
+    assert BINDING_PROBES.groups == ("bindingbench.binding_probes", "bindingbench.probes")
+    assert PAIR_PROBES.groups == ("bindingbench.issameobject_probes",)
 
 
 def test_a_plugin_that_fails_to_load_is_one_line(tmp_path):

@@ -48,7 +48,7 @@ def compare(results: PathLike, a: str, b: str, *, metrics: Sequence[str] = (), d
     difference with its 95% interval and the layers used, rendered as `fmt` (as `bench compare`);
     `say` hears what the selection set aside."""
     from bench.core.console import Format
-    from leaderboards.board import compare_backbones
+    from leaderboards.compare import compare_backbones
     from leaderboards.render import render_compare
     from leaderboards.selected import selected_rows
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from bench.api.arguments import Models, PathLike
 from bench.core.errors import BenchError
+from bench.core.tasks import DEFAULT_TASK
 
 if TYPE_CHECKING:  # pandas and the plan (torch) load when a function is called, not with the CLI
     import pandas as pd
@@ -32,7 +33,7 @@ def evaluate_run(
     models: Models,
     dataset: PathLike,
     *,
-    task: str = "binding",
+    task: str = DEFAULT_TASK,
     layers: str | Sequence[int] | None = None,
     tokens: str | Sequence[str] | None = None,
     probes: str | Sequence[str] | None = None,
@@ -82,7 +83,7 @@ def evaluate(
     models: Models,
     dataset: PathLike,
     *,
-    task: str = "binding",
+    task: str = DEFAULT_TASK,
     layers: str | Sequence[int] | None = None,
     tokens: str | Sequence[str] | None = None,
     probes: str | Sequence[str] | None = None,

@@ -10,50 +10,45 @@ import typer
 from bench import api
 from bench.commands.common import TABLE_WIDTH, Format, echo, parse_floats, registry_help, render_table, stderr
 from bench.core.numbers import fixed, plus_minus
-
-#: Every column of the summary: `--wide`, CSV and JSON (raw numbers).
-SUMMARY_COLUMNS = {
-    "binding": ("backbone", "layer", "tokens", "probe", "seed", "status", "L_F", "L_O_given_F", "beta_O", "beta_star",
-                "beta_star_lo", "beta_star_hi", "beta_star_paper", "exact_accuracy", "best_epoch", "checks", "error"),
-    "issameobject": ("backbone", "layer", "probe", "seed", "status", "accuracy", "accuracy_lo", "accuracy_hi",
-                     "balanced_accuracy", "auroc", "majority_accuracy", "val_accuracy", "attention_r", "attention_p",
-                     "error"),
-}
-
-
-#: The default table (fits 100 columns): each headline number with half its 95% interval, in %;
-#: `s %` is the probe's sensitivity (the share of a planted binding it recovers here).
-SHORT_METRICS = {
-    "binding": (("β* %", "beta_star"), ("β_O %", "beta_O")),
-    "issameobject": (("accuracy %", "accuracy"), ("balanced %", "balanced_accuracy"), ("AUROC %", "auroc"),
-                     ("majority %", "majority_accuracy")),
-}
-SHORT_KEYS = {"binding": ("backbone", "layer", "tokens", "probe", "seed"),
-              "issameobject": ("backbone", "layer", "probe", "seed")}
+from bench.core.tasks import DEFAULT_TASK, TASKS
 
 
 def short_summary(rows: list[dict[str, Any]], task: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The default table's rows and columns: the key, the headline metrics as `value ± half-interval`
-    (%), the probe's sensitivity (binding), and a note (the checks that fired, or the error)."""
-    names = [name for name, _ in SHORT_METRICS[task]] + (["s %"] if task == "binding" else [])
+    """The default table (fits 100 columns): the row key (`Task.short_keys`), each headline number
+    (`Task.short_metrics`) as `value ± half-interval` (%), `s %` the probe's sensitivity (the share
+    of a planted binding it recovers here, for a task whose rows carry it) and a note (the checks
+    that fired, or the error)."""
+    entry = TASKS.get(task)
+    names = [name for name, _ in entry.short_metrics] + (["s %"] if entry.sensitivity else [])
     out = []
     for row in rows:
-        line = {k: row.get(k) for k in SHORT_KEYS[task]}
-        for name, metric in SHORT_METRICS[task]:
+        line = {k: row.get(k) for k in entry.short_keys}
+        for name, metric in entry.short_metrics:
             value = row.get(metric)
             line[name] = None if value is None else plus_minus(value, row.get(f"{metric}_lo"), row.get(f"{metric}_hi"),
                                                               100.0)
-        if task == "binding" and row.get("sensitivity") is not None:
+        if entry.sensitivity and row.get("sensitivity") is not None:
             line["s %"] = fixed(row["sensitivity"] * 100, 0)
         line["note"] = row.get("error") or row.get("checks")
         out.append(line)
-    return out, [*SHORT_KEYS[task], *names, "note"]
+    return out, [*entry.short_keys, *names, "note"]
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
-    app.command("evaluate", cls=registry_help({"probes": api.probes_help, "tokens": api.tokens_help}))(evaluate)
+    helps = {"task": tasks_help, "layers": layers_help, "probes": api.probes_help, "tokens": api.tokens_help}
+    app.command("evaluate", cls=registry_help(helps))(evaluate)
 
+
+def tasks_help() -> str:
+    """`--task` help: every registered task (its record's summary)."""
+    return "; ".join(f"{name} ({task.summary})" for name, task in TASKS.items()) + f" [{DEFAULT_TASK}]."
+
+
+def layers_help() -> str:
+    """`--layers` help: the forms, and each registered task's default."""
+    defaults = "; ".join(f"{name}: {task.default_layers}" for name, task in TASKS.items())
+    return f"Hidden states: all, last, mid, integers or fractions like 0.5, comma-separated [{defaults}]."
 
 
 def _split(items: list[str]) -> list[str]:
@@ -65,8 +60,8 @@ def evaluate(
     ctx: typer.Context,
     model: list[str] = typer.Option(..., "--model", "-m", help="Backbone spec, or NAME=SPEC to show it as NAME (repeatable; see `bench models`)."),
     dataset: Path = typer.Option(..., "--dataset", "-d", help="Dataset directory (from `bench generate`)."),
-    task: str = typer.Option("binding", help="binding (B, β, β* from F/O probes) or issameobject (patch-pair probes)."),
-    layers: Optional[str] = typer.Option(None, help="Hidden states: all, last, mid, integers or fractions like 0.5, comma-separated [binding: last; issameobject: all]."),
+    task: str = typer.Option(DEFAULT_TASK, help="The task (listed by `--help` from the registry)."),
+    layers: Optional[str] = typer.Option(None, help="Hidden states (listed by `--help` with each task's default)."),
     tokens: list[str] = typer.Option([], help="Token views (listed by `--help` from the registry)."),
     probes: list[str] = typer.Option([], help="Probe families (listed by `--help` from the registry)."),
     seeds: list[str] = typer.Option(["0"], help="Probe seeds (repeatable or comma-separated)."),
@@ -110,10 +105,10 @@ def evaluate(
         stderr.print(f"skipped {done.skipped} row(s) already in {results} (--overwrite re-runs them)", soft_wrap=True)
     if done.path is None:
         if fmt in (Format.json, Format.csv):  # machine-readable output stays parseable: no rows
-            echo(render_table([], SUMMARY_COLUMNS[task], fmt))
+            echo(render_table([], TASKS.get(task).summary_columns, fmt))
         stderr.print(f"every requested row is already in {results}; nothing to do (use --overwrite to re-run)", soft_wrap=True)
         return
-    columns = SUMMARY_COLUMNS[task]
+    columns = TASKS.get(task).summary_columns  # `--wide`, CSV and JSON: every summary column
     rows = done.rows
     for row in rows:
         row["checks"] = "; ".join(row["checks"] or ()) or None

@@ -6,7 +6,7 @@ table columns use). Built-in entries are registered by decorators when their mod
 imported; a registry names those modules (`builtins`) and imports them on first use, so
 listing names costs no import of what is not needed. Third-party packages add entries
 through Python entry points: on first use the registry loads every entry point of its
-`group` (`bindingbench.backbones`, `bindingbench.probes`, `bindingbench.generators`).
+`group` (`bindingbench.backbones`, `bindingbench.binding_probes`, `bindingbench.tasks`, ...).
 An entry point names a module (`pkg.plugin`), whose import registers entries with the
 same decorators, or a function (`pkg.plugin:register`), which is called once with no
 arguments. A group is loaded once per process, whichever registry reads it first.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from importlib.metadata import entry_points
-from typing import Callable, Generic, Iterator, Sequence, TypeVar, overload
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar, overload
 
 from bench.core.errors import BenchError
 
@@ -44,12 +44,25 @@ def load_entry_points(group: str) -> None:
                              f"{type(e).__name__}: {e}".splitlines()[0]) from e
 
 
-class Registry(Generic[T]):
-    """Named entries of one kind; `kind` starts every error message (`probe: unknown 'mlp'; ...`)."""
+def load_ref(ref: Any) -> Any:
+    """An object given as `module:name` (imported on first use, so a registry's module stays free
+    of torch) or as itself: how entries name their classes, hooks and runners."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
-    def __init__(self, kind: str, *, group: str | None = None, builtins: Sequence[str] = ()) -> None:
+
+class Registry(Generic[T]):
+    """Named entries of one kind; `kind` starts every error message (`probe: unknown 'mlp'; ...`).
+
+    `group`: its entry-point group, or several (a renamed group's old name still read).
+    `builtins`: modules whose import registers the built-in entries, or functions that do."""
+
+    def __init__(self, kind: str, *, group: str | Sequence[str] | None = None,
+                 builtins: Sequence[str | Callable[[], None]] = ()) -> None:
         self.kind = kind
-        self.group = group
+        self.groups = (group,) if isinstance(group, str) else tuple(group or ())
         self._builtins = tuple(builtins)
         self._entries: dict[str, T] = {}
         self._loaded = False
@@ -79,9 +92,9 @@ class Registry(Generic[T]):
             return
         self._loaded = True
         for module in self._builtins:
-            importlib.import_module(module)
-        if self.group:
-            load_entry_points(self.group)
+            module() if callable(module) else importlib.import_module(module)
+        for group in self.groups:
+            load_entry_points(group)
 
     def names(self) -> tuple[str, ...]:
         """Every name, built-ins first in their registration order, then plugins'."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from bench.core.errors import BenchError
 from bench.core.paths import output_path
+from bench.core.tasks import TASKS
 from bench.studies.spec import BackboneEntry, DatasetEntry, EvaluateBlock, Study
 
 if TYPE_CHECKING:
@@ -229,15 +230,14 @@ def _check_dataset(study: Study, step: DatasetStep) -> None:
         gen, config = generator_config(step.entry)
         check_resources(gen, config, step.target, workers=1)  # `_make_dataset` renders with one
         return
-    from evaluators.tasks.binding.task import check_control, check_priors, open_dataset
+    from evaluators.tasks.binding.task import open_dataset
 
     blocks = [b for b in study.blocks if step.entry.name in b.datasets]
-    ds = open_dataset(step.target, need_codes=any(b.task == "binding" for b in blocks))
+    ds = open_dataset(step.target, need_codes=any(TASKS.get(b.task).needs_codes for b in blocks))
     for b in blocks:
-        if b.task == "binding":
-            unanchored = b.options.get("unanchored", False)
-            check_priors(ds, unanchored)
-            check_control(ds, b.options.get("control"), unanchored)
+        check_dataset = TASKS.get(b.task).hook("check_dataset")
+        if check_dataset is not None:
+            check_dataset(ds, b.options)
 
 
 def choose_out(study: Study, out: str | Path | None, cwd: Path) -> tuple[Path, str]:

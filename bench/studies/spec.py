@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from bench.core.errors import BenchError
+from bench.core.tasks import DEFAULT_TASK, TASKS
 from bench.studies.parsing import AnyKey, Checker, Resolver, resolve_path, spec_path
 
 try:  # Python 3.11+; `tomli` is the same parser, for 3.10
@@ -97,7 +98,7 @@ class EvaluateBlock:
 
     @property
     def task(self) -> str:
-        return self.options.get("task", "binding")
+        return self.options.get("task", DEFAULT_TASK)
 
     @property
     def key(self) -> str:
@@ -310,7 +311,7 @@ def _block(raw: Any, index: int, check: Checker, root: Path, datasets: Mapping[s
     for i, n in enumerate(names):
         if n not in datasets:
             raise check.fail(f"{key}.datasets[{i + 1}]", f"no dataset {n!r} in [datasets]; named: {', '.join(datasets)}")
-    task = block.get("task", "binding")
+    task = block.get("task", DEFAULT_TASK)
     options: dict[str, Any] = {k: v for k, v in block.items() if k not in ("backbones", "datasets")}
     _check_names_in_registries(options, task, key, check)
     backbones = _backbones(block["backbones"], f"{key}.backbones", check, root)
@@ -327,12 +328,12 @@ def _block(raw: Any, index: int, check: Checker, root: Path, datasets: Mapping[s
 
 def _check_names_in_registries(options: dict, task: str, key: str, check: Checker) -> None:
     """Task, probe families, token views and control by name, each against its registry."""
-    from evaluators.probes.families import BINDING_PROBES, PAIR_PROBES, TOKEN_VIEWS
-    from evaluators.runner.plan import CONTROLS, TASKS
+    from evaluators.probes.families import TOKEN_VIEWS
 
     if task not in TASKS:
-        raise check.fail(f"{key}.task", f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
-    registry = BINDING_PROBES if task == "binding" else PAIR_PROBES
+        raise check.fail(f"{key}.task", f"unknown task {task!r}; allowed: {', '.join(TASKS.names())}")
+    entry = TASKS.get(task)
+    registry = entry.probe_registry
     for name, reg in (("probes", registry), ("tokens", TOKEN_VIEWS)):
         if name not in options:
             continue
@@ -343,8 +344,9 @@ def _check_names_in_registries(options: dict, task: str, key: str, check: Checke
                 where = f"{key}.{name}[{i + 1}]" if isinstance(options[name], list) else f"{key}.{name}"
                 raise check.fail(where, f"unknown {reg.kind} {v!r} for task {task}; allowed: {', '.join(reg.names())}")
         options[name] = tuple(values)
-    if "control" in options and options["control"] not in CONTROLS:
-        raise check.fail(f"{key}.control", f"unknown control {options['control']!r}; allowed: {', '.join(CONTROLS)}")
+    if "control" in options and options["control"] not in entry.controls:
+        raise check.fail(f"{key}.control", f"unknown control {options['control']!r} for task {task}; allowed: "
+                                           f"{', '.join(entry.controls) or 'none'}")
     if "layers" in options and isinstance(options["layers"], list):
         options["layers"] = ",".join(str(v) for v in check.items(options["layers"], f"{key}.layers", (int, str)))
     elif "layers" in options:

@@ -3,16 +3,18 @@ IsSameObject probes and token views (bench/core/registry.py).
 
 Kept free of torch so that help texts, validation and leaderboard column order can read
 the names cheaply; a family names its class as `module:Class`, imported when a probe is
-built. Plugins register more through the `bindingbench.probes` entry-point group.
+built. Plugins register more through the `bindingbench.binding_probes` and
+`bindingbench.issameobject_probes` entry-point groups (the old `bindingbench.probes` still reaches
+the binding families).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.core.registry import Registry
+from bench.core.registry import Registry, load_ref
+from bench.core.tasks import TASKS
 
 
 #: The hyper-parameters of `ProbeFamily.defaults` that set its optimiser (`ProbeOptim`), not its class.
@@ -85,19 +87,12 @@ class ProbeFamily:
 
     def probe_class(self) -> type:
         """The class, imported on first use when given as `module:Class`."""
-        return _load(self.cls)
+        return load_ref(self.cls)
 
     def conjunction_kwargs(self, sizes: tuple[int, ...]) -> dict[str, Any]:
         """What `conjunction_args` gives for feature groups of these sizes (nothing without the hook)."""
-        return {} if self.conjunction_args is None else dict(_load(self.conjunction_args)(sizes))
+        return {} if self.conjunction_args is None else dict(load_ref(self.conjunction_args)(sizes))
 
-
-def _load(ref: Any) -> Any:
-    """An object given as `module:name` (imported on first use, so this module stays free of torch) or as itself."""
-    if not isinstance(ref, str):
-        return ref
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -117,10 +112,10 @@ class PairProbe:
     reads_qk: bool = False
 
     def probe_class(self) -> type:
-        return _load(self.cls)
+        return load_ref(self.cls)
 
     def similarity_function(self) -> Any:
-        return _load(self.similarity)
+        return load_ref(self.similarity)
 
 
 @dataclass(frozen=True)
@@ -130,8 +125,10 @@ class TokenView:
     spatial: bool = False
 
 
-BINDING_PROBES: Registry[ProbeFamily] = Registry("probe", group="bindingbench.probes")
-PAIR_PROBES: Registry[PairProbe] = Registry("probe", group="bindingbench.probes")
+#: Each task's probes, a registry of their own with an entry-point group of their own; the binding
+#: families' group before the split, `bindingbench.probes`, is still read (installed plugins keep working).
+BINDING_PROBES: Registry[ProbeFamily] = Registry("probe", group=("bindingbench.binding_probes", "bindingbench.probes"))
+PAIR_PROBES: Registry[PairProbe] = Registry("probe", group="bindingbench.issameobject_probes")
 TOKEN_VIEWS: Registry[TokenView] = Registry("tokens")
 
 #: Default hyper-parameters per family. `lr` is the AdamW learning rate at input widths up
@@ -176,10 +173,6 @@ TOKEN_VIEWS.register("cls+mean", TokenView())
 TOKEN_VIEWS.register("all", TokenView(spatial=True))
 
 
-#: Per task, the probes evaluated when none are named.
-DEFAULT_PROBES = {"binding": ("linear", "quadratic", "dnn"), "issameobject": ("linear", "diag-quadratic", "quadratic")}
-
-
 def family_defaults(family: str) -> dict[str, Any]:
     """A binding family's default hyper-parameters (a copy; unknown names are a BenchError)."""
     return dict(BINDING_PROBES.get(family).defaults)
@@ -191,17 +184,21 @@ def pair_probe_names(trained: bool) -> tuple[str, ...]:
 
 
 def probes_help() -> str:
-    """`bench evaluate --probes` help: every registered probe per task, with its notes and the defaults."""
-    binding = [f"{n} (needs --tokens all)" if f.spatial else n for n, f in BINDING_PROBES.items()]
-    pair = [f"{n} ({p.note})" if p.note else n for n, p in PAIR_PROBES.items()]
-    return (f"Probe families. binding: {', '.join(binding)} [{','.join(DEFAULT_PROBES['binding'])}]. "
-            f"issameobject: {', '.join(pair)} [{','.join(DEFAULT_PROBES['issameobject'])}].")
+    """`bench evaluate --probes` help: every registered probe per task (its task's probe registry),
+    with its notes, and the task's defaults."""
+    def shown(name: str, entry: Any) -> str:
+        note = getattr(entry, "note", "") or ("needs --tokens all" if getattr(entry, "spatial", False) else "")
+        return f"{name} ({note})" if note else name
+
+    return "Probe families. " + " ".join(
+        f"{name}: {', '.join(shown(n, e) for n, e in task.probe_registry.items())} [{','.join(task.default_probes)}]."
+        for name, task in TASKS.items())
 
 
 def tokens_help() -> str:
-    """`bench evaluate --tokens` help: every registered token view."""
-    return (f"Token views: {', '.join(TOKEN_VIEWS.names())} (repeatable or comma-separated) "
-            "[binding: cls; issameobject: all].")
+    """`bench evaluate --tokens` help: every registered token view, and each task's default."""
+    defaults = "; ".join(f"{name}: {','.join(task.views)}" for name, task in TASKS.items())
+    return f"Token views: {', '.join(TOKEN_VIEWS.names())} (repeatable or comma-separated) [{defaults}]."
 
 
 def tokens_filter_help() -> str:

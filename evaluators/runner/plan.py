@@ -13,7 +13,7 @@ backbone object (`evaluators.backbones.base.Backbone`), e.g. a user's own; see `
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from numbers import Integral
 from pathlib import Path
 from typing import Mapping, Sequence, Union
@@ -29,18 +29,9 @@ from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.presets import checked_preprocessing
 from evaluators.backbones.weights import state_dict_hash
 from evaluators.cache.extract import check_device, check_dtype, parse_views
-from evaluators.probes.build import check_family
-from evaluators.probes.families import DEFAULT_PROBES
-from evaluators.tasks.issameobject import check_probes
+from bench.core.tasks import DEFAULT_TASK, TASKS
 from evaluators.runner.threads import check_threads
-from evaluators.fitting import TrainConfig, resolve_device
-
-TASKS = ("binding", "issameobject")
-#: Per task: the layers and probe families evaluated when none are named.
-DEFAULT_LAYERS = {"binding": "last", "issameobject": "all"}
-#: Control nulls (`--control`): `resampled-o` replaces every scene's O by a fresh draw from the
-#: generator's exact p(O | F), independent of the image, so every backbone's true β* is 0.
-CONTROLS = ("resampled-o",)
+from evaluators.fitting import TrainConfig
 #: More probe seeds than this is a typo (each seed trains every probe again).
 MAX_SEEDS = 1000
 
@@ -143,13 +134,13 @@ class EvaluationPlan:
     `models`: spec strings, `NAME=SPEC`, backbone objects or `Model`s, or a mapping name ->
     spec or object (stored as a tuple of `Model`). `seeds`: one or more probe seeds in [0, 2^32)
     (each trained once). `layers`, `probes` and `tokens` None take the
-    task's defaults (`DEFAULT_LAYERS`, `DEFAULT_PROBES`; `cls` for binding; issameobject
-    compares patch tokens, `all`). `limit` keeps only the first rows of every split, in
+    task's defaults (its `Task` record, bench/core/tasks.py: `default_layers`, `default_probes`,
+    `views`). `limit` keeps only the first rows of every split, in
     extraction and training (the rows then carry it and the fingerprint of the evaluated
     rows, so they never pass for a full evaluation). `train` overrides the binding training
     defaults (epochs and seed still come from `epochs` and `seeds`); `exclude_background`
     drops issameobject pairs that involve background patches; `unanchored` evaluates a
-    dataset without exact priors; `control` (binding only, `CONTROLS`) evaluates a control
+    dataset without exact priors; `control` (one of the task's `controls`) evaluates a control
     null instead of the real O. `executor` "ray" runs the same units as Ray tasks (on the
     cluster at `address`, `gpus_per_task` GPUs a task); `threads`: torch threads of the
     in-process work (None: the usable cores other work leaves free). `command`, the command
@@ -162,7 +153,7 @@ class EvaluationPlan:
 
     models: tuple[Model, ...]
     dataset: Path
-    task: str = "binding"
+    task: str = DEFAULT_TASK
     layers: str | tuple[int, ...] | None = None
     tokens: tuple[str, ...] | None = None
     probes: tuple[str, ...] | None = None
@@ -210,10 +201,13 @@ class EvaluationPlan:
         put("seeds", tuple(dict.fromkeys(self.seeds)))  # each seed once, in order
 
     def _check(self) -> None:
-        if self.control is not None and self.control not in CONTROLS:
-            raise BenchError(f"control: unknown {self.control!r}; allowed: {', '.join(CONTROLS)}")
-        if self.control is not None and self.task != "binding":
-            raise BenchError(f"control: {self.control} is a binding control; --task {self.task} has none")
+        task = TASKS.get(self.task)  # an unknown task is one line listing the tasks
+        controls = tuple(dict.fromkeys(c for _, t in TASKS.items() for c in t.controls))
+        if self.control is not None and self.control not in controls:
+            raise BenchError(f"control: unknown {self.control!r}; allowed: {', '.join(controls)}")
+        if self.control is not None and self.control not in task.controls:
+            raise BenchError(f"control: {self.control} is no control of --task {self.task}; its controls: "
+                             f"{', '.join(task.controls) or 'none'}")
         if self.executor == "local" and (self.address is not None or self.gpus_per_task is not None):
             raise BenchError("executor: --address and --gpus-per-task need --executor ray")
         objects = [m.name for m in self.models if m.backbone is not None]
@@ -223,23 +217,18 @@ class EvaluationPlan:
         if self.preprocessing and objects:
             raise BenchError(f"{', '.join(self.preprocessing)}: {objects[0]} is a Python object with its own input "
                              "settings (set them on it, e.g. ModuleAdapter(image_size=..., mean=..., std=...))")
-        if self.task not in TASKS:
-            raise BenchError(f"task: unknown {self.task!r}; allowed: {', '.join(TASKS)}")
         check_dtype(self.dtype)
         check_device(self.device)
         if not self.models:
             raise BenchError("model: give at least one backbone")
         if not self.families:
             raise BenchError("probes: give at least one probe family")
-        if self.task == "issameobject":
-            if self.tokens is not None and list(parse_views(self.tokens)) != ["all"]:
-                raise BenchError(f"tokens: issameobject compares patch tokens; use --tokens all, got "
-                                 f"{', '.join(self.tokens)}")
-            check_probes(self.families)
-        else:
-            for view in self.views:
-                for fam in self.families:
-                    check_family(fam, view)
+        if task.fixed_views and self.tokens is not None and list(parse_views(self.tokens)) != list(task.views):
+            raise BenchError(f"tokens: {self.task} reads {', '.join(task.views)} only; use --tokens "
+                             f"{','.join(task.views)}, got {', '.join(self.tokens)}")
+        task.probe_registry.check(self.families)
+        if task.check is not None:
+            task.hook("check")(self)
         if not self.seeds or not all(0 <= s < 2**32 for s in self.seeds) or len(self.seeds) > MAX_SEEDS:
             raise BenchError(f"seeds: 1 to {MAX_SEEDS} integers in [0, 2^32), got "
                              f"{', '.join(map(str, self.seeds)) or 'none'}")
@@ -261,19 +250,18 @@ class EvaluationPlan:
     @property
     def layer_request(self) -> str | tuple[int, ...]:
         """The layers asked for, the task's default when none were named."""
-        return DEFAULT_LAYERS[self.task] if self.layers is None else self.layers
+        return TASKS.get(self.task).default_layers if self.layers is None else self.layers
 
     @property
     def families(self) -> list[str]:
         """The probe families asked for (each once, in order), the task's default when none were named."""
-        return list(dict.fromkeys(DEFAULT_PROBES[self.task] if self.probes is None else self.probes))
+        return list(dict.fromkeys(TASKS.get(self.task).default_probes if self.probes is None else self.probes))
 
     @property
     def views(self) -> list[str]:
-        """The token views: `cls` unless named for binding; issameobject reads the patch tokens, `all`."""
-        if self.task == "issameobject":
-            return ["all"]
-        return parse_views(("cls",) if self.tokens is None else self.tokens)
+        """The token views: the task's own (`Task.views`) unless named, or always when it fixes them."""
+        task = TASKS.get(self.task)
+        return parse_views(task.views if self.tokens is None or task.fixed_views else self.tokens)
 
     def probe_request(self) -> dict[str, object]:
         """The request behind every row's probe fingerprint (`evaluators.runner.planning.probe_fingerprints`):
@@ -282,17 +270,6 @@ class EvaluationPlan:
         models' own. A study plans which rows already exist from it without loading a model."""
         preprocessing = ({"preprocessing": {k: list(v) if isinstance(v, tuple) else v
                                             for k, v in self.preprocessing.items()}} if self.preprocessing else {})
-        if self.task == "issameobject":
-            return {"epochs": self.epochs, "dtype": self.dtype, "exclude_background": self.exclude_background,
-                    **preprocessing}
-        train = self.train or TrainConfig()
-        if self.epochs is not None:
-            train = replace(train, epochs=self.epochs)
-        # a GPU trains the gradient stage under bf16 autocast (the families whose `ProbeFamily.amp`
-        # says so) and in batches of its own size (`auto_batch_size`): its rows hold other numbers
-        # than a CPU's, so they never share a key
-        precision = {"precision": "cuda-family-amp", "batches": "cuda"} if resolve_device(self.device) == "cuda" else {}
-        # nor does the memory a stack of row sets may take (`TrainConfig.stack_bytes`): its rows are the same
-        return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device", "stack_bytes")},
-                "dtype": self.dtype, "unanchored": self.unanchored, **preprocessing, **precision}
-
+        task = TASKS.get(self.task)
+        return {**(task.hook("request")(self) if task.request is not None else {}), "dtype": self.dtype,
+                **preprocessing}

@@ -11,13 +11,13 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash
 from bench.core.results import row_key
+from bench.core.tasks import TASKS
 from evaluators.backbones.base import BackboneInfo
 from evaluators.backbones.ground_truth import cls_is_mean
 from evaluators.cache.extract import check_cache_space, check_views, entry_bytes, gib, parse_layers, pending_bytes
 from evaluators.runner.plan import EvaluationPlan, Model
-from evaluators.probes.families import family_defaults, pair_probe_names
+from evaluators.probes.families import family_defaults
 from evaluators.tasks.binding.task import SPLITS
-from evaluators.tasks.issameobject import ATTENTION_BASELINES, check_attention_qk, layer_probes
 
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
@@ -80,8 +80,9 @@ def probe_fingerprints(task: str, families: Sequence[str], request: dict[str, An
     task's options) with the family's defaults and `PROBE_CODE_VERSION`. The settings a
     validation sweep then picks are an outcome, not a request, so they stay out: a re-run
     of the same request is skipped, a changed request or probe code is measured again."""
-    return {family: config_hash({"task": task, "probe": family, "hparams": family_defaults(family) if task == "binding" else None,
-                              "code": PROBE_CODE_VERSION, **request}) for family in families}
+    hparams = TASKS.get(task).hparams
+    return {family: config_hash({"task": task, "probe": family, "hparams": family_defaults(family) if hparams else None,
+                                 "code": PROBE_CODE_VERSION, **request}) for family in families}
 
 
 def request_fingerprints(plan: EvaluationPlan) -> dict[str, str]:
@@ -122,9 +123,10 @@ def rows_owed(plan: EvaluationPlan, name: str, info: BackboneInfo, *, dataset: s
     trained = [v for v in plan.views if not any(v in a for a in aliases.values())]
     fixed = {"backbone": name, "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit,
              "control": plan.control, "split": "test", "task": plan.task, "weights_fingerprint": info.revision}
+    layer_probes = TASKS.get(plan.task).hook("layer_probes")
     todo, skipped, held, rows = [], 0, 0, 0
     for layer in layers:
-        here = layer_probes(plan.families, layer, info.n_layers) if plan.task == "issameobject" else plan.families
+        here = layer_probes(plan.families, layer, info.n_layers) if layer_probes else list(plan.families)
         for view in trained:
             for seed in plan.seeds:
                 have = {f: [row_key({**fixed, "layer": layer, "tokens": v, "probe": f, "seed": seed,
@@ -153,12 +155,14 @@ def backbone_plans(plan: EvaluationPlan, ds: Dataset, *, done: set[tuple], test_
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
     plans, notes = [], []
-    task, probe_fps, preprocessing = plan.task, request_fingerprints(plan), plan.preprocessing
+    probe_fps, preprocessing = request_fingerprints(plan), plan.preprocessing
+    entry = TASKS.get(plan.task)
+    check_backbone, backbone_notes = entry.hook("check_backbone"), entry.hook("backbone_notes")
     for model in plan.models:
         name, spec = model.name, model.spec
         backbone = build_backbone(model, preprocessing).bind(ds)
-        if task == "issameobject":
-            check_attention_qk(backbone, plan.families)
+        if check_backbone is not None:
+            check_backbone(backbone, plan.families)
         check_views(backbone, ds, "test", plan.views)
         try:
             owed = rows_owed(plan, name, backbone.info, dataset=ds.name, test_fp=test_fp, limit=limit, done=done,
@@ -169,27 +173,13 @@ def backbone_plans(plan: EvaluationPlan, ds: Dataset, *, done: set[tuple], test_
         if owed.aliases:
             notes.append(f"{spec}: its class token is the mean patch token, so cls and mean are the same vector; "
                          "probes are trained once and the rows written under both")
-        if task == "issameobject":
-            notes += _unread_layer_note(spec, backbone, owed.layers, plan.families)
+        if backbone_notes is not None:
+            notes += backbone_notes(spec, backbone, owed.layers, plan.families)
         plans.append(BackbonePlan(spec, backbone, owed.layers, owed.views, owed.todo, owed.skipped, owed.aliases,
                                   probe_fps, name, model, preprocessing))
     for note in notes:
         say(progress, note)
     return plans
-
-
-def _unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], families: Sequence[str]) -> list[str]:
-    """One line when a requested layer is the last hidden state, which no block reads: it gets no
-    attention-qk row, and its trained probes no attention correlation."""
-    n = backbone.info.n_layers
-    if not n or n not in layers:
-        return []
-    baselines = [p for p in families if p in ATTENTION_BASELINES]
-    correlated = any(p in pair_probe_names(True) for p in families) and backbone.attention_qk(0) is not None
-    if baselines or correlated:
-        what = " and ".join([*(f"no {p} row" for p in baselines), *(["no attention_r/attention_p"] if correlated else [])])
-        return [f"note: {spec}: hidden state {n} (the last) feeds no block, so it gets {what}"]
-    return []
 
 
 def check_cache(plans: Sequence[BackbonePlan], ds: Dataset, dtype: str, limit: int | None, progress: bool,

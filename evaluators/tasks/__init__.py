@@ -1,5 +1,6 @@
-"""The tasks `bench evaluate` measures, one package each (named in `evaluators.runner.plan.TASKS`,
-planned and run by `evaluators.runner`):
+"""The tasks `bench evaluate` measures, one package each, whose `__init__` keeps the task's record
+(`TASK`, registered in `bench.core.tasks.TASKS`; planned by `evaluators.runner`, run by the task's
+own `run`):
 
 - `binding`: does a representation bind features to objects? Probes of the object code O given
   the feature code F, anchored on exact priors, and the estimator's metrics (β*, the paper's).

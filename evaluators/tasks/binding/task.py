@@ -62,7 +62,7 @@ class BindingTask:
     #: validation metrics, on which layers are chosen, are measured from them.
     val_ref_F: np.ndarray | None = None
     val_ref_O_given_F: np.ndarray | None = None
-    #: The control this task is (`evaluators.runner.plan.CONTROLS`), None for the real O.
+    #: The control this task is (one of its record's `Task.controls`), None for the real O.
     control: str | None = None
     #: The planted binding every family is also trained on, for its sensitivity (exact priors only).
     plant: "Plant | None" = None

@@ -57,13 +57,16 @@ registers) are not cached, so A is the model's attention renormalised over the p
 1000 seeded permutations of the pairs within their images. Both are null elsewhere.
 
 The code is split by concern: `pairs` (sampling), `scorers` (probes, baselines, fitting),
-`metrics`, `attention` (correlation with attention) and `evaluate` (the orchestration).
+`metrics`, `attention` (correlation with attention), `evaluate` (the orchestration) and `run`
+(the task's runner). Its `Task` record (`TASK`, registered by bench/core/tasks.py under
+"issameobject") is here.
 """
 
 from __future__ import annotations
 
+from bench.core.tasks import Metric, Task
 from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention, permutation_correlation
-from evaluators.tasks.issameobject.evaluate import (check_attention_qk, check_probes, evaluate_activations,
+from evaluators.tasks.issameobject.evaluate import (DEFAULT_PROBES, check_attention_qk, check_probes, evaluate_activations,
                                               evaluate_issameobject, evaluate_layer, layer_data, layer_probes,
                                               maybe_progress, pair_configs, read_by_a_block, wants_qk)
 from evaluators.tasks.issameobject.metrics import VALIDATION_METRICS, pair_metrics, validation_metrics, weighted_auroc
@@ -81,3 +84,33 @@ __all__ = [
     "evaluate_layer", "check_probes", "check_attention_qk", "read_by_a_block", "layer_probes", "wants_qk",
     "pair_configs", "evaluate_issameobject", "evaluate_activations", "maybe_progress",
 ]
+
+
+#: This task's record (bench/core/tasks.py registers it under "issameobject").
+TASK = Task(
+    summary="patch-pair probes",
+    probes="evaluators.probes.families:PAIR_PROBES",
+    runner="evaluators.tasks.issameobject.run:run_issameobject",
+    ray_runner="evaluators.runner.ray_executor:run_issameobject",
+    metric="accuracy",
+    metrics=(Metric("accuracy", "IsSameObject accuracy", "issameobject", "%"),
+             Metric("balanced_accuracy", "balanced accuracy", "issameobject", "%"),
+             Metric("auroc", "AUROC", "issameobject", "%")),
+    default_layers="all",
+    default_probes=DEFAULT_PROBES,
+    views=("all",),  # it compares patch tokens
+    fixed_views=True,
+    request="evaluators.tasks.issameobject.run:request_fields",
+    check_backbone="evaluators.tasks.issameobject.evaluate:check_attention_qk",
+    backbone_notes="evaluators.tasks.issameobject.evaluate:unread_layer_note",
+    layer_probes="evaluators.tasks.issameobject.evaluate:layer_probes",
+    summary_columns=("backbone", "layer", "probe", "seed", "status", "accuracy", "accuracy_lo", "accuracy_hi",
+                     "balanced_accuracy", "auroc", "majority_accuracy", "val_accuracy", "attention_r", "attention_p",
+                     "error"),
+    short_metrics=(("accuracy %", "accuracy"), ("balanced %", "balanced_accuracy"), ("AUROC %", "auroc"),
+                   ("majority %", "majority_accuracy")),
+    short_keys=("backbone", "layer", "probe", "seed"),
+    board_metrics=("accuracy", "balanced_accuracy", "auroc"),
+    title="IsSameObject",
+    report_section="leaderboards.sections:issameobject_section",
+)

@@ -17,7 +17,7 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, derive_seed
 from evaluators.backbones.base import AttentionQK
-from evaluators.probes.families import DEFAULT_PROBES, PAIR_PROBES, pair_probe_names
+from evaluators.probes.families import PAIR_PROBES, pair_probe_names
 from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention
 from evaluators.tasks.issameobject.metrics import pair_metrics, validation_metrics
 from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens, sample_pairs
@@ -25,6 +25,9 @@ from evaluators.tasks.issameobject.patch_labels import split_patch_labels
 from evaluators.tasks.issameobject.scorers import ATTENTION_BASELINES, PairTrainConfig, fit_scorer
 from evaluators.fitting import resolve_device
 
+
+#: The probes a run evaluates when none are named (the task's `Task.default_probes`).
+DEFAULT_PROBES = ("linear", "diag-quadratic", "quadratic")
 
 def layer_data(tokens: np.ndarray, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(U, ix, iy, same) of one split at one layer, the form `fit_scorer` takes."""
@@ -123,6 +126,20 @@ def layer_probes(probes: Sequence[str], layer: int, n_layers: int) -> list[str]:
     return [p for p in probes if p not in ATTENTION_BASELINES or read_by_a_block(layer, n_layers)]
 
 
+def unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], families: Sequence[str]) -> list[str]:
+    """One line when a requested layer is the last hidden state, which no block reads: it gets no
+    attention-qk row, and its trained probes no attention correlation."""
+    n = backbone.info.n_layers
+    if not n or n not in layers:
+        return []
+    baselines = [p for p in families if p in ATTENTION_BASELINES]
+    correlated = any(p in pair_probe_names(True) for p in families) and backbone.attention_qk(0) is not None
+    if baselines or correlated:
+        what = " and ".join([*(f"no {p} row" for p in baselines), *(["no attention_r/attention_p"] if correlated else [])])
+        return [f"note: {spec}: hidden state {n} (the last) feeds no block, so it gets {what}"]
+    return []
+
+
 def wants_qk(probes: Sequence[str], attention_corr: bool = True) -> bool:
     """The run needs the backbone's query/key projections (the model, not only its cached tokens)."""
     return "attention-qk" in probes or (attention_corr and any(p in pair_probe_names(True) for p in probes))
@@ -145,7 +162,7 @@ def evaluate_issameobject(
     dataset: Path | Dataset,
     *,
     layers: str | Sequence[int] = "all",
-    probes: Sequence[str] = DEFAULT_PROBES["issameobject"],
+    probes: Sequence[str] = DEFAULT_PROBES,
     seeds: Sequence[int] = (0,),
     device: str = "auto",
     dtype: str = "fp32",
@@ -193,7 +210,7 @@ def evaluate_activations(
     acts: dict[str, Any],
     ds: Dataset,
     *,
-    probes: Sequence[str] = DEFAULT_PROBES["issameobject"],
+    probes: Sequence[str] = DEFAULT_PROBES,
     seeds: Sequence[int] = (0,),
     pair_config: PairConfig = PairConfig(),
     train_config: PairTrainConfig = PairTrainConfig(),
