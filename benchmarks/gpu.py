@@ -73,7 +73,7 @@ try:
     from benchmarks.gpu_report import Phases, print_table, profile_note, ratios, summary_note, write_json
     from benchmarks.gpu_sampler import SmSampler
     from evaluators.backbones import resolve_backbone
-    from evaluators.tasks.binding import binding_task
+    from evaluators.tasks.binding.task import binding_task
 except ModuleNotFoundError as missing:  # run from a checkout, where not all the project's dependencies are installed
     print(f"gpu.py: the project needs the module {missing.name!r}, which is not installed here "
           f"(pip install {missing.name}, or pip install -e . for all its dependencies)", file=sys.stderr)

@@ -17,7 +17,7 @@ import evaluators.fitting as fitting
 from bench.core.dataset import Dataset
 from benchmarks import gpu_budget
 from evaluators.backbones import Backbone
-from evaluators.tasks.binding import evaluate_binding, evaluate_binding_sets
+from evaluators.tasks.binding.columns import evaluate_binding, evaluate_binding_sets
 from evaluators.cache.extract import extract_activations
 from evaluators.fitting import RowReader, TrainConfig
 from generators.base import build_config, get_generator

@@ -19,7 +19,8 @@ from benchmarks import gpu_budget
 from benchmarks.gpu_fits import MODEL, extract
 from benchmarks.gpu_report import write_json
 from benchmarks.gpu_timeline import first_less_warm, profiled
-from evaluators.tasks.binding import binding_task, evaluate_binding_sets
+from evaluators.tasks.binding.task import binding_task
+from evaluators.tasks.binding.columns import evaluate_binding_sets
 from evaluators.fitting import RowReader, TrainConfig
 
 

@@ -34,7 +34,9 @@ import evaluators.fitting as fitting  # noqa: E402
 from benchmarks.gpu_fits import MODEL, extract, make_dataset  # noqa: E402
 from evaluators.fitting import RowReader, TrainConfig, cuda_graphs, lbfgs, moments, stacked  # noqa: E402
 from evaluators.fitting.stack import Stack, StepGraphs  # noqa: E402
-from evaluators.tasks.binding import binding_task, columns, evaluate_binding_sets  # noqa: E402
+from evaluators.tasks.binding import columns  # noqa: E402
+from evaluators.tasks.binding.columns import evaluate_binding_sets  # noqa: E402
+from evaluators.tasks.binding.task import binding_task  # noqa: E402
 
 class Launches(TorchDispatchMode):
     """Counts the operations other than views (which launch nothing), per stage (set by `tagged`)."""

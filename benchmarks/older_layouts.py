@@ -20,8 +20,8 @@ issue 57), then where older checkouts kept it.
 from __future__ import annotations
 
 try:
-    from evaluators.tasks.binding import binding_task, evaluate_binding
-    from evaluators.tasks.binding.task import SPLITS
+    from evaluators.tasks.binding.columns import evaluate_binding
+    from evaluators.tasks.binding.task import SPLITS, binding_task
 except ImportError:
     try:
         from evaluators.binding import binding_task, evaluate_binding
@@ -29,7 +29,7 @@ except ImportError:
     except ImportError:
         from evaluators.run import SPLITS, binding_task, evaluate_binding
 try:
-    from evaluators.tasks.binding import evaluate_binding_sets
+    from evaluators.tasks.binding.columns import evaluate_binding_sets
     from evaluators.fitting import row_sets_per_stack
 except ImportError:
     try:

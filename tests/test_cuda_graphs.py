@@ -151,7 +151,8 @@ def test_the_stacks_of_a_stage_step_on_lanes_of_their_own_joined_before_validati
     """Each stack's steps run on its own stream, and the main stream waits for every lane before
     validation reads the weights (or their steps could still be running there)."""
     from bench.core.dataset import Dataset
-    from evaluators.tasks.binding import binding_task, evaluate_binding_sets
+    from evaluators.tasks.binding.task import binding_task
+    from evaluators.tasks.binding.columns import evaluate_binding_sets
     from evaluators.fitting import stacked
     from evaluators.fitting.stack import Stack
     from tests.test_stacking import CONFIG, _row_sets

@@ -23,7 +23,8 @@ import torch
 from bench.cli import main
 from bench.core.dataset import Dataset
 from bench.core.results import read_results
-from evaluators.tasks.binding import binding_task, evaluate_binding, evaluate_binding_sets
+from evaluators.tasks.binding.task import binding_task
+from evaluators.tasks.binding.columns import evaluate_binding, evaluate_binding_sets
 from evaluators.backbones.hf import HFBackbone
 from evaluators.tasks.binding.task import SPLITS
 from evaluators.fitting import RowReader, linear

@@ -17,23 +17,11 @@ from bench.core.errors import BenchError
 from bench.core.results import make_table
 from evaluators.backbones.base import AttentionQK
 from evaluators.probes.families import PAIR_PROBES
-from evaluators.tasks.issameobject import (
-    PairConfig,
-    PairTrainConfig,
-    Pairs,
-    attention_correlation,
-    attention_qk_scores,
-    build_probe,
-    fit_bias,
-    evaluate_activations,
-    fit_scorer,
-    layer_data,
-    pair_attention,
-    pair_metrics,
-    permutation_correlation,
-    sample_pairs,
-    weighted_auroc,
-)
+from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, sample_pairs
+from evaluators.tasks.issameobject.scorers import PairTrainConfig, attention_qk_scores, build_probe, fit_bias, fit_scorer
+from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention, permutation_correlation
+from evaluators.tasks.issameobject.evaluate import evaluate_activations, layer_data
+from evaluators.tasks.issameobject.metrics import pair_metrics, weighted_auroc
 from evaluators.tasks.issameobject.patch_labels import IGNORE, split_patch_labels
 from tests.helpers import make_dataset
 

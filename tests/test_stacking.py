@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from bench.core.dataset import Dataset
-from evaluators.tasks.binding import binding_task, evaluate_binding, evaluate_binding_sets
+from evaluators.tasks.binding.task import binding_task
+from evaluators.tasks.binding.columns import evaluate_binding, evaluate_binding_sets
 from evaluators.tasks.binding.jobs import binding_jobs
 from evaluators.tasks.binding.rows import stacks
 from evaluators.tasks.binding.task import SPLITS

@@ -76,7 +76,8 @@ def test_a_row_set_gets_the_same_numbers_on_any_thread_count(tmp_path):
     import numpy as np
 
     from bench.core.dataset import Dataset
-    from evaluators.tasks.binding import binding_task, evaluate_binding
+    from evaluators.tasks.binding.task import binding_task
+    from evaluators.tasks.binding.columns import evaluate_binding
     from evaluators.tasks.binding.task import SPLITS
     from evaluators.fitting import RowReader, TrainConfig
     from tests.test_stacking import _numbers

@@ -294,7 +294,7 @@ def test_extract_excludes_prefix_tokens(tiny_data):
 
 def test_evaluate_binding_and_issameobject(tiny_data, tmp_path, capsys):
     from bench.core.results import read_results
-    from evaluators.tasks.issameobject import evaluate_issameobject
+    from evaluators.tasks.issameobject.evaluate import evaluate_issameobject
 
     results = tmp_path / "results"
     models = [f"random:timm:{TIMM_TINY}", f"random:open_clip:{OC_TINY}"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench.core.dataset import Dataset
-from evaluators.tasks.issameobject import PairTrainConfig
+from evaluators.tasks.issameobject.scorers import PairTrainConfig
 from evaluators.tasks.issameobject.patch_labels import split_patch_labels
 from evaluators.tasks.issameobject.toy_analysis import (
     PAIR_CATEGORIES,

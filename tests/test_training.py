@@ -282,7 +282,7 @@ def test_the_dense_class_difference_sums_what_the_selected_scenes_sum(balanced_s
     """CUDA's one product per chunk and half (`moments._add_dense`) against the CPU's sums over each
     bit's selected scenes, on a dataset whose priors fix some bits in some scenes (both kinds of bit)."""
     from bench.core.dataset import Dataset
-    from evaluators.tasks.binding import binding_task
+    from evaluators.tasks.binding.task import binding_task
 
     task = binding_task(Dataset(balanced_small))
     rng = np.random.default_rng(0)

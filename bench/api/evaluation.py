@@ -210,7 +210,7 @@ def toys_analysis(model: str, dataset: PathLike, *, train_dataset: PathLike | No
     PNG into `out`, as `bench toys-analysis`. Every check that can fail runs before the extraction."""
     from bench.core.paths import output_path
     from bench.core.results import check_writable
-    from evaluators.tasks.issameobject import check_probes
+    from evaluators.tasks.issameobject.evaluate import check_probes
     from evaluators.tasks.issameobject.toy_analysis import (TABLE_COLUMNS, check_toys, run_toy_analysis, table_rows,
                                                             write_analysis)
 

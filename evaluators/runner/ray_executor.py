@@ -140,7 +140,7 @@ def _pairs_layer(model: Model, preprocessing: Mapping[str, object] | None, run_i
                  *shard_acts: Any) -> tuple[list[dict[str, Any]], str]:
     """One IsSameObject unit: every probe and seed at one (backbone, layer), the rows
     `evaluate_issameobject` gives for that layer."""
-    from evaluators.tasks.issameobject import evaluate_activations, pair_configs, wants_qk
+    from evaluators.tasks.issameobject.evaluate import evaluate_activations, pair_configs, wants_qk
 
     acts = {s: replace(a, layers=[layer]) for s, a in _entries(n_shards, shard_acts).items()}
 

@@ -1,13 +1,10 @@
 """The binding task: what probes are trained against (`task`), the probes of a family (`jobs`),
 scores to result columns (`columns`), the rows of a run (`rows`) and the run itself (`run`).
 
-Its `Task` record (`TASK`, registered by bench/core/tasks.py under "binding") is here."""
+Its `Task` record (`TASK`, registered by bench/core/tasks.py under "binding") is here, and nothing
+else: the registry reads it without importing torch (`bench evaluate --help` lists the tasks)."""
 
 from bench.core.tasks import Metric, Task
-from evaluators.tasks.binding.columns import evaluate_binding, evaluate_binding_sets
-from evaluators.tasks.binding.task import binding_task
-
-__all__ = ["binding_task", "evaluate_binding", "evaluate_binding_sets"]
 
 
 def _metric(name: str, label: str, unit: str, higher_is_better: bool = True) -> Metric:

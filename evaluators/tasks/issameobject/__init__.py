@@ -59,32 +59,16 @@ registers) are not cached, so A is the model's attention renormalised over the p
 The code is split by concern: `pairs` (sampling), `scorers` (probes, baselines, fitting),
 `metrics`, `attention` (correlation with attention), `evaluate` (the orchestration) and `run`
 (the task's runner). Its `Task` record (`TASK`, registered by bench/core/tasks.py under
-"issameobject") is here.
+"issameobject") is here, and nothing else: the registry reads it without importing torch
+(`bench evaluate --help` lists the tasks).
 """
 
 from __future__ import annotations
 
 from bench.core.tasks import Metric, Task
-from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention, permutation_correlation
-from evaluators.tasks.issameobject.evaluate import (DEFAULT_PROBES, check_attention_qk, check_probes, evaluate_activations,
-                                              evaluate_issameobject, evaluate_layer, layer_data, layer_probes,
-                                              maybe_progress, pair_configs, read_by_a_block, wants_qk)
-from evaluators.tasks.issameobject.metrics import VALIDATION_METRICS, pair_metrics, validation_metrics, weighted_auroc
-from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens, pair_kind, sample_pairs, valid_patches
-from evaluators.tasks.issameobject.scorers import (ATTENTION_BASELINES, SAMPLINGS, DiagQuadraticPair, FittedScorer, LinearPair, PairProbe,
-                                             PairTrainConfig, PointwiseIdentityPair, QuadraticPair, attention_qk_scores,
-                                             build_probe, fit_bias, fit_scorer, similarity)
 
-__all__ = [
-    "PairConfig", "Pairs", "valid_patches", "pair_kind", "sample_pairs", "gather_tokens",
-    "SAMPLINGS", "ATTENTION_BASELINES", "PairTrainConfig", "PairProbe", "LinearPair",
-    "DiagQuadraticPair", "QuadraticPair", "PointwiseIdentityPair", "build_probe", "similarity", "attention_qk_scores",
-    "FittedScorer", "fit_bias", "fit_scorer", "weighted_auroc", "pair_metrics", "VALIDATION_METRICS",
-    "validation_metrics", "pair_attention", "permutation_correlation", "attention_correlation", "layer_data",
-    "evaluate_layer", "check_probes", "check_attention_qk", "read_by_a_block", "layer_probes", "wants_qk",
-    "pair_configs", "evaluate_issameobject", "evaluate_activations", "maybe_progress",
-]
-
+#: The pair probes a request that names none evaluates.
+DEFAULT_PROBES = ("linear", "diag-quadratic", "quadratic")
 
 #: This task's record (bench/core/tasks.py registers it under "issameobject").
 TASK = Task(

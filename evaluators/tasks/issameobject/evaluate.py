@@ -24,10 +24,8 @@ from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens
 from evaluators.tasks.issameobject.patch_labels import split_patch_labels
 from evaluators.tasks.issameobject.scorers import ATTENTION_BASELINES, PairTrainConfig, fit_scorer
 from evaluators.fitting import resolve_device
+from evaluators.tasks.issameobject import DEFAULT_PROBES
 
-
-#: The probes a run evaluates when none are named (the task's `Task.default_probes`).
-DEFAULT_PROBES = ("linear", "diag-quadratic", "quadratic")
 
 def layer_data(tokens: np.ndarray, pairs: Pairs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(U, ix, iy, same) of one split at one layer, the form `fit_scorer` takes."""

@@ -43,16 +43,9 @@ from bench.core.dataset import Dataset, decode_image  # noqa: E402
 from bench.core.errors import BenchError  # noqa: E402
 from bench.core.hashing import derive_seed  # noqa: E402
 from bench.core.labels import drawn_as_written  # noqa: E402
-from evaluators.tasks.issameobject import (  # noqa: E402
-    PairConfig,
-    Pairs,
-    PairTrainConfig,
-    maybe_progress,
-    fit_scorer,
-    gather_tokens,
-    layer_data,
-    sample_pairs,
-)
+from evaluators.tasks.issameobject.evaluate import layer_data, maybe_progress  # noqa: E402
+from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens, sample_pairs  # noqa: E402
+from evaluators.tasks.issameobject.scorers import PairTrainConfig, fit_scorer  # noqa: E402
 from evaluators.tasks.issameobject.patch_labels import BACKGROUND, DEFAULT_MIN_SHARE, IGNORE, split_patch_labels  # noqa: E402
 from evaluators.fitting import resolve_device  # noqa: E402
 
