@@ -33,7 +33,7 @@ from evaluators.cache.extract import extract_activations
 from generators.base import build_config, get_generator
 from generators.engine import generate
 
-SPEC, SIDE, VIEWS = "random:dinov2-small", 224, ("cls", "mean")
+SPEC, SIDE, TOKENS = "random:dinov2-small", 224, ("cls", "mean")
 
 
 def make_dataset(root: Path, n: int) -> Dataset:
@@ -56,7 +56,7 @@ def bare_loop(backbone, batches: list[torch.Tensor]) -> float:
 def extraction(backbone, ds: Dataset, cache_dir: Path, batch_size: int) -> float:
     shutil.rmtree(cache_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    extract_activations(backbone, ds, "test", layers="all", views=VIEWS, batch_size=batch_size, cache_dir=cache_dir,
+    extract_activations(backbone, ds, "test", layers="all", token_choices=TOKENS, batch_size=batch_size, cache_dir=cache_dir,
                         progress=False, device="cpu")
     return ds.num_rows("test") / (time.perf_counter() - t0)
 
@@ -120,7 +120,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-extract-"))
     try:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {SPEC} at {SIDE} px, "
-              f"batch {args.batch_size}, views {'+'.join(VIEWS)} of all 13 hidden states")
+              f"batch {args.batch_size}, tokens {'+'.join(TOKENS)} of all 13 hidden states")
         if not args.skip_throughput:
             throughput(root, args.n, args.batch_size, args.rounds)
         for n in (int(s) for s in args.sizes.split(",") if s):

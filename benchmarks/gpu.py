@@ -8,7 +8,7 @@ generates the colorshape small preset (128 px, 2,000/500/500 scenes, seed 0), th
 
 1. times extraction of `random:dinov2-small` (all 13 hidden states, views cls and mean) and of
    `pixels` (view all), in fp32 and in bf16;
-2. times the fit of linear, quadratic, dnn over every (layer, view) row set of
+2. times the fit of linear, quadratic, dnn over every (layer, tokens) row set of
    `random:dinov2-small` (stacked, as `bench evaluate` fits a backbone) and of attention on
    `pixels` (tokens all) on the device, sampling SM utilisation every second with
    `nvidia-smi dmon` meanwhile; the stacked fit runs twice, the process's first fit (what a user's
@@ -106,17 +106,17 @@ def run(args: argparse.Namespace, report: dict) -> None:
             f"in {phases['generate']['seconds']} s")
 
         runs, fp32 = [], {}
-        for spec, layers, views, side in ((MODEL, args.layers, ["cls", "mean"], args.input_size),
+        for spec, layers, token_choices, side in ((MODEL, args.layers, ["cls", "mean"], args.input_size),
                                           (PIXELS, "last", ["all"], None)):
             backbone = resolve_backbone(spec)
-            fp32[spec], secs = extract(backbone, ds, layers, views, args.device, "fp32", cache, side)
+            fp32[spec], secs = extract(backbone, ds, layers, token_choices, args.device, "fp32", cache, side)
             runs.append({"model": spec, "dtype": "fp32", "status": "done", "seconds": round(secs, 2)})
             if clock.left() - secs < FIT_RESERVE * args.budget:
                 runs.append({"model": spec, "dtype": "bf16", "status": "skipped",
                              "reason": f"at the fp32 time ({secs:.1f} s) it would leave the fits under "
                                        f"{FIT_RESERVE:.0%} of the budget"})
                 continue
-            _, secs = extract(backbone, ds, layers, views, args.device, "bf16", cache, side)
+            _, secs = extract(backbone, ds, layers, token_choices, args.device, "bf16", cache, side)
             runs.append({"model": spec, "dtype": "bf16", "status": "done", "seconds": round(secs, 2)})
         phases["extract"] = {"status": "done" if all(r["status"] == "done" for r in runs) else "partial",
                              "runs": runs, "layers": fp32[MODEL]["train"].layers}
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, report: dict) -> None:
                                                                           else "skipped") for r in runs))
 
         acts = fp32[MODEL]
-        row_sets = [(layer, view) for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
+        row_sets = [(layer, tokens) for layer in reversed(acts["train"].layers) for tokens in ("cls", "mean")]
         pixel_layer = fp32[PIXELS]["train"].layers[-1]
         windows = {}
         start = gpu_budget.now()

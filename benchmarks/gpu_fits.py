@@ -40,21 +40,21 @@ def make_dataset(root: Path, n_train: int, n_eval: int, image_size: int, seed: i
     return Dataset(root / "small")
 
 
-def extract(spec: str | Backbone, ds: Dataset, layers: str, views: list[str], device: str, dtype: str, cache: Path,
+def extract(spec: str | Backbone, ds: Dataset, layers: str, token_choices: list[str], device: str, dtype: str, cache: Path,
             input_size: int | None = None) -> tuple[dict, float]:
     """Every split's activations and the seconds they took (a fresh cache: nothing is read back).
     A resolved `spec` is built once, outside the time, not once per split."""
     t0 = gpu_budget.now()
-    acts = {s: extract_activations(spec, ds, s, layers=layers, views=views, device=device, dtype=dtype,
+    acts = {s: extract_activations(spec, ds, s, layers=layers, token_choices=token_choices, device=device, dtype=dtype,
                                    image_size=input_size, cache_dir=cache, progress=False) for s in SPLITS}
     if device == "cuda":
         torch.cuda.synchronize()
     return acts, gpu_budget.now() - t0
 
 
-def fit(acts: dict, task, layer: int, view: str, families: list[str], device: str) -> tuple[float, dict]:
+def fit(acts: dict, task, layer: int, tokens: str, families: list[str], device: str) -> tuple[float, dict]:
     """(wall s, β* per family) of one row set, at the evaluator's default settings on `device`."""
-    return fit_inputs({s: RowReader(a.get(layer, view)) for s, a in acts.items()}, task, families, device)
+    return fit_inputs({s: RowReader(a.get(layer, tokens)) for s, a in acts.items()}, task, families, device)
 
 
 def fit_inputs(inputs: dict, task, families: list[str], device: str) -> tuple[float, dict]:
@@ -131,7 +131,7 @@ def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[
     fits a backbone), stopped at `allowance` s; each row set's time is its share of the whole."""
     if allowance <= 0:
         return {"status": "skipped", "reason": "budget spent", "row_sets_total": len(row_sets)}
-    inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()} for layer, view in row_sets]
+    inputs = [{s: RowReader(a.get(layer, tokens)) for s, a in acts.items()} for layer, tokens in row_sets]
     t0 = gpu_budget.now()
     try:
         with gpu_budget.deadline(allowance), split_of(device) as split:
@@ -142,7 +142,7 @@ def fit_stack(acts: dict, task, row_sets: list[tuple[int, str]], families: list[
         return {"status": "stopped", "reason": f"the stack was still fitting at this phase's {allowance:.0f} s",
                 "seconds_at_least": round(gpu_budget.now() - t0, 2), "row_sets_total": len(row_sets)}
     wall = gpu_budget.now() - t0
-    keys = [f"{layer}/{view}" for layer, view in row_sets]
+    keys = [f"{layer}/{tokens}" for layer, tokens in row_sets]
     share = round(wall / len(row_sets), 3)
     return {"status": "done", "row_sets_total": len(row_sets), "row_sets_done": len(row_sets),
             "seconds": round(wall, 2), "per_row_set_s": share, "all_row_sets_s": round(wall, 2),

@@ -46,8 +46,8 @@ def profile_fits(root: str, cache: str, layers: str, input_size: int | None, fam
     ds = Dataset(Path(root) / "small")
     task = binding_task(ds)
     acts, _ = extract(MODEL, ds, layers, ["cls", "mean"], device, "fp32", Path(cache), input_size)
-    inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()}
-              for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
+    inputs = [{s: RowReader(a.get(layer, tokens)) for s, a in acts.items()}
+              for layer in reversed(acts["train"].layers) for tokens in ("cls", "mean")]
     save(read_back_s=round(gpu_budget.now() - t0, 2), row_sets=len(inputs))
     profiles = {}
     for name in ("first", "warm"):

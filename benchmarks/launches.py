@@ -117,8 +117,8 @@ def count(n_sets_layers: str, n_train: int, n_eval: int, families: list[str]) ->
             ds = make_dataset(root, n_train, n_eval, 64, 0)
             task = binding_task(ds)
             acts, _ = extract(MODEL, ds, n_sets_layers, ["cls", "mean"], "cpu", "fp32", root / "cache", 56)
-            row_sets = [(layer, view) for layer in reversed(acts["train"].layers) for view in ("cls", "mean")]
-            inputs = [{s: RowReader(a.get(layer, view)) for s, a in acts.items()} for layer, view in row_sets]
+            row_sets = [(layer, tokens) for layer in reversed(acts["train"].layers) for tokens in ("cls", "mean")]
+            inputs = [{s: RowReader(a.get(layer, tokens)) for s, a in acts.items()} for layer, tokens in row_sets]
             with mode:
                 evaluate_binding_sets(inputs, task, families, train=TrainConfig(device="cpu"), n_boot=50)
     finally:

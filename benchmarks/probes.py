@@ -134,17 +134,17 @@ def family_costs(root: Path, models: list[str], n_train: int, families: tuple[st
     print(f"family costs: balanced small preset at 128 px, {n_train}/500/500 scenes, one torch thread")
     for spec in models:
         spatial = {f for f in families if BINDING_PROBES.get(f).spatial}
-        for view, chosen in (("cls", tuple(f for f in families if f not in spatial)),
+        for tokens, chosen in (("cls", tuple(f for f in families if f not in spatial)),
                            ("all", tuple(f for f in families if f in spatial))):
-            if not chosen or (view == "all" and spec.startswith("oracle:") and spec != "oracle:patches"):
+            if not chosen or (tokens == "all" and spec.startswith("oracle:") and spec != "oracle:patches"):
                 continue
-            acts = {s: extract_activations(spec, ds, s, layers="last", views=(view,), progress=False) for s in SPLITS}
-            inputs = {s: RowReader(a.get(a.layers[0], view)) for s, a in acts.items()}
+            acts = {s: extract_activations(spec, ds, s, layers="last", token_choices=(tokens,), progress=False) for s in SPLITS}
+            inputs = {s: RowReader(a.get(a.layers[0], tokens)) for s, a in acts.items()}
             for fam in chosen:
                 t0, c0 = time.perf_counter(), time.process_time()
                 r = evaluate_binding(inputs, task, [fam], train=TrainConfig(), n_boot=200)[fam]
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                print(f"  {spec:16s} {view:4s} {fam:17s} {cpu:7.1f} s CPU {wall:7.1f} s wall   "
+                print(f"  {spec:16s} {tokens:4s} {fam:17s} {cpu:7.1f} s CPU {wall:7.1f} s wall   "
                       f"beta* {r.metrics.get('beta_star', float('nan')):+.4f}", flush=True)
 
 
@@ -174,7 +174,7 @@ def main() -> None:
         root = Path(tmp)
         os.environ["BINDINGBENCH_CACHE"] = str(root / "cache")
         ds = dataset(root, args.n_train)
-        acts = {s: extract_activations("oracle:objects", ds, s, layers="last", views=("cls",), progress=False)
+        acts = {s: extract_activations("oracle:objects", ds, s, layers="last", token_choices=("cls",), progress=False)
                 for s in ("train", "val", "test")}
         inputs = {s: RowReader(a.get(a.layers[0], "cls")) for s, a in acts.items()}
         targets = {s: ds.codes(s)[1] for s in inputs}

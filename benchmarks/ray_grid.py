@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import ray
 import torch
 
-from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.run import run_evaluation
 from generators.base import build_config, get_generator
 from generators.engine import generate
@@ -43,8 +43,8 @@ def timed_run(root: Path, name: str, data: Path, epochs: int, **kw) -> tuple[flo
     """One grid run from an empty cache; (seconds, rows)."""
     os.environ["BINDINGBENCH_CACHE"] = str(root / f"cache-{name}")
     t0 = time.perf_counter()
-    plan = EvaluationPlan(MODELS, data, results_dir=root / f"results-{name}", epochs=epochs, **GRID, **kw)
-    path = run_evaluation(plan, progress=False)
+    request = EvaluationRequest(MODELS, data, results_dir=root / f"results-{name}", epochs=epochs, **GRID, **kw)
+    path = run_evaluation(request, progress=False)
     return time.perf_counter() - t0, pq.read_table(path).to_pylist()
 
 

@@ -27,10 +27,10 @@ TARGET_S = 60.0
 BACKBONES = [f"random:vit-{k}" for k in range(8)]
 LAYERS = range(13)
 BINDING_COLUMNS = [(p, t) for p in ("linear", "quadratic", "dnn") for t in ("cls", "mean")] + [("attention", "all")]
-PAIR_PROBES = ("linear", "quadratic", "cosine", "majority")
+ISSAMEOBJECT_PROBES = ("linear", "quadratic", "cosine", "majority")
 #: The tasks of the synthetic rows: the default (binding) and the one that reads every patch token (pairs).
 BINDING = DEFAULT_TASK
-PAIRS = next(name for name, task in TASKS.items() if task.fixed_views)
+PAIRS = next(name for name, task in TASKS.items() if task.fixed_tokens)
 N_SCENES, N_GROUPS, H_O_GIVEN_F = 400, 100, 20.0
 
 
@@ -69,7 +69,7 @@ def synthetic_rows(n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
             break
         for b, backbone in enumerate(BACKBONES):
             for layer in LAYERS:
-                for probe in PAIR_PROBES:
+                for probe in ISSAMEOBJECT_PROBES:
                     acc = 0.5 if probe == "majority" else 0.6 + 0.02 * b + 0.01 * layer
                     rows.append({**_row("r-bench", backbone, f"pairs-{k}", layer, probe, "all", PAIRS),
                                  "accuracy": acc, "accuracy_lo": acc - 0.01, "accuracy_hi": acc + 0.01,

@@ -1,4 +1,4 @@
-"""The board: one row per backbone, one column per probe family x token view, built once from the
+"""The board: one row per backbone, one column per probe family x tokens choice, built once from the
 result rows and read by every view (`bench leaderboard`, `compare`, `plot`, `report`, `site`).
 
 A cell is the metric at one layer, averaged over seeds, with the bootstrap 95% interval
@@ -45,7 +45,7 @@ import numpy as np
 
 from bench.core.errors import BenchError
 from bench.core.tasks import DEFAULT_TASK, TASKS
-from evaluators.probes.families import TOKEN_VIEWS
+from evaluators.probes.families import TOKEN_CHOICES
 from evaluators.tasks.binding.metrics import metric_checks, paired_difference, validation_metric
 from leaderboards.metrics import CHECK_MEANINGS, Metric, resolve_metric
 from leaderboards.published import Reference, references_for
@@ -277,10 +277,10 @@ def probe_order(task: str) -> tuple[str, ...]:
 def _column_order(col: tuple[str, str], order: Sequence[str]) -> tuple:
     """Pooled views before spatial ones, then probes in `order`, then views in registration order."""
     probe, tokens = col
-    views = TOKEN_VIEWS.names()
+    token_choices = TOKEN_CHOICES.names()
     p = order.index(probe) if probe in order else len(order)
-    t = views.index(tokens) if tokens in views else len(views)
-    spatial = tokens in TOKEN_VIEWS and TOKEN_VIEWS.get(tokens).spatial
+    t = token_choices.index(tokens) if tokens in token_choices else len(token_choices)
+    spatial = tokens in TOKEN_CHOICES and TOKEN_CHOICES.get(tokens).spatial
     return (spatial, p, probe, t, tokens)
 
 

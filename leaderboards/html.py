@@ -2,8 +2,8 @@
 `leaderboards/templates`, autoescaped) and the plain data each template section reads.
 
 `bench report` (one self-contained page) and `bench site` (a folder of pages) render the same
-templates with the same data: a board is one table of (backbone, probe family, token view) rows,
-sortable by any column and filterable by family and token view in the page, each row carrying
+templates with the same data: a board is one table of (backbone, probe family, tokens choice) rows,
+sortable by any column and filterable by family and tokens choice in the page, each row carrying
 the board's cell (value, interval, the layer chosen on validation, sensitivity, marks) and the
 row's label (a control or a published row says what it is). Nothing here computes a number the
 board does not: cells, layers and ranks are the board's."""

@@ -93,7 +93,7 @@ COMPARE_ANSWER = ("metric", "difference", "lo", "hi", "verdict", "a", "b", "a_la
 def render_compare(records: Sequence[dict[str, Any]], a: str, b: str, fmt: Format, width: int | None = None) -> str:
     """`compare_backbones`' records as text. CSV and JSON carry every record whole. A table (or
     Markdown) leads with the answer: one table per dataset, each metric's difference, its interval
-    and the verdict first; the context every row shares (dataset, and the probe and token view
+    and the verdict first; the context every row shares (dataset, and the probe and tokens choice
     where they do not vary) said once, in the title. Its verdict reads `a better` or `b better`,
     the title saying which backbone each is, so that no backbone's name widens the verdict column
     out of a table `width` wide."""

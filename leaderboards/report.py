@@ -12,7 +12,7 @@ Each task's section is drawn by what its record names (`Task.report_section`, th
 
 1. binding: the headline β* leaderboard (each cell at the layer chosen on validation, its
    test value with its 95% interval, its sensitivity, its notes; sortable and filterable by
-   probe family and token view), then β* by depth as small multiples and by probe family;
+   probe family and tokens choice), then β* by depth as small multiples and by probe family;
 2. IsSameObject: per-layer accuracy curves, one panel per probe, one line per backbone
    (trained probes and baselines apart), and per backbone and probe the board's layer (chosen
    on validation, with the leaderboard's all-seeds rule) with its test number, beside the baselines measured on the same dataset

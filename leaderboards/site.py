@@ -5,10 +5,10 @@ The folder opens from disk with no server and nothing fetched from a network (st
 few lines of script are inside each page, figures are files beside them):
 - `index.html`: one leaderboard per dataset x task x metric (binding: β*, β*_paper, β_O, β_F;
   IsSameObject: accuracy, balanced accuracy, AUROC), sortable by any column and filterable by
-  probe family and token view in the page, the papers' published rows beside the boards they
+  probe family and tokens choice in the page, the papers' published rows beside the boards they
   belong to (marked, never ranked);
 - `backbone-NAME.html`: per dataset and task, the headline metric by layer for each probe
-  family x token view (the board's chosen layer in bold), each column's sensitivity and checks at
+  family x tokens choice (the board's chosen layer in bold), each column's sensitivity and checks at
   that layer, and the metric-by-depth figure;
 - `dataset-NAME.html`: the dataset's card and priors, with its generator's settings and a
   preview sheet when its folder is given (`--datasets DIR`; a damaged folder: what is wrong with

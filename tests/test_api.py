@@ -1,5 +1,5 @@
 """The Python API and the plan behind it: `api.generate` writes `bench generate`'s bytes,
-`EvaluationPlan` checks a request once for every caller, and `api.evaluate` takes backbone
+`EvaluationRequest` checks a request once for every caller, and `api.evaluate` takes backbone
 objects beside spec strings (offline, CPU)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bench.core.errors import BenchError
 from evaluators.backbones.base import Backbone
 from evaluators.backbones.ground_truth import PixelsBackbone
 from evaluators.backbones.weights import state_dict_hash
-from evaluators.runner.plan import EvaluationPlan, Model
+from evaluators.runner.request import EvaluationRequest, Model
 from tests.helpers import make_dataset
 
 SIZES = dict(n_train=24, n_val=8, n_test=8)
@@ -78,18 +78,18 @@ def test_api_generate_refuses_bad_input_in_one_line_before_writing(kwargs, messa
 
 
 def test_a_plan_fills_the_task_defaults_and_is_frozen(tmp_path):
-    plan = EvaluationPlan(["pixels", "mine=oracle:objects", "pixels"], tmp_path, probes="linear,dnn",
+    request = EvaluationRequest(["pixels", "mine=oracle:objects", "pixels"], tmp_path, probes="linear,dnn",
                           seeds=[1, 1, 0])
-    assert plan.models == (Model("pixels", "pixels"), Model("mine", "oracle:objects"))  # the same model once
-    assert (plan.layer_request, plan.views, plan.families, plan.seeds) == ("last", ["cls"], ["linear", "dnn"], (1, 0))
-    assert plan.dataset == tmp_path and plan.results_dir == Path("results")
-    assert EvaluationPlan("pixels", tmp_path, seeds=np.int64(3)).seeds == (3,)  # one seed, a numpy integer too
-    iso = EvaluationPlan({"p": "pixels"}, str(tmp_path), task="issameobject", layers=[0, 1])
-    assert (iso.layer_request, iso.views, iso.families) == ((0, 1), ["all"], ["linear", "diag-quadratic", "quadratic"])
+    assert request.models == (Model("pixels", "pixels"), Model("mine", "oracle:objects"))  # the same model once
+    assert (request.layer_request, request.token_choices, request.families, request.seeds) == ("last", ["cls"], ["linear", "dnn"], (1, 0))
+    assert request.dataset == tmp_path and request.results_dir == Path("results")
+    assert EvaluationRequest("pixels", tmp_path, seeds=np.int64(3)).seeds == (3,)  # one seed, a numpy integer too
+    iso = EvaluationRequest({"p": "pixels"}, str(tmp_path), task="issameobject", layers=[0, 1])
+    assert (iso.layer_request, iso.token_choices, iso.families) == ((0, 1), ["all"], ["linear", "diag-quadratic", "quadratic"])
     assert iso.models == (Model("p", "pixels"),)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.task = "issameobject"  # type: ignore[misc]
-    assert dataclasses.replace(plan, task="issameobject", probes=None).families == iso.families
+        request.task = "issameobject"  # type: ignore[misc]
+    assert dataclasses.replace(request, task="issameobject", probes=None).families == iso.families
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -120,7 +120,7 @@ def test_a_plan_fills_the_task_defaults_and_is_frozen(tmp_path):
 ])
 def test_a_bad_plan_is_refused_in_one_line(kwargs, message, tmp_path):
     with pytest.raises(BenchError) as e:
-        EvaluationPlan(**{"models": ["pixels"], "dataset": tmp_path, **kwargs})
+        EvaluationRequest(**{"models": ["pixels"], "dataset": tmp_path, **kwargs})
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -131,7 +131,7 @@ def test_a_backbone_without_weights_to_hash_must_state_its_fingerprint():
             self.info = dataclasses.replace(self.info, revision="")
 
     with pytest.raises(BenchError, match="states no weights fingerprint .* set info.revision"):
-        EvaluationPlan([Bare()], "d")
+        EvaluationRequest([Bare()], "d")
 
 
 def test_evaluate_takes_backbone_objects_and_measures_edited_weights_again(tiny, tmp_path):

@@ -73,19 +73,19 @@ def test_key_covers_seed_split_dtype_and_resolution(ds, tmp_path, monkeypatch):
 
 def test_a_superset_entry_serves_smaller_requests(ds, tmp_path, monkeypatch):
     ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
-    full = extract(str(ckpt), ds, tmp_path, layers="all", views=("cls+mean", "all"))
+    full = extract(str(ckpt), ds, tmp_path, layers="all", token_choices=("cls+mean", "all"))
     forbid_forward(monkeypatch)
-    part = extract(str(ckpt), ds, tmp_path, layers="mid", views=("mean",))
+    part = extract(str(ckpt), ds, tmp_path, layers="mid", token_choices=("mean",))
     assert part.path == full.path and part.layers == [1]
     np.testing.assert_array_equal(part.get(1, "mean"), full.get(1, "cls+mean")[:, 32:])
-    hit = extract(str(ckpt), ds, tmp_path, layers="last", views=("cls", "mean", "all", "cls+mean"))
+    hit = extract(str(ckpt), ds, tmp_path, layers="last", token_choices=("cls", "mean", "all", "cls+mean"))
     assert hit.path == full.path
     with pytest.raises(AssertionError, match="cache miss"):  # another input side is another entry
-        extract(str(ckpt), ds, tmp_path, layers="last", views=("cls",), image_size=48)
+        extract(str(ckpt), ds, tmp_path, layers="last", token_choices=("cls",), image_size=48)
 
 
 def test_reads_are_read_only_memmaps(ds, tmp_path):
-    acts = extract("oracle:patches", ds, tmp_path, views=("all",))
+    acts = extract("oracle:patches", ds, tmp_path, token_choices=("all",))
     arr = acts.get(0, "all")
     assert isinstance(arr, np.memmap) and arr.dtype == np.float16 and arr.shape == (20, 16, 8 + 1)  # one-hots + background flag
     with pytest.raises(ValueError):
@@ -116,7 +116,7 @@ def stalled(self, x, layers):  # after four batches (8 rows), the run stays mid-
     return forward(self, x, layers)
 HFBackbone.hidden_states = stalled
 ckpt, data, store = sys.argv[1:]
-extract_activations(ckpt, Dataset(data), "train", views=("cls", "all"), batch_size=2, cache_dir=store, progress=False)
+extract_activations(ckpt, Dataset(data), "train", token_choices=("cls", "all"), batch_size=2, cache_dir=store, progress=False)
 """
 
 
@@ -138,13 +138,13 @@ def test_killed_extraction_resumes_and_matches_an_uninterrupted_run(ds, tmp_path
     rows_run = []
     forward = HFBackbone.hidden_states
     monkeypatch.setattr(HFBackbone, "hidden_states", lambda self, x, l: rows_run.append(len(x)) or forward(self, x, l))
-    resumed = extract(str(ckpt), ds, store, split="train", views=("cls", "all"), batch_size=2)
+    resumed = extract(str(ckpt), ds, store, split="train", token_choices=("cls", "all"), batch_size=2)
     assert sum(rows_run) == 40 - n_done  # only the missing rows ran
     assert resumed.path == entry.path and cache_inventory.list_entries(store)[0].complete
-    fresh = extract(str(ckpt), ds, tmp_path / "fresh", split="train", views=("cls", "all"), batch_size=2)
+    fresh = extract(str(ckpt), ds, tmp_path / "fresh", split="train", token_choices=("cls", "all"), batch_size=2)
     for layer in (0, 2):
-        for view in ("cls", "all"):
-            np.testing.assert_array_equal(resumed.get(layer, view), fresh.get(layer, view))
+        for tokens in ("cls", "all"):
+            np.testing.assert_array_equal(resumed.get(layer, tokens), fresh.get(layer, tokens))
 
 
 def _wait_for_rows(store: Path, proc: subprocess.Popen, at_least: int, timeout: float = 300) -> int:
@@ -227,7 +227,7 @@ def test_row_shards_in_any_order_fill_the_entry_a_whole_run_fills(odd_files, tmp
     ckpt = tiny_checkpoint("dinov2-reg", tmp_path / "m")[1]
     shards = row_shards(40, 12, batch_size=8)
     assert shards == [(0, 16), (16, 32), (32, 40)]
-    store, kw = tmp_path / "shards", dict(split="train", views=("cls", "all"), batch_size=8)
+    store, kw = tmp_path / "shards", dict(split="train", token_choices=("cls", "all"), batch_size=8)
     first = extract(str(ckpt), odd_files, store, rows=shards[1], **kw)
     assert not is_complete(first) and first.n == 40
     state = json.loads((first.path / cache.STATE_NAME).read_text())
@@ -238,8 +238,8 @@ def test_row_shards_in_any_order_fill_the_entry_a_whole_run_fills(odd_files, tmp
     assert is_complete(last) and not (last.path / cache.STATE_NAME).exists()
     whole = extract(str(ckpt), odd_files, tmp_path / "whole", **kw)
     for layer in (0, 2):
-        for view in ("cls", "all"):
-            assert np.array_equal(last.get(layer, view), whole.get(layer, view))  # the same batches, bit for bit
+        for tokens in ("cls", "all"):
+            assert np.array_equal(last.get(layer, tokens), whole.get(layer, tokens))  # the same batches, bit for bit
     with pytest.raises(BenchError, match="batch boundary"):
         extract(str(ckpt), odd_files, store, rows=(4, 16), **kw)
     with pytest.raises(BenchError, match="row shard"):
@@ -254,7 +254,7 @@ def test_concurrent_shard_writers_share_one_entry(odd_files, tmp_path, monkeypat
     from evaluators.cache.extract import is_complete
 
     ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
-    store, kw = tmp_path / "cache", dict(split="train", views=("cls",), batch_size=8)
+    store, kw = tmp_path / "cache", dict(split="train", token_choices=("cls",), batch_size=8)
     forward, both_writing, first = HFBackbone.hidden_states, threading.Barrier(2, timeout=60), threading.local()
     refused = []
 
@@ -319,7 +319,7 @@ def test_a_damaged_partial_entry_starts_afresh(damage, odd_files, tmp_path):
     from evaluators.cache.extract import is_complete
 
     ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
-    store, kw = tmp_path / "cache", dict(split="train", views=("cls",), batch_size=8)
+    store, kw = tmp_path / "cache", dict(split="train", token_choices=("cls",), batch_size=8)
     part = extract(str(ckpt), odd_files, store, rows=(0, 16), **kw)
     victim = next(part.path.glob("*.npy")) if damage == "array" else part.path / cache.STATE_NAME
     victim.write_bytes(victim.read_bytes()[:20])

@@ -86,22 +86,22 @@ def _control_task(path: Path) -> BindingTask:
 
 
 @lru_cache(maxsize=None)
-def measure(path: Path, spec: str, view: str, families: tuple[str, ...], n_train: int | None = None,
+def measure(path: Path, spec: str, tokens: str, families: tuple[str, ...], n_train: int | None = None,
             resolution: str = "native", control: str | None = None, train: TrainConfig = TRAIN,
             targets: tuple[str, ...] = HEADLINE) -> dict:
-    """Headline metrics per family of one backbone and token view on the test split."""
+    """Headline metrics per family of one backbone and tokens choice on the test split."""
     ds = Dataset(path)
     task = _task(path) if control is None else _control_task(path)
     task = task if n_train is None else task.first_train(n_train)
-    acts = {s: extract_activations(spec, ds, s, layers="last", views=(view,), resolution=resolution, progress=False)
+    acts = {s: extract_activations(spec, ds, s, layers="last", token_choices=(tokens,), resolution=resolution, progress=False)
             for s in SPLITS}
-    inputs = {s: RowReader(a.get(a.layers[0], view), n_train if s == "train" else None) for s, a in acts.items()}
+    inputs = {s: RowReader(a.get(a.layers[0], tokens), n_train if s == "train" else None) for s, a in acts.items()}
     results = evaluate_binding(inputs, task, list(families), train=train, targets=targets, n_boot=200)
     out = {}
     for fam, r in results.items():
         assert r.error is None, r.error
         m = r.metrics
-        print(f"\n{spec} {view} {fam} n_train={n_train or len(task.codes['train'][0])}: L_F={m['L_F']:.3f} "
+        print(f"\n{spec} {tokens} {fam} n_train={n_train or len(task.codes['train'][0])}: L_F={m['L_F']:.3f} "
               f"L_O|F={m['L_O_given_F']:.3f} H(O|F)={m['H_O_given_F']:.3f} beta*={m['beta_star']:.4f} "
               f"[{m['beta_star_lo']:.4f}, {m['beta_star_hi']:.4f}] epochs={ {t: f.best_epoch for t, f in r.fits.items()} } "
               f"checks={metric_checks(m)}")

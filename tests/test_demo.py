@@ -180,13 +180,13 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
 
     # the rows are those the demo's evaluations give when asked directly, as `bench demo` asked
     # before it became a study: a backbone and the control, every key and number
-    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.request import EvaluationRequest
     from evaluators.runner.run import run_evaluation
     from tests.test_studies import rows_of
 
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
     for models, control in ((["oracle:objects"], None), ([CONTROL_MODEL], CONTROL)):
-        run_evaluation(EvaluationPlan(models, tmp_path / "colorshape-demo", task="binding", layers="last",
+        run_evaluation(EvaluationRequest(models, tmp_path / "colorshape-demo", task="binding", layers="last",
                                       tokens=("cls",), probes=DEMO_PROBES, results_dir=tmp_path / "reference",
                                       epochs=3, control=control, threads=1), progress=False)
     reference, demo = rows_of(tmp_path / "reference"), rows_of(tmp_path / "results")

@@ -140,11 +140,11 @@ def test_rows_of_an_older_schema_are_set_aside_with_a_note(tiny, tmp_path, capsy
 
 
 def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
-    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.request import EvaluationRequest
     from evaluators.runner.run import run_evaluation
 
-    plan = EvaluationPlan(["oracle:features"], tiny, probes=["linear"], epochs=1, results_dir=tmp_path, limit=8)
-    path = run_evaluation(plan, progress=False)
+    request = EvaluationRequest(["oracle:features"], tiny, probes=["linear"], epochs=1, results_dir=tmp_path, limit=8)
+    path = run_evaluation(request, progress=False)
     (row,) = pq.read_table(path).to_pylist()
     assert row["n_train"] == 8 and row["n_test"] == 8 and len(row["scene_bits_O_given_F"]) == 8
     full = json.loads((tiny / "dataset.json").read_text())["splits"]["test"]["fingerprint"]
@@ -153,14 +153,14 @@ def test_limit_rows_carry_their_own_fingerprint(tiny, tmp_path):
 
 def test_a_failing_probe_becomes_an_error_row(tiny, tmp_path, monkeypatch):
     import evaluators.probes.pooled as probes
-    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.request import EvaluationRequest
     from evaluators.runner.run import run_evaluation
 
     def broken(self, x, t, cond):
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr(probes.QuadraticProbe, "readout", broken)
-    path = run_evaluation(EvaluationPlan(["oracle:objects"], tiny, probes=["linear", "quadratic"], epochs=1,
+    path = run_evaluation(EvaluationRequest(["oracle:objects"], tiny, probes=["linear", "quadratic"], epochs=1,
                                          results_dir=tmp_path), progress=False)
     rows = {r["probe"]: r for r in pq.read_table(path).to_pylist()}
     assert rows["linear"]["status"] == "ok"

@@ -40,14 +40,14 @@ def extract(spec, ds, tmp_path, **kw):
 
 def test_oracle_objects_and_features_are_the_codes(balanced, tmp_path):
     f, o, _ = balanced.codes("test")
-    acts = extract("oracle:objects", balanced, tmp_path, views=("cls", "mean"))
+    acts = extract("oracle:objects", balanced, tmp_path, token_choices=("cls", "mean"))
     assert (acts.layers, acts.grid, acts.info.n_layers, acts.info.width) == ([0], None, 0, 64)
     np.testing.assert_array_equal(acts.get(0, "cls"), o)
     np.testing.assert_array_equal(acts.get(0, "mean"), o)
     feats = extract("oracle:features", balanced, tmp_path)
     np.testing.assert_array_equal(feats.get(0, "cls"), f)
     with pytest.raises(BenchError, match="no spatial tokens"):
-        extract("oracle:objects", balanced, tmp_path, views=("all",))
+        extract("oracle:objects", balanced, tmp_path, token_choices=("all",))
 
 
 def test_oracle_mix_carries_objects_for_a_seeded_fraction(balanced, tmp_path):
@@ -66,7 +66,7 @@ def test_oracle_mix_carries_objects_for_a_seeded_fraction(balanced, tmp_path):
 def test_oracle_patches_are_the_one_hots_of_the_dominant_object_and_a_background_flag(name, request, tmp_path):
     ds = request.getfixturevalue(name)
     space = ds.feature_space
-    acts = extract("oracle:patches", ds, tmp_path, views=("cls", "all"))
+    acts = extract("oracle:patches", ds, tmp_path, token_choices=("cls", "all"))
     side = dataset_side(ds, "test")
     g = side // 16
     assert acts.grid == (g, g) and acts.info.width == space.n_features + 1
@@ -93,7 +93,7 @@ def test_oracle_patches_are_the_one_hots_of_the_dominant_object_and_a_background
 
 
 def test_pixels_tokens_are_raw_patches(uniform, tmp_path):
-    acts = extract("pixels:8", uniform, tmp_path, views=("cls+mean", "all"))
+    acts = extract("pixels:8", uniform, tmp_path, token_choices=("cls+mean", "all"))
     assert acts.grid == (8, 8) and acts.info.width == 192
     tokens = acts.get(0, "all")
     for i, row in enumerate(rows(uniform)):
@@ -108,7 +108,7 @@ def test_pixels_tokens_are_raw_patches(uniform, tmp_path):
 
 def test_model_views_use_spatial_tokens_only(uniform, dino_reg, tmp_path):
     """cls = token 0; mean and all = patch tokens after the 4 registers, in row-major grid order."""
-    acts = extract(str(dino_reg), uniform, tmp_path, views=("cls", "mean", "all", "cls+mean"), batch_size=7)
+    acts = extract(str(dino_reg), uniform, tmp_path, token_choices=("cls", "mean", "all", "cls+mean"), batch_size=7)
     assert (acts.layers, acts.grid, acts.n) == ([0, 1, 2], (4, 4), 20)
     bb = resolve_backbone(str(dino_reg))
     images = [{"bytes": r["image"]["bytes"], "path": None}
@@ -116,8 +116,8 @@ def test_model_views_use_spatial_tokens_only(uniform, dino_reg, tmp_path):
     hs = bb.hidden_states(bb.prepare({"image": images}, 32), [0, 1, 2])
     for layer, h in enumerate(hs):
         spatial = h[:, 5:]
-        for view, ref in (("cls", h[:, 0]), ("mean", spatial.mean(1)), ("all", spatial)):
-            got = acts.get(layer, view)
+        for tokens, ref in (("cls", h[:, 0]), ("mean", spatial.mean(1)), ("all", spatial)):
+            got = acts.get(layer, tokens)
             assert isinstance(got, np.memmap) and got.dtype == np.float16
             np.testing.assert_allclose(got, ref.numpy(), atol=2e-3, rtol=2e-3)
         np.testing.assert_allclose(acts.get(layer, "cls+mean"), torch.cat([h[:, 0], spatial.mean(1)], 1), atol=2e-3,
@@ -157,7 +157,7 @@ def test_parse_layers():
 
 
 def test_bad_arguments_are_bench_errors(uniform, tmp_path):
-    for kw in ({"views": ("cls", "patch")}, {"dtype": "int8"}, {"device": "tpu"}, {"batch_size": 0}):
+    for kw in ({"token_choices": ("cls", "patch")}, {"dtype": "int8"}, {"device": "tpu"}, {"batch_size": 0}):
         with pytest.raises(BenchError):
             extract("oracle:objects", uniform, tmp_path, **kw)
     acts = extract("oracle:objects", uniform, tmp_path)

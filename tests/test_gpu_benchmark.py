@@ -178,7 +178,7 @@ def test_the_run_keeps_its_budget_by_its_clock(tmp_path, monkeypatch):
     clock = _fake_clock(monkeypatch)
     given: list[tuple[str, float]] = []
 
-    def extract(spec, ds, layers, views, device, dtype, cache, input_size=None):
+    def extract(spec, ds, layers, token_choices, device, dtype, cache, input_size=None):
         clock.advance(15)
         return {s: SimpleNamespace(layers=[0, 12]) for s in ("train", "val", "test")}, 15.0
 
@@ -350,7 +350,7 @@ def test_the_cpu_path_fits_row_sets_in_worker_processes(monkeypatch):
     pool = _part("gpu_pool")
     monkeypatch.setattr(pool, "fit_one_on_cpu", _worker_fit)
     acts = {s: _Split() for s in ("train", "val", "test")}
-    rows = [(layer, view) for layer in (12, 0) for view in ("cls", "mean")]
+    rows = [(layer, tokens) for layer in (12, 0) for tokens in ("cls", "mean")]
     out = pool.fit_side_by_side(acts, None, rows, ["linear"], 2, 600)
     assert (out["status"], out["row_sets_done"], out["workers"]) == ("done", 4, 2) and "reason" not in out
     assert out["times"] == {k: 1.0 for k in ("12/cls", "12/mean", "0/cls", "0/mean")}
@@ -376,7 +376,7 @@ def test_the_cpu_path_times_the_wall_of_row_sets_side_by_side_and_stops_at_its_s
     monkeypatch.setattr(pool, "time", SimpleNamespace(sleep=clock.sleep))
     monkeypatch.setattr(pool, "fit_one_on_cpu", _worker_fit)
     acts = {s: _Split() for s in ("train", "val", "test")}
-    rows = [(layer, view) for layer in (12, 0) for view in ("cls", "mean")]
+    rows = [(layer, tokens) for layer in (12, 0) for tokens in ("cls", "mean")]
     out = pool.fit_side_by_side(acts, None, rows, ["linear"], 2, 30)
     assert (out["status"], out["row_sets_done"], out["workers"]) == ("done", 4, 2)
     assert out["seconds"] == pytest.approx(2.0, abs=0.05)  # the last fit's end, to two polls of 0.02 s
@@ -392,7 +392,7 @@ def test_the_cpu_path_times_the_wall_of_row_sets_side_by_side_and_stops_at_its_s
 class _Split:
     """A split's activations whose row set reads its layer."""
 
-    def get(self, layer, view):
+    def get(self, layer, tokens):
         return [[float(layer)]]
 
 

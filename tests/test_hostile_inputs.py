@@ -1071,7 +1071,7 @@ def test_a_hostile_backbone_name_is_refused_by_evaluate(ds, tmp_path, capsys, la
 
 
 def test_a_name_inside_the_rule_is_accepted():
-    from evaluators.runner.plan import named_spec
+    from evaluators.runner.request import named_spec
 
     assert named_spec("DINOv2 small (v1.2)+reg_4-x=pixels").name == "DINOv2 small (v1.2)+reg_4-x"
     assert named_spec("L" * 64 + "=pixels").name == "L" * 64
@@ -1080,11 +1080,11 @@ def test_a_name_inside_the_rule_is_accepted():
 
 @pytest.mark.parametrize("label", HOSTILE_LABELS, ids=lambda x: repr(x[:12]))
 def test_a_hostile_display_name_is_refused_by_the_api(tmp_path, label):
-    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.request import EvaluationRequest
     from bench.core.errors import BenchError
 
     with pytest.raises(BenchError) as e:
-        EvaluationPlan({label: "pixels"}, tmp_path)
+        EvaluationRequest({label: "pixels"}, tmp_path)
     assert "model: a display name" in str(e.value) and "\n" not in str(e.value)
 
 

@@ -16,7 +16,7 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import make_table
 from evaluators.backbones.base import AttentionQK
-from evaluators.probes.families import PAIR_PROBES
+from evaluators.probes.families import ISSAMEOBJECT_PROBES
 from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, sample_pairs
 from evaluators.tasks.issameobject.scorers import PairTrainConfig, attention_qk_scores, build_probe, fit_bias, fit_scorer
 from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention, permutation_correlation
@@ -93,7 +93,7 @@ def _toy_split(rng, protos, n_img=30, t=12, d=6):
     return tokens.astype(np.float16), labels
 
 
-@pytest.mark.parametrize("name", PAIR_PROBES.names())
+@pytest.mark.parametrize("name", ISSAMEOBJECT_PROBES.names())
 def test_fitted_scorers_are_symmetric_and_learn(name):
     rng = np.random.default_rng(0)
     protos = rng.normal(size=(5, 6)) * 3
@@ -222,8 +222,8 @@ class FakeActivations:
         self.n = len(next(iter(per_layer.values())))
         self._per_layer = per_layer
 
-    def get(self, layer: int, view: str) -> np.ndarray:
-        assert view == "all"
+    def get(self, layer: int, tokens: str) -> np.ndarray:
+        assert tokens == "all"
         return self._per_layer[layer]
 
 

@@ -463,7 +463,7 @@ def test_paired_differences_rank_what_overlapping_intervals_cannot():
 def test_compare_leads_with_the_difference_its_interval_and_verdict(tmp_path, capsys):
     """`bench compare` at its default width prints, for every metric, the paired difference, its
     interval (lo, hi) and the verdict (they were the columns a 100-column table left out, with
-    long backbone names), and says the dataset, probe and token view every row shares once, in its
+    long backbone names), and says the dataset, probe and tokens choice every row shares once, in its
     title; a context that varies stays a column. JSON keeps every record whole."""
     import numpy as np
 

@@ -203,11 +203,11 @@ def scenes(tmp_path_factory) -> Path:
 def test_evaluate_takes_the_input_settings_of_a_folder_without_preprocessor_config(scenes, tmp_path, capsys,
                                                                                      monkeypatch):
     """`bench evaluate --image-size/--mean/--std` and `api.evaluate(image_size=, mean=, std=)`
-    reach the backbone through the plan; the choice is said once; a changed one is measured again."""
+    reach the backbone through the request; the choice is said once; a changed one is measured again."""
     import pandas as pd
 
     from bench import api
-    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.request import EvaluationRequest
 
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
     _, path = _tiny_vit_folder(tmp_path / "mine")
@@ -228,10 +228,10 @@ def test_evaluate_takes_the_input_settings_of_a_folder_without_preprocessor_conf
     shown = api.load_results(results)
     assert list(shown["run_id"]) == [rows["run_id"].iloc[1]] and "older probe" in shown.attrs["set_aside"]
 
-    plan = EvaluationPlan(str(path), data, image_size=32, mean=[0.2, 0.3, 0.4], std=(0.5, 0.5, 0.5))
-    bb = plan.models[0].resolve(**plan.preprocessing)
+    request = EvaluationRequest(str(path), data, image_size=32, mean=[0.2, 0.3, 0.4], std=(0.5, 0.5, 0.5))
+    bb = request.models[0].resolve(**request.preprocessing)
     assert (bb.info.input_size, bb.preprocess.mean, bb.preprocess.std) == (32, (0.2, 0.3, 0.4), (0.5,) * 3)
-    own = EvaluationPlan(str(path), data).models[0].resolve()  # config.json's side, ImageNet's statistics
+    own = EvaluationRequest(str(path), data).models[0].resolve()  # config.json's side, ImageNet's statistics
     black = {"image": [_png(0)]}
     assert torch.allclose(bb.prepare(black, 32)[0, :, 0, 0], torch.tensor([-0.4, -0.6, -0.8]))
     assert own.info.input_size == 48 and not torch.allclose(own.prepare(black, 32), bb.prepare(black, 32))

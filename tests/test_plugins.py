@@ -150,10 +150,10 @@ def test_a_plugin_task_that_fails_to_import_or_takes_a_name_is_one_line(tmp_path
 
 
 def test_the_old_probes_group_still_reaches_the_binding_families():
-    from evaluators.probes.families import BINDING_PROBES, PAIR_PROBES
+    from evaluators.probes.families import BINDING_PROBES, ISSAMEOBJECT_PROBES
 
     assert BINDING_PROBES.groups == ("bindingbench.binding_probes", "bindingbench.probes")
-    assert PAIR_PROBES.groups == ("bindingbench.issameobject_probes",)
+    assert ISSAMEOBJECT_PROBES.groups == ("bindingbench.issameobject_probes",)
 
 
 def test_a_plugin_that_fails_to_load_is_one_line(tmp_path):

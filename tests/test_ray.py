@@ -20,7 +20,7 @@ import torch
 
 from bench.cli import main
 from evaluators.cache import inventory as cache_inventory
-from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.run import run_evaluation
 from tests.helpers import TINY_SCENES, make_dataset
 
@@ -35,7 +35,7 @@ RUN_COLUMNS = {"run_id", "created_at", "wall_time_s", "host", "package_versions"
 
 def run_plan(models: list[str], data: Path, **options) -> Path | None:
     """The run of one plan, quietly: the local and the Ray path take the same plan."""
-    return run_evaluation(EvaluationPlan(models, data, **options), progress=False)
+    return run_evaluation(EvaluationRequest(models, data, **options), progress=False)
 
 
 @pytest.fixture(scope="module")

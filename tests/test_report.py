@@ -26,7 +26,7 @@ LAYERS = [0, 1, 2, 3]
 def _results(results_dir: Path) -> None:
     """IsSameObject rows: two layered backbones that improve with depth, one layer-less oracle, raw
     pixels; random:vit-b's quadratic probe is planted best on validation at layer 2 (on test at 3).
-    Binding rows: six backbones over twelve layers and three probes on two token views."""
+    Binding rows: six backbones over twelve layers and three probes on two tokens choices."""
     from test_leaderboard import result_row
 
     run = new_run_id()

@@ -1,6 +1,6 @@
 """Row sets fitted as one batched problem get the numbers each gets alone.
 
-A backbone's layers and token views are stacked into one linear solve (the row set a batch
+A backbone's layers and tokens choices are stacked into one linear solve (the row set a batch
 dimension, `evaluators.fitting.fit_row_sets`); resume, Ray and skipped rows fit subsets of them,
 so a row set's rows must not depend on its batch-mates."""
 
@@ -25,7 +25,7 @@ from evaluators.fitting import stack_scoring
 from evaluators.fitting import stacked as stacked_stage
 from evaluators.fitting.linear import linear_stage
 from evaluators.fitting.stack import Stack, StepGraphs
-from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.planning import Work
 from evaluators.runner.run import run_evaluation
 from tests.test_host_syncs import counted_reads
@@ -245,7 +245,7 @@ def test_the_linear_stage_reads_the_host_as_often_for_4_row_sets_as_for_1(task):
 
 
 def test_stacks_keep_the_order_of_the_work_and_split_at_the_budget():
-    work = [Work(layer, view, seed, ["linear"]) for seed in (0, 1) for layer in (0, 6, 12) for view in ("cls", "mean")]
+    work = [Work(layer, tokens, seed, ["linear"]) for seed in (0, 1) for layer in (0, 6, 12) for tokens in ("cls", "mean")]
     chunks = stacks(work, 4)
     assert [len(c) for c in chunks] == [4, 2, 4, 2]
     assert all(len({w.seed for w in c}) == 1 for c in chunks) and [w for c in chunks for w in c] == work
@@ -261,9 +261,9 @@ def test_a_run_fitted_row_set_by_row_set_writes_the_rows_of_one_stack(balanced_s
     train = TrainConfig(epochs=2, l2_path=(1e-1, 1e-2), l1_path=(1e-2,))
     rows = {}
     for name, budget in (("one", 1), ("all", 1 << 30)):
-        plan = EvaluationPlan(["pixels", "random:dinov2-small"], balanced_small, layers="0,last", probes=["linear", "dnn"],
+        request = EvaluationRequest(["pixels", "random:dinov2-small"], balanced_small, layers="0,last", probes=["linear", "dnn"],
                               train=replace(train, stack_bytes=budget), results_dir=tmp_path / name, threads=1)
-        table = pq.read_table(run_evaluation(plan, progress=False)).to_pylist()
+        table = pq.read_table(run_evaluation(request, progress=False)).to_pylist()
         rows[name] = {(r["backbone"], r["layer"], r["tokens"], r["probe"]): {k: v for k, v in r.items() if k not in RUN}
                       for r in table}
     assert rows["one"].keys() == rows["all"].keys()

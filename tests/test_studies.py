@@ -212,9 +212,9 @@ MALFORMED = [
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = { a = 'pixels', b = { spec = 'pixels', size = 3 } }", "evaluate[1].backbones.b.size: unknown key"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['a=pixels']\n[[evaluate]]\nbackbones = ['a=oracle:objects']", "evaluate[2].backbones: a names oracle:objects here"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]\nbackbones = ['pixels']", "not valid TOML"),
-    # the request's own checks (`EvaluationPlan`), their one line after the block's key path
+    # the request's own checks (`EvaluationRequest`), their one line after the block's key path
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\ntask = 'issameobject'\ntokens = 'cls'",
-     "evaluate[1]: tokens: issameobject compares patch tokens"),
+     "evaluate[1]: tokens: issameobject reads all only"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\nepochs = 0", "evaluate[1]: epochs: must be ≥ 1"),
 ]
 
@@ -267,7 +267,7 @@ def test_a_study_plans_the_rows_and_cache_bench_evaluate_plans(grid, tmp_path, m
     rows = [dict(backbone=p.name, dataset=ds.name, dataset_fingerprint=test_fp, limit=limit, control=None,
                  split="test", layer=w.layer, tokens=v, task="binding", probe=f, seed=w.seed, status="ok",
                  weights_fingerprint=p.backbone.info.revision, probe_fingerprint=p.probe_fps[f])
-            for p in (pixels, vit) for w in p.todo for f in w.families for v in p.shown(w.view)]
+            for p in (pixels, vit) for w in p.todo for f in w.families for v in p.shown(w.tokens)]
     held = [r for r in rows if r["seed"] == 0 or (r["backbone"] == "pixels" and r["tokens"] == "cls")]
     out = tmp_path / "out"
     write_run(held, out / "results", "held")
@@ -280,10 +280,10 @@ def test_a_study_plans_the_rows_and_cache_bench_evaluate_plans(grid, tmp_path, m
     for p, pending, kept in zip(evaluate, (1, 2), (6, 4)):  # pixels owes seed 1 (its mean rows), the vit seed 1
         u = units[p.name]
         assert (u.layers, u.pending_row_sets, u.held) == (tuple(p.layers), len(p.todo), kept) and len(p.todo) == pending
-        assert (u.rows, u.row_sets) == (len([r for r in rows if r["backbone"] == p.name]), len(p.layers) * len(p.views) * 2)
+        assert (u.rows, u.row_sets) == (len([r for r in rows if r["backbone"] == p.name]), len(p.layers) * len(p.token_choices) * 2)
     assert [p.skipped for p in evaluate] == [2, 4]
     assert units["vit"].activation_bytes == sum(
-        pending_bytes(vit.backbone, ds, s, layers=vit.layers, views=vit.views, dtype=request.dtype, limit=limit)
+        pending_bytes(vit.backbone, ds, s, layers=vit.layers, token_choices=vit.token_choices, dtype=request.dtype, limit=limit)
         for s in ("train", "val", "test")) > 0
 
 

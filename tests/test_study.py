@@ -103,7 +103,7 @@ def test_cls_and_mean_of_a_builtin_backbone_are_trained_once(tiny, tmp_path, cac
     rows = {r["tokens"]: r for r in read_results(tmp_path).to_pylist()}
     assert set(rows) == {"cls", "mean"}
     assert rows["cls"]["L_O_given_F"] == rows["mean"]["L_O_given_F"] and rows["cls"]["config"] == rows["mean"]["config"]
-    assert {tuple(e.views) for e in list_entries(cache_dir)} == {("cls",)}  # extracted once too
+    assert {tuple(e.token_choices) for e in list_entries(cache_dir)} == {("cls",)}  # extracted once too
 
 
 @pytest.fixture(scope="module")

@@ -120,10 +120,10 @@ def test_activations_are_the_same_bytes_on_any_thread_count(tmp_path, side):
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            acts = extract_activations(backbone, ds, "train", layers="all", views=("cls+mean", "all"), device="cpu",
+            acts = extract_activations(backbone, ds, "train", layers="all", token_choices=("cls+mean", "all"), device="cpu",
                                        cache_dir=tmp_path / f"cache{n}", progress=False)
-            got[n] = {(layer, view): np.array(acts.get(layer, view)) for layer in acts.layers
-                      for view in ("cls+mean", "all")}
+            got[n] = {(layer, tokens): np.array(acts.get(layer, tokens)) for layer in acts.layers
+                      for tokens in ("cls+mean", "all")}
     finally:
         torch.set_num_threads(before)
     assert got[1].keys() == got[2].keys() and len(got[1]) == 26

@@ -109,8 +109,8 @@ def test_zoo_spec_is_the_local_checkpoint_path(zoo_cache, balanced_small, capsys
         assert (planned.revision, planned.n_layers, planned.width) == (by_dir.info.revision, by_dir.info.n_layers,
                                                                       by_dir.info.width)
     ds = Dataset(balanced_small)
-    a = extract_activations("zoo:features", ds, "test", layers=[2], views=["cls"], progress=False)
-    b = extract_activations(path, ds, "test", layers=[2], views=["cls"], progress=False)
+    a = extract_activations("zoo:features", ds, "test", layers=[2], token_choices=["cls"], progress=False)
+    b = extract_activations(path, ds, "test", layers=[2], token_choices=["cls"], progress=False)
     assert a.path == b.path  # keyed by the weights' hash, not by the name
     results = zoo_cache.parent / "results"
     assert main(["evaluate", "--model", "zoo:features", "--dataset", str(balanced_small), "--probes", "linear",

@@ -21,7 +21,7 @@ def leaderboard_table(results: PathLike, *, dataset: str | None = None, task: st
                       width: int | None = None, say: Say = None) -> str:
     """The leaderboard of the results folder `results` rendered as `fmt` (table, markdown, csv,
     json), as `bench leaderboard` prints it: one row per backbone, a column per probe family x
-    token view, tables `width` columns wide (None: as wide as they need). `say` hears what the
+    tokens choice, tables `width` columns wide (None: as wide as they need). `say` hears what the
     selection set aside and, with `reference`, why no published row is shown."""
     from bench.core.console import Format
     from leaderboards.published import none_published

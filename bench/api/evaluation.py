@@ -14,16 +14,16 @@ from bench.core.tasks import DEFAULT_TASK
 if TYPE_CHECKING:  # pandas and the plan (torch) load when a function is called, not with the CLI
     import pandas as pd
 
-    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.request import EvaluationRequest
 
 
 @dataclass(frozen=True)
 class EvaluationRun:
-    """What one `evaluate_run` did: its request (`plan`), the run file it wrote (None when every
+    """What one `evaluate_run` did: its request, the run file it wrote (None when every
     requested row was already in the results folder), that file's rows as written, and how many
     requested rows it skipped because the folder held them."""
 
-    plan: EvaluationPlan
+    request: EvaluationRequest
     path: Path | None
     rows: list[dict[str, Any]]
     skipped: int
@@ -60,23 +60,23 @@ def evaluate_run(
     """Run the evaluation `evaluate` runs (the same arguments, the same rows) and return what this
     run wrote rather than the folder's current rows: `bench evaluate` prints those. `command`, the
     command line, goes into every row's provenance."""
-    from evaluators.runner.plan import EvaluationPlan
+    from evaluators.runner.request import EvaluationRequest
     from evaluators.runner.run import run_evaluation
 
-    plan = EvaluationPlan(models, Path(dataset), task=task, layers=layers, tokens=tokens, probes=probes,
+    request = EvaluationRequest(models, Path(dataset), task=task, layers=layers, tokens=tokens, probes=probes,
                           seeds=seeds, device=device, dtype=dtype, epochs=epochs, limit=limit,
                           results_dir=results, overwrite=overwrite, unanchored=unanchored, control=control,
                           exclude_background=exclude_background, executor=executor, address=address,
                           gpus_per_task=gpus_per_task, threads=threads, image_size=image_size, mean=mean, std=std,
                           command=command)
     skipped: list[int] = []
-    path = run_evaluation(plan, progress=progress, on_skipped=skipped.append)
+    path = run_evaluation(request, progress=progress, on_skipped=skipped.append)
     rows: list[dict[str, Any]] = []
     if path is not None:
         import pyarrow.parquet as pq
 
         rows = pq.read_table(path).to_pylist()
-    return EvaluationRun(plan, path, rows, sum(skipped))
+    return EvaluationRun(request, path, rows, sum(skipped))
 
 
 def evaluate(
@@ -131,10 +131,10 @@ def evaluate(
                         unanchored=unanchored, control=control, exclude_background=exclude_background,
                         executor=executor, address=address, gpus_per_task=gpus_per_task, threads=threads,
                         image_size=image_size, mean=mean, std=std, command=command, progress=progress)
-    plan = done.plan
+    request = done.request
     frame = load_results(results)
-    mine = frame[frame["backbone"].isin([m.name for m in plan.models]) & (frame["task"] == task)
-                 & (frame["dataset"] == plan.dataset.name) & frame["probe"].isin(plan.families)]
+    mine = frame[frame["backbone"].isin([m.name for m in request.models]) & (frame["task"] == task)
+                 & (frame["dataset"] == request.dataset.name) & frame["probe"].isin(request.families)]
     out = mine.reset_index(drop=True)
     out.attrs = dict(frame.attrs, path=done.path, skipped=done.skipped)
     return out

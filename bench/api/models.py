@@ -41,7 +41,7 @@ def models(spec: str | None = None, *, image_size: int | None = None, mean: Sequ
 
 
 def extract(model: str, dataset: PathLike, *, splits: Sequence[str] = ("train", "val", "test"),
-            layers: str = "all", views: Sequence[str] = ("cls",), device: str = "auto", dtype: str = "fp32",
+            layers: str = "all", token_choices: Sequence[str] = ("cls",), device: str = "auto", dtype: str = "fp32",
             batch_size: int = 32, resolution: str = "native", image_size: int | None = None,
             cache_dir: PathLike | None = None, limit: int | None = None) -> Iterator[tuple[str, Activations]]:
     """Extract `model`'s activations of each of `splits` into the cache (or find them there), as
@@ -61,7 +61,7 @@ def extract(model: str, dataset: PathLike, *, splits: Sequence[str] = ("train", 
         from evaluators.cache.extract import extract_activations
 
         for s in splits:
-            yield s, extract_activations(model, ds, s, layers=layers, views=list(views), device=device, dtype=dtype,
+            yield s, extract_activations(model, ds, s, layers=layers, token_choices=list(token_choices), device=device, dtype=dtype,
                                          batch_size=batch_size, resolution=resolution, image_size=image_size,
                                          cache_dir=folder, limit=limit)
 

@@ -1,4 +1,4 @@
-"""Help texts read from the registries (probe families, token views, metrics), plugins' entries
+"""Help texts read from the registries (probe families, tokens choices, metrics), plugins' entries
 included: the CLI shows them when `--help` is asked for, so only then do plugins load."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ def probes_help() -> str:
 
 
 def tokens_help() -> str:
-    """`--tokens` of `bench evaluate`: the token views a probe can read."""
+    """`--tokens` of `bench evaluate`: the tokens choices a probe can read."""
     from evaluators.probes.families import tokens_help as text
 
     return text()
 
 
 def tokens_filter_help() -> str:
-    """`--tokens` of the views of results (leaderboard, compare, plot): the token views to keep."""
+    """`--tokens` of the views of results (leaderboard, compare, plot): the tokens choices to keep."""
     from evaluators.probes.families import tokens_filter_help as text
 
     return text()

@@ -62,7 +62,7 @@ def evaluate(
     dataset: Path = typer.Option(..., "--dataset", "-d", help="Dataset directory (from `bench generate`)."),
     task: str = typer.Option(DEFAULT_TASK, help="The task (listed by `--help` from the registry)."),
     layers: Optional[str] = typer.Option(None, help="Hidden states (listed by `--help` with each task's default)."),
-    tokens: list[str] = typer.Option([], help="Token views (listed by `--help` from the registry)."),
+    tokens: list[str] = typer.Option([], help="Which tokens the probes read (listed by `--help` from the registry)."),
     probes: list[str] = typer.Option([], help="Probe families (listed by `--help` from the registry)."),
     seeds: list[str] = typer.Option(["0"], help="Probe seeds (repeatable or comma-separated)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda (used for extraction and probe training)."),

@@ -28,7 +28,7 @@ _METRIC = typer.Option(
     None, "--metric",
     help="Metric (listed by `--help` from the registry).")
 _PROBE = typer.Option([], "--probe", help="Only these probe families (repeatable).")
-_TOKENS = typer.Option([], "--tokens", help="Only these token views (listed by `--help` from the registry).")
+_TOKENS = typer.Option([], "--tokens", help="Only these tokens choices (listed by `--help` from the registry).")
 _LAYER = typer.Option("best", "--layer", help="best (per cell), last, or a layer index (0 = embeddings).")
 _FINGERPRINT = typer.Option(
     None, "--fingerprint",
@@ -64,7 +64,7 @@ def leaderboard(
         False, "--reference",
         help="Add the papers' published rows for this task and metric (marked published, never ranked)."),
 ) -> None:
-    """Rank backbones: one row each, a column per probe family x token view, `value ± half-interval`."""
+    """Rank backbones: one row each, a column per probe family x tokens choice, `value ± half-interval`."""
     from bench.core.outdir import WrittenFiles
 
     files = None

@@ -12,7 +12,7 @@ from bench.commands.common import Format, echo, parse_floats, render_table, stde
 
 cache_app = typer.Typer(help="See and clear cached activations.")
 
-CACHE_COLUMNS = ["key", "status", "backbone", "dataset", "fingerprint", "split", "side", "layers", "views", "rows",
+CACHE_COLUMNS = ["key", "status", "backbone", "dataset", "fingerprint", "split", "side", "layers", "tokens", "rows",
                  "size_mb"]
 
 
@@ -58,10 +58,10 @@ def extract(
     limit: Optional[int] = typer.Option(None, help="Only the first N scenes of each split (as `bench evaluate --limit`)."),
 ) -> None:
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
-    for s, acts in api.extract(model, dataset, splits=split, layers=layers, views=tokens.split(","), device=device,
+    for s, acts in api.extract(model, dataset, splits=split, layers=layers, token_choices=tokens.split(","), device=device,
                                dtype=dtype, batch_size=batch_size, resolution=resolution, image_size=image_size,
                                cache_dir=cache_dir, limit=limit):
-        echo(f"{s}: {acts.n} rows, layers {acts.layers[0]}..{acts.layers[-1]}, views {','.join(acts.views)} -> {acts.path}")
+        echo(f"{s}: {acts.n} rows, layers {acts.layers[0]}..{acts.layers[-1]}, tokens {','.join(acts.token_choices)} -> {acts.path}")
 
 
 @cache_app.callback(invoke_without_command=True)

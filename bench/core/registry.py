@@ -1,5 +1,5 @@
 """One small registry pattern for every name a user picks (backbone source, probe family,
-token view, generator, metric), in the spirit of timm's `register_model` / `list_models`.
+tokens choice, generator, metric), in the spirit of timm's `register_model` / `list_models`.
 
 A `Registry[T]` maps names to entries in registration order (the order help texts and
 table columns use). Built-in entries are registered by decorators when their module is

@@ -45,13 +45,13 @@ class Metric:
 class Task:
     """One task, all of it. Hooks are `module:function` strings (or the functions).
 
-    Running: `runner(plan, dataset, progress, on_skipped) -> Path | None` writes the run's rows;
+    Running: `runner(request, dataset, progress, on_skipped) -> Path | None` writes the run's rows;
     `ray_runner`, what it hands the work to under `--executor ray` (None: refused); `needs_codes`: it reads the
     dataset's F/O codes. The request: `probes` names its probe registry (`module:REGISTRY`);
-    `default_layers`, `default_probes` and `views` (the token views when none are named) fill
-    what a request leaves out; `fixed_views`: the views cannot be chosen; `controls` the control
-    nulls it takes; `check(plan)` its own checks of a request (probe names, probe x view), and
-    `request(plan)` the fields of the request behind its rows' probe fingerprints; `hparams`:
+    `default_layers`, `default_probes` and `token_choices` (when none are named) fill what a
+    request leaves out; `fixed_tokens`: the tokens cannot be chosen; `controls` the control
+    nulls it takes; `check(request)` its own checks of a request (probe names, probe x tokens), and
+    `request(request)` the fields of the request behind its rows' probe fingerprints; `hparams`:
     a family's default hyper-parameters join that fingerprint. Per backbone and layer:
     `check_backbone(backbone, probes)`, `backbone_notes(spec, backbone, layers, probes) -> lines`
     and `layer_probes(probes, layer, n_layers)` (the probes that run at a layer; all of them
@@ -73,8 +73,8 @@ class Task:
     metrics: tuple[Metric, ...]
     default_layers: str = "last"
     default_probes: tuple[str, ...] = ()
-    views: tuple[str, ...] = ("cls",)
-    fixed_views: bool = False
+    token_choices: tuple[str, ...] = ("cls",)
+    fixed_tokens: bool = False
     controls: tuple[str, ...] = ()
     needs_codes: bool = False
     ray_runner: Any = None

@@ -1,7 +1,7 @@
 """What a study will do, worked out before any of it is done and without loading a model.
 
 The plan names the output folder, the datasets to make (or reuse), and per evaluate block,
-dataset and backbone the row sets — (layer, token view, seed), each fitting every probe family
+dataset and backbone the row sets — (layer, tokens choice, seed), each fitting every probe family
 in one pass — with how many of their rows the results folder already holds. A row counts as
 held when a finished row of the same key is there (the key `bench evaluate` skips on: backbone,
 dataset fingerprint, limit, control, layer, tokens, task, probe, seed, weights and probe
@@ -29,7 +29,7 @@ from bench.studies.spec import BackboneEntry, DatasetEntry, EvaluateBlock, Study
 if TYPE_CHECKING:
     from evaluators.backbones import Download
 
-#: Without rows to time from: seconds per row set (one backbone, layer, token view and seed,
+#: Without rows to time from: seconds per row set (one backbone, layer, tokens choice and seed,
 #: every family fitted in one pass) — the demo's row sets took 5 to 40 s on 2 CPU cores at
 #: 1,400 scenes; a paper-sized dataset on a GPU takes minutes. Printed beside the estimate.
 ROW_SET_SECONDS = 30.0
@@ -59,7 +59,7 @@ class Unit:
     backbone: BackboneEntry
     n_layers: int | None  # None: read when the model loads
     layers: tuple[int, ...] | None
-    views: tuple[str, ...]
+    token_choices: tuple[str, ...]
     row_sets: int | None
     rows: int | None
     held: int
@@ -117,7 +117,7 @@ class StudyPlan:
             count = "?" if u.row_sets is None else str(u.row_sets)
             name = u.backbone.name if u.backbone.name == u.backbone.spec else f"{u.backbone.name} ({u.backbone.spec})"
             out.append(f"  {u.block.key} {u.block.task} · {u.dataset} · {name}: "
-                       f"{layers}; tokens {','.join(u.views)}; probes {probes}; {count} row sets{held}")
+                       f"{layers}; tokens {','.join(u.token_choices)}; probes {probes}; {count} row sets{held}")
         fits = sum(u.pending_row_sets or 0 for u in self.units)
         unknown = sum(u.pending_row_sets is None for u in self.units)
         out.append(f"to fit: {fits} row sets{f' (+ {unknown} backbones whose layers are read when they load)' if unknown else ''}"
@@ -372,27 +372,27 @@ def _units(study: Study, block: EvaluateBlock, step: DatasetStep, held: set[tupl
     return [_unit(study, block, step, b, requests[b], keyed) for b in block.backbones]
 
 
-def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: BackboneEntry, plan: Any,
+def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: BackboneEntry, request: Any,
           keyed: dict[str, Any]) -> Unit:
     from evaluators.backbones import backbone_metadata
     from evaluators.runner.planning import request_fingerprints, rows_owed
 
-    views = tuple(plan.views)
+    token_choices = tuple(request.token_choices)
     info = backbone_metadata(backbone.spec)
     if info is None:
-        return Unit(block, step.entry.name, backbone, None, None, views, None, None, 0, None)
+        return Unit(block, step.entry.name, backbone, None, None, token_choices, None, None, 0, None)
     try:
-        owed = rows_owed(plan, backbone.name, info, probe_fps=request_fingerprints(plan), **keyed)
+        owed = rows_owed(request, backbone.name, info, probe_fps=request_fingerprints(request), **keyed)
     except BenchError as e:
         hint = "; it has no layers: leave layers out of this block" if not info.n_layers else ""
         raise BenchError(f"{study.source}: {block.key}.layers: {e} (backbone {backbone.name}{hint})") from None
     layers, pending = tuple(owed.layers), len(owed.todo)
-    return Unit(block, step.entry.name, backbone, info.n_layers, layers, views,
-                len(layers) * len(owed.views) * len(plan.seeds), owed.rows, owed.held, pending,
-                _unit_bytes(info, backbone, step, layers, views, plan.limit) if pending else 0)
+    return Unit(block, step.entry.name, backbone, info.n_layers, layers, token_choices,
+                len(layers) * len(owed.token_choices) * len(request.seeds), owed.rows, owed.held, pending,
+                _unit_bytes(info, backbone, step, layers, token_choices, request.limit) if pending else 0)
 
 
-def _unit_bytes(info: Any, backbone: BackboneEntry, step: DatasetStep, layers: Sequence[int], views: Sequence[str],
+def _unit_bytes(info: Any, backbone: BackboneEntry, step: DatasetStep, layers: Sequence[int], token_choices: Sequence[str],
                 limit: int | None) -> int:
     """An upper bound on the activations one unit extracts (`metadata_bytes`): every view asked
     for, and 3 x `limit` rows (or all the scenes) at the side the run will use."""
@@ -404,7 +404,7 @@ def _unit_bytes(info: Any, backbone: BackboneEntry, step: DatasetStep, layers: S
     ground_truth = info.family in FAMILIES
     side = (step.image_size or info.input_size) if ground_truth else (backbone.image_size or info.input_size)
     rows = step.scenes if limit is None else min(step.scenes, 3 * limit)
-    return metadata_bytes(info, side, rows, layers, views)
+    return metadata_bytes(info, side, rows, layers, token_choices)
 
 
 def _activation_bytes(units: Sequence[Unit], steps: dict[str, DatasetStep]) -> int:

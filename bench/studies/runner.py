@@ -1,6 +1,6 @@
 """Running a study: make the datasets it lacks, evaluate the rows it lacks, then its leaderboards.
 
-Every evaluation goes through `evaluators.runner.plan.EvaluationPlan` and `run_evaluation`, the path
+Every evaluation goes through `evaluators.runner.request.EvaluationRequest` and `run_evaluation`, the path
 `bench evaluate` and `bench.api.evaluate` take, so a study's rows are theirs, and the results
 identity decides what is missing: rows already in the study's results are skipped, and a run
 killed at any point (even `kill -9`) resumes where it stopped when started again — datasets
@@ -159,7 +159,7 @@ def _names(work: Sequence[tuple]) -> list[str]:
 
 def _work(study: Study, plan: StudyPlan) -> list[tuple[EvaluateBlock, DatasetStep, tuple]]:
     """One evaluation per (block, dataset, input settings): the block's backbones that share
-    their input settings go in one `EvaluationPlan` (it takes one set), in the block's order."""
+    their input settings go in one `EvaluationRequest` (it takes one set), in the block's order."""
     steps = {s.entry.name: s for s in plan.datasets}
     out = []
     for block in study.blocks:

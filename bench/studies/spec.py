@@ -5,7 +5,7 @@ A study is a TOML file that names a whole comparison — the datasets it is meas
 so that a comparison is a versioned object rather than a chain of typed commands (as
 lm-evaluation-harness tasks and MTEB benchmarks are). Every key, type and name is checked here,
 against the same registries the commands use (generators, backbone sources, probe families,
-token views, metrics), before any work; a bad file raises BenchError with one line naming the
+tokens choices, metrics), before any work; a bad file raises BenchError with one line naming the
 file and the key path, arrays counted from 1 (`study.toml: evaluate[2].probes[1]: unknown probe
 'mlp'; ...`); each block's options are checked as the request `bench evaluate` makes of them
 (`EvaluateBlock.request`). Variables and relative paths: `bench.studies.parsing`.
@@ -62,7 +62,7 @@ class BackboneEntry:
     @property
     def model(self) -> Any:
         """The evaluator's `Model` of this entry (rows under `name`)."""
-        from evaluators.runner.plan import Model
+        from evaluators.runner.request import Model
 
         return Model(self.name, self.spec)
 
@@ -94,7 +94,7 @@ class EvaluateBlock:
     index: int
     backbones: tuple[BackboneEntry, ...]
     datasets: tuple[str, ...]
-    options: Mapping[str, Any]  # EvaluationPlan keywords: task, layers, tokens, probes, seeds, limit, ...
+    options: Mapping[str, Any]  # EvaluationRequest keywords: task, layers, tokens, probes, seeds, limit, ...
 
     @property
     def task(self) -> str:
@@ -112,12 +112,12 @@ class EvaluateBlock:
         return [tuple(g) for g in groups.values()]
 
     def request(self, backbones: Sequence[BackboneEntry], dataset: Path, **run: Any) -> Any:
-        """The `EvaluationPlan` of `backbones` (one of `groups`) on `dataset`: the request `bench
+        """The `EvaluationRequest` of `backbones` (one of `groups`) on `dataset`: the request `bench
         evaluate` makes of these options, checked when made. The study's checks, its plan (rows
         owed, cache estimate) and its run all ask this one request; `run` adds the run's settings."""
-        from evaluators.runner.plan import EvaluationPlan
+        from evaluators.runner.request import EvaluationRequest
 
-        return EvaluationPlan([b.model for b in backbones], dataset, **self.options, **backbones[0].preprocessing,
+        return EvaluationRequest([b.model for b in backbones], dataset, **self.options, **backbones[0].preprocessing,
                               **run)
 
 
@@ -319,7 +319,7 @@ def _block(raw: Any, index: int, check: Checker, root: Path, datasets: Mapping[s
         options["seeds"] = tuple(check.items(options["seeds"], f"{key}.seeds", int))
     block = EvaluateBlock(index, backbones, names, options)
     for group in block.groups():
-        try:  # the evaluator's own checks of the request, on a plan that is never run
+        try:  # the evaluator's own checks of the request, on one that is never run
             block.request(group, Path("."))
         except BenchError as e:
             raise check.fail(key, str(e)) from None
@@ -327,14 +327,14 @@ def _block(raw: Any, index: int, check: Checker, root: Path, datasets: Mapping[s
 
 
 def _check_names_in_registries(options: dict, task: str, key: str, check: Checker) -> None:
-    """Task, probe families, token views and control by name, each against its registry."""
-    from evaluators.probes.families import TOKEN_VIEWS
+    """Task, probe families, tokens choices and control by name, each against its registry."""
+    from evaluators.probes.families import TOKEN_CHOICES
 
     if task not in TASKS:
         raise check.fail(f"{key}.task", f"unknown task {task!r}; allowed: {', '.join(TASKS.names())}")
     entry = TASKS.get(task)
     registry = entry.probe_registry
-    for name, reg in (("probes", registry), ("tokens", TOKEN_VIEWS)):
+    for name, reg in (("probes", registry), ("tokens", TOKEN_CHOICES)):
         if name not in options:
             continue
         values = check.items(options[name], f"{key}.{name}", str)
@@ -362,7 +362,7 @@ def _check_names_in_registries(options: dict, task: str, key: str, check: Checke
 
 def _backbones(raw: Any, key: str, check: Checker, root: Path) -> tuple[BackboneEntry, ...]:
     """`["spec", "NAME=SPEC"]` or a table `NAME = "spec"` / `NAME = {spec = ..., image_size = ...}`."""
-    from evaluators.runner.plan import named_spec
+    from evaluators.runner.request import named_spec
 
     if isinstance(raw, list):
         entries = []

@@ -3,7 +3,7 @@
 Layout: `<root>/activations/<base>/<selection>/` where `base` hashes everything
 that changes the numbers (backbone weights and preprocessing, input side, dataset
 fingerprint and split, dtype, format version) and `selection` the layers and
-views stored. One `.npy` per (layer, view). An entry is complete exactly when its
+tokens choices stored. One `.npy` per (layer, tokens). An entry is complete exactly when its
 `entry.json` exists; it is written last, after every row, so a killed run never
 looks complete. While writers are going, `state.json` records which rows are on
 disk, and a later writer resumes from there; several writers may fill disjoint row
@@ -60,21 +60,24 @@ def base_key(material: dict[str, Any]) -> str:
     return sha256_hex(stable_json({"format_version": FORMAT_VERSION, **material}))[:32]
 
 
-def selection_key(layers: Sequence[int], views: Sequence[str]) -> str:
-    return sha256_hex(stable_json({"layers": sorted(layers), "views": sorted(views)}))[:16]
+def selection_key(layers: Sequence[int], token_choices: Sequence[str]) -> str:
+    """The hash of a selection. Its key stays "views", as entry.json's and state.json's do (the
+    tokens choices were called views when they were written), so that entries written before
+    are found and read as before."""
+    return sha256_hex(stable_json({"layers": sorted(layers), "views": sorted(token_choices)}))[:16]
 
 
-def array_name(layer: int, view: str) -> str:
-    return f"L{layer:03d}-{view}.npy"
+def array_name(layer: int, tokens: str) -> str:
+    return f"L{layer:03d}-{tokens}.npy"
 
 
-def covers(stored: Sequence[str], view: str) -> bool:
-    """A stored view set serves `view` (cls and mean are column slices of cls+mean)."""
-    return view in stored or (view in ("cls", "mean") and "cls+mean" in stored)
+def covers(stored: Sequence[str], tokens: str) -> bool:
+    """A stored set of tokens choices serves `tokens` (cls and mean are column slices of cls+mean)."""
+    return tokens in stored or (tokens in ("cls", "mean") and "cls+mean" in stored)
 
 
-def find_complete(cache_dir: Path | None, base: str, layers: Sequence[int], views: Sequence[str]) -> Path | None:
-    """A complete entry of this base key holding at least these layers and views."""
+def find_complete(cache_dir: Path | None, base: str, layers: Sequence[int], token_choices: Sequence[str]) -> Path | None:
+    """A complete entry of this base key holding at least these layers and tokens choices."""
     root = activations_dir(cache_dir) / base
     if not root.is_dir():
         return None
@@ -85,7 +88,7 @@ def find_complete(cache_dir: Path | None, base: str, layers: Sequence[int], view
         if meta is not None and not (intact_entry(entry, meta) and verified_entry(entry, meta)):
             set_aside(entry)
             continue
-        if meta and set(layers) <= set(meta["layers"]) and all(covers(meta["views"], v) for v in views):
+        if meta and set(layers) <= set(meta["layers"]) and all(covers(meta["views"], v) for v in token_choices):
             return entry
     return None
 
@@ -108,10 +111,10 @@ def intact_entry(entry: Path, meta: dict[str, Any]) -> bool:
     check (headers and file sizes only) that turns an empty, truncated or garbled `.npy`
     into a recompute instead of a traceback or wrong numbers."""
     try:
-        n, layers, views = int(meta["n"]), list(meta["layers"]), list(meta["views"])
+        n, layers, token_choices = int(meta["n"]), list(meta["layers"]), list(meta["views"])
         for layer in layers:
-            for view in views:
-                path = entry / array_name(int(layer), str(view))
+            for tokens in token_choices:
+                path = entry / array_name(int(layer), str(tokens))
                 with open(path, "rb") as f:
                     np.lib.format.read_magic(f)
                     shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -138,7 +141,7 @@ def verified_entry(entry: Path, meta: dict[str, Any]) -> bool:
     verification holds until an array's file changes (its inode, size or times), so entries are
     read memory-mapped as before and hashed again only after something wrote to them. An entry
     from before digests gains them here. False: the contents changed (a zeroed or edited array)."""
-    names = [array_name(int(layer), str(view)) for layer in meta["layers"] for view in meta["views"]]
+    names = [array_name(int(layer), str(tokens)) for layer in meta["layers"] for tokens in meta["views"]]
     signature = _signature(entry, [*names, ENTRY_NAME])
     if signature is None:
         return False
@@ -187,9 +190,9 @@ def set_aside(entry: Path) -> None:
               file=sys.stderr)
 
 
-def open_array(entry: Path, layer: int, view: str) -> np.memmap:
+def open_array(entry: Path, layer: int, tokens: str) -> np.memmap:
     """Read-only memory map of one stored array (no data read until indexed)."""
-    arr = np.load(entry / array_name(layer, view), mmap_mode="r")
+    arr = np.load(entry / array_name(layer, tokens), mmap_mode="r")
     assert isinstance(arr, np.memmap)
     return arr
 
@@ -211,7 +214,7 @@ class EntryWriter:
     path: Path
     material: dict[str, Any]
     layers: list[int]
-    views: list[str]
+    token_choices: list[str]
     n: int
     row_shapes: dict[str, tuple[int, ...]]
     rows: tuple[int, int] | None = None
@@ -253,10 +256,10 @@ class EntryWriter:
             else:
                 self.done = state["done"]
         for layer in self.layers:
-            for view in self.views:
-                p = self.path / array_name(layer, view)
+            for tokens in self.token_choices:
+                p = self.path / array_name(layer, tokens)
                 fd = os.open(p, os.O_RDWR)
-                self._fds[layer, view] = (fd, _data_offset(p))
+                self._fds[layer, tokens] = (fd, _data_offset(p))
         return self
 
     def todo(self) -> list[tuple[int, int]]:
@@ -288,7 +291,7 @@ class EntryWriter:
             return None
         same = state.get("n") == self.n and state.get("row_shapes") == {k: list(v) for k, v in self.row_shapes.items()}
         files = all(_intact(self.path / array_name(l, v), (self.n, *self.row_shapes[v]))
-                    for l in self.layers for v in self.views)
+                    for l in self.layers for v in self.token_choices)
         if not (same and files):  # a damaged partial entry starts afresh rather than failing every run
             return None
         if "done" not in state:  # a single writer's state of an earlier version: the first n_done rows
@@ -297,9 +300,9 @@ class EntryWriter:
 
     def _create_arrays(self) -> None:
         for layer in self.layers:
-            for view in self.views:
-                shape = (self.n, *self.row_shapes[view])
-                p = self.path / array_name(layer, view)
+            for tokens in self.token_choices:
+                shape = (self.n, *self.row_shapes[tokens])
+                p = self.path / array_name(layer, tokens)
                 with open(p, "wb") as f:
                     np.lib.format.write_array_header_1_0(
                         f, {"descr": np.lib.format.dtype_to_descr(np.dtype(DTYPE)), "fortran_order": False,
@@ -308,17 +311,17 @@ class EntryWriter:
 
     def _write_state(self) -> None:
         write_json_atomic({"n_done": self.n_done, "done": self.done, "n": self.n, "material": self.material,
-                           "layers": self.layers, "views": self.views,
+                           "layers": self.layers, "views": self.token_choices,
                            "row_shapes": {k: list(v) for k, v in self.row_shapes.items()}, "updated": time.time()},
                           self.path / STATE_NAME)
 
     def write(self, start: int, arrays: dict[tuple[int, str], np.ndarray]) -> None:
         """Write rows [start, start + len) of every array, then record them as done."""
         count = 0
-        for (layer, view), rows in arrays.items():
-            fd, offset = self._fds[layer, view]
+        for (layer, tokens), rows in arrays.items():
+            fd, offset = self._fds[layer, tokens]
             rows = np.ascontiguousarray(rows, dtype=DTYPE)
-            row_bytes = int(np.prod(self.row_shapes[view])) * rows.itemsize
+            row_bytes = int(np.prod(self.row_shapes[tokens])) * rows.itemsize
             _pwrite_all(fd, rows.data.cast("B"), offset + start * row_bytes)
             count = len(rows)
         with self._state_lock():  # other writers record their rows too: merge with what is on disk now
@@ -339,9 +342,9 @@ class EntryWriter:
             if self.n_done != self.n:  # the ranges are merged and inside the entry: all rows iff n_done == n
                 return False
             digests = {array_name(l, v): file_sha256(self.path / array_name(l, v))  # every writer's rows, on disk
-                       for l in self.layers for v in self.views}
+                       for l in self.layers for v in self.token_choices}
             write_json_atomic({"format_version": FORMAT_VERSION, "material": self.material, "layers": self.layers,
-                               "views": self.views, "n": self.n, "digests": digests, **meta}, self.path / ENTRY_NAME)
+                               "views": self.token_choices, "n": self.n, "digests": digests, **meta}, self.path / ENTRY_NAME)
             (self.path / STATE_NAME).unlink(missing_ok=True)
             return True
 

@@ -29,7 +29,7 @@ from bench.core.hashing import fingerprint
 from bench.core.results import check_writable
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
 from evaluators.cache import entries
-from evaluators.probes.families import TOKEN_VIEWS
+from evaluators.probes.families import TOKEN_CHOICES
 
 DTYPES = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -46,24 +46,24 @@ class Activations:
     layers: list[int]
     n: int
     grid: tuple[int, int] | None
-    views: list[str]
+    token_choices: list[str]
     path: Path
 
-    def get(self, layer: int, view: str) -> np.memmap:
+    def get(self, layer: int, tokens: str) -> np.memmap:
         """Rows in dataset order: cls/mean (N, D), cls+mean (N, 2D), all (N, T, D) spatial tokens only."""
-        if view not in TOKEN_VIEWS:
-            raise BenchError(f"view: unknown {view!r}; allowed: {', '.join(TOKEN_VIEWS.names())}")
+        if tokens not in TOKEN_CHOICES:
+            raise BenchError(f"tokens: unknown {tokens!r}; allowed: {', '.join(TOKEN_CHOICES.names())}")
         if layer not in self.layers:
             raise BenchError(f"layer: {layer} was not extracted; available: {', '.join(map(str, self.layers))}")
-        if view == "all" and self.grid is None:
-            raise BenchError(f"view: {self.info.spec} has no spatial tokens, so no 'all' view")
-        if view in self.views:
-            return entries.open_array(self.path, layer, view)
-        if entries.covers(self.views, view):
+        if tokens == "all" and self.grid is None:
+            raise BenchError(f"tokens: {self.info.spec} has no spatial tokens, so no 'all'")
+        if tokens in self.token_choices:
+            return entries.open_array(self.path, layer, tokens)
+        if entries.covers(self.token_choices, tokens):
             both = entries.open_array(self.path, layer, "cls+mean")
             d = both.shape[1] // 2
-            return both[:, :d] if view == "cls" else both[:, d:]
-        raise BenchError(f"view: {view!r} was not extracted; available: {', '.join(self.views)}")
+            return both[:, :d] if tokens == "cls" else both[:, d:]
+        raise BenchError(f"tokens: {tokens!r} was not extracted; available: {', '.join(self.token_choices)}")
 
 
 def parse_layers(layers: str | int | Sequence[int | str], n_layers: int) -> list[int]:
@@ -98,21 +98,21 @@ def parse_layers(layers: str | int | Sequence[int | str], n_layers: int) -> list
     return sorted(out)
 
 
-def parse_views(views: str | Sequence[str]) -> list[str]:
-    items = views.split(",") if isinstance(views, str) else list(views)
+def parse_tokens(token_choices: str | Sequence[str]) -> list[str]:
+    items = token_choices.split(",") if isinstance(token_choices, str) else list(token_choices)
     out = []
     for v in (s.strip() for s in items):
-        if v not in TOKEN_VIEWS:
-            raise TOKEN_VIEWS.unknown(v)
+        if v not in TOKEN_CHOICES:
+            raise TOKEN_CHOICES.unknown(v)
         if v not in out:
             out.append(v)
     if not out:
-        raise BenchError("tokens: no view selected")
+        raise BenchError("tokens: none selected")
     return out
 
 
 def check_dtype(dtype: str) -> None:
-    """Refuse an unknown dtype in one line (`EvaluationPlan` does when it is made, before any work)."""
+    """Refuse an unknown dtype in one line (`EvaluationRequest` does when it is made, before any work)."""
     if dtype not in DTYPES:
         raise BenchError(f"dtype: unknown {dtype!r}; allowed: {', '.join(DTYPES)}")
 
@@ -147,16 +147,16 @@ def split_fingerprint(dataset: Dataset, split: str, limit: int | None = None) ->
     return fingerprint(dataset.table(split, ["content_hash"])["content_hash"].to_pylist()[:limit])
 
 
-def check_views(backbone: Backbone, dataset: Dataset, split: str, views: Sequence[str],
+def check_tokens(backbone: Backbone, dataset: Dataset, split: str, token_choices: Sequence[str],
                 resolution: str = "native", image_size: int | None = None) -> tuple[int, tuple[int, int] | None]:
-    """The input side and token grid, after refusing views the backbone cannot give; cheap,
+    """The input side and token grid, after refusing tokens choices the backbone cannot give; cheap,
     so a run checks every backbone before it extracts anything."""
     info = backbone.info
     side = backbone.input_side(dataset_side(dataset, split), resolution, image_size)
     grid = backbone.grid(side)
-    if "all" in views and grid is None:
+    if "all" in token_choices and grid is None:
         raise BenchError(f"tokens: {info.spec} has no spatial tokens; use cls or mean")
-    if info.cls_index is None and {"cls", "cls+mean"} & set(views):
+    if info.cls_index is None and {"cls", "cls+mean"} & set(token_choices):
         raise BenchError(f"tokens: {info.spec} has no class token; use mean or all")
     return side, grid
 
@@ -174,24 +174,24 @@ def _entry_key(backbone: Backbone, dataset: Dataset, split: str, side: int, dtyp
     return entries.base_key({k: v for k, v in material.items() if k not in ("spec", "dataset")}), material
 
 
-def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: Sequence[int], views: Sequence[str],
+def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: Sequence[int], token_choices: Sequence[str],
                   dtype: str = "fp32", limit: int | None = None, cache_dir: Path | None = None) -> int:
     """Bytes the cache entry of this request will take on disk, 0 when the cache already holds it:
-    rows x layers x (tokens x width per view) x 2 bytes (fp16)."""
-    side, grid = check_views(backbone, dataset, split, views)
+    rows x layers x (tokens x width per choice) x 2 bytes (fp16)."""
+    side, grid = check_tokens(backbone, dataset, split, token_choices)
     for lim in dict.fromkeys((None, limit)):  # a whole split's entry serves a limited request too
         key, _ = _entry_key(backbone, dataset, split, side, dtype, lim)
-        if entries.find_complete(cache_dir, key, layers, views) is not None:
+        if entries.find_complete(cache_dir, key, layers, token_choices) is not None:
             return 0
     n = min(dataset.num_rows(split), limit or dataset.num_rows(split))
-    return entry_bytes(n, layers, views, backbone.info.width, grid)
+    return entry_bytes(n, layers, token_choices, backbone.info.width, grid)
 
 
-def entry_bytes(rows: int, layers: Sequence[int], views: Sequence[str], width: int,
+def entry_bytes(rows: int, layers: Sequence[int], token_choices: Sequence[str], width: int,
                 grid: tuple[int, int] | None) -> int:
-    """Bytes a cache entry of `rows` scenes takes: rows x layers x (tokens x width per view) x 2
+    """Bytes a cache entry of `rows` scenes takes: rows x layers x (tokens x width per choice) x 2
     (fp16); the one count behind `bench evaluate`'s disk check and a study's estimate."""
-    per_row = sum(int(np.prod(s)) for s in _row_shapes(views, width, grid).values())
+    per_row = sum(int(np.prod(s)) for s in _row_shapes(token_choices, width, grid).values())
     return rows * len(layers) * per_row * np.dtype(entries.DTYPE).itemsize
 
 
@@ -226,7 +226,7 @@ def extract_activations(
     split: str,
     *,
     layers: str | Sequence[int] = "all",
-    views: Sequence[str] = ("cls",),
+    token_choices: Sequence[str] = ("cls",),
     device: str = "auto",
     dtype: str = "fp32",
     batch_size: int = BATCH_SIZE,
@@ -252,28 +252,28 @@ def extract_activations(
         raise BenchError(f"batch_size: must be ≥ 1, got {batch_size}")
     if limit is not None and limit < 1:
         raise BenchError(f"limit: must be ≥ 1, got {limit}")
-    view_list = parse_views(views)
+    token_list = parse_tokens(token_choices)
     n = dataset.num_rows(split)
     limit = None if limit is None or limit >= n else limit
     backbone = (resolve_backbone(spec) if isinstance(spec, str) else spec).bind(dataset)
     info = backbone.info
-    side, grid = check_views(backbone, dataset, split, view_list, resolution, image_size)
+    side, grid = check_tokens(backbone, dataset, split, token_list, resolution, image_size)
     layer_ids = parse_layers(layers, info.n_layers)
     dev = resolve_device(device)
     found = None
     if limit is not None:  # the whole split's entry, when cached, already holds the first rows
         found = entries.find_complete(cache_dir, _entry_key(backbone, dataset, split, side, dtype, None)[0],
-                                    layer_ids, view_list)
+                                    layer_ids, token_list)
     key, material = _entry_key(backbone, dataset, split, side, dtype, limit)
-    found = found or entries.find_complete(cache_dir, key, layer_ids, view_list)
+    found = found or entries.find_complete(cache_dir, key, layer_ids, token_list)
     n = n if limit is None else limit
     if rows is not None and not (0 <= rows[0] < rows[1] <= n and rows[0] % batch_size == 0):
         raise BenchError(f"rows: {rows[0]}..{rows[1]} is not a row shard of {split}'s {n} rows starting on a batch "
                          f"boundary (a multiple of {batch_size})")
     if found is None:
-        found = entries.activations_dir(cache_dir) / key / entries.selection_key(layer_ids, view_list)
-        row_shapes = _row_shapes(view_list, info.width, grid)
-        writer = entries.EntryWriter(found, material, layer_ids, view_list, n, row_shapes, rows=rows).open()
+        found = entries.activations_dir(cache_dir) / key / entries.selection_key(layer_ids, token_list)
+        row_shapes = _row_shapes(token_list, info.width, grid)
+        writer = entries.EntryWriter(found, material, layer_ids, token_list, n, row_shapes, rows=rows).open()
         try:
             t0 = time.perf_counter()
             todo = writer.todo()  # empty when another writer finished these rows while we waited
@@ -284,7 +284,7 @@ def extract_activations(
                 advance = _progress(stack, progress and bool(todo), f"extract {info.spec} {split}", hi - lo,
                                     hi - lo - sum(b - a for a, b in todo))
                 for start, stop in todo:
-                    _run(backbone, dataset, split, side, layer_ids, view_list, batch_size, writer, start, stop,
+                    _run(backbone, dataset, split, side, layer_ids, token_list, batch_size, writer, start, stop,
                          advance)
             complete = writer.finish({"info": info.to_dict(), "grid": list(grid) if grid else None,
                                       "device": str(dev), "batch_size": batch_size,
@@ -294,9 +294,9 @@ def extract_activations(
         if not complete and rows is None:
             raise RuntimeError(f"extraction of {info.spec} {split} left the cache entry incomplete")
     meta = entries.read_meta(found)
-    views_stored = list(meta["views"]) if meta else view_list
+    tokens_stored = list(meta["views"]) if meta else token_list
     return Activations(info=info, layers=layer_ids, n=n if meta is None else int(meta["n"]), grid=grid,
-                       views=views_stored, path=found)
+                       token_choices=tokens_stored, path=found)
 
 
 def row_shards(n: int, rows_per_shard: int, batch_size: int = BATCH_SIZE) -> list[tuple[int, int]]:
@@ -310,27 +310,27 @@ def is_complete(acts: Activations) -> bool:
     return entries.read_meta(acts.path) is not None
 
 
-def _row_shapes(views: Sequence[str], width: int, grid: tuple[int, int] | None) -> dict[str, tuple[int, ...]]:
+def _row_shapes(token_choices: Sequence[str], width: int, grid: tuple[int, int] | None) -> dict[str, tuple[int, ...]]:
     tokens = grid[0] * grid[1] if grid else 0
     shapes = {"cls": (width,), "mean": (width,), "cls+mean": (2 * width,), "all": (tokens, width)}
-    return {v: shapes[v] for v in views}
+    return {v: shapes[v] for v in token_choices}
 
 
-def token_views(h: torch.Tensor, info: BackboneInfo, views: Sequence[str], spatial: bool) -> dict[str, torch.Tensor]:
-    """The requested views of one layer's tokens (B x T x D); registers are never spatial."""
+def select_tokens(h: torch.Tensor, info: BackboneInfo, token_choices: Sequence[str], spatial: bool) -> dict[str, torch.Tensor]:
+    """The requested tokens choices of one layer's tokens (B x T x D); registers are never spatial."""
     patches = h[:, info.n_prefix:]
     out: dict[str, torch.Tensor] = {}
     if info.cls_index is not None:
         out["cls"] = h[:, info.cls_index].float()
     out["mean"] = patches.float().mean(dim=1) if spatial else out["cls"]
-    if "cls+mean" in views:
+    if "cls+mean" in token_choices:
         out["cls+mean"] = torch.cat([out["cls"], out["mean"]], dim=1)
-    if "all" in views:
+    if "all" in token_choices:
         out["all"] = patches
-    return {v: out[v] for v in views}
+    return {v: out[v] for v in token_choices}
 
 
-def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: list[int], views: list[str],
+def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: list[int], token_choices: list[str],
          batch_size: int, writer: entries.EntryWriter, start: int, stop: int, advance: Callable[[int], None]) -> None:
     """Rows [start, stop) through the three-stage pipeline: loader thread -> forward here -> writer thread."""
     inputs: queue.Queue = queue.Queue(maxsize=2)
@@ -371,8 +371,8 @@ def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: li
             hs = backbone.hidden_states(x, layers)
             arrays = {}
             for layer, h in zip(layers, hs):
-                for view, t in token_views(h, backbone.info, views, spatial).items():
-                    arrays[layer, view] = t.to(torch.float16).cpu().numpy()
+                for tokens, t in select_tokens(h, backbone.info, token_choices, spatial).items():
+                    arrays[layer, tokens] = t.to(torch.float16).cpu().numpy()
             outputs.put((offset, arrays))
     finally:
         halt.set()

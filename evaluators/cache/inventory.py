@@ -29,7 +29,7 @@ class EntryInfo:
     dataset: str
     split: str
     layers: list[int]
-    views: list[str]
+    token_choices: list[str]
     rows: str
     bytes: int
     #: input side and dataset fingerprint: entries may differ in these alone.
@@ -43,7 +43,7 @@ class EntryInfo:
         return {"key": self.key, "status": "damaged" if self.damaged else "complete" if self.complete else "partial", "backbone": self.backbone,
                 "revision": self.revision, "dataset": self.dataset, "fingerprint": self.fingerprint[:12],
                 "split": self.split, "side": self.side, "layers": span,
-                "views": ",".join(self.views), "rows": self.rows, "size_mb": round(self.bytes / 2**20, 1),
+                "tokens": ",".join(self.token_choices), "rows": self.rows, "size_mb": round(self.bytes / 2**20, 1),
                 "path": str(self.path)}
 
 
@@ -70,7 +70,7 @@ def list_entries(cache_dir: Path | None = None) -> list[EntryInfo]:
         out.append(EntryInfo(
             key=f"{entry.parent.name[:8]}{entry.name[:4]}", path=entry, complete=complete,
             backbone=mat.get("spec", "?"), revision=mat.get("revision", "?"), dataset=mat.get("dataset", "?"),
-            split=mat.get("split", "?"), layers=list(meta.get("layers", [])), views=list(meta.get("views", [])),
+            split=mat.get("split", "?"), layers=list(meta.get("layers", [])), token_choices=list(meta.get("views", [])),
             rows=rows, bytes=sum(f.stat().st_size for f in entry.iterdir() if f.is_file()),
             side=mat.get("side", "?"), fingerprint=str(mat.get("fingerprint", "?")), damaged=damaged,
         ))

@@ -63,7 +63,7 @@ def fit_row_sets(
 ) -> list[dict[str, FitResult]]:
     """Fit every job of every row set in stages, guard it against its prior, and score test once.
 
-    A row set is the jobs that read one input (a backbone's layer and token view) and its
+    A row set is the jobs that read one input (a backbone's layer and tokens choice) and its
     train/val/test row readers. The row sets of one call share their targets (one dataset, one
     task); their linear stages are solved as one batched problem (the row set a batch dimension,
     `evaluators.fitting.linear_solver`), and so are their moment stages' eigen-solves; on CUDA the same

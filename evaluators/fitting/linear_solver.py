@@ -2,7 +2,7 @@
 
 A probe's linear part reads bit k from [z, t_<k, cond, 1] alone, so with the rest of the probe
 at zero every bit is its own logistic regression, and so is every row set (a backbone's layer
-and token view). `solve_path` fits all of them at once — bits of every target, row sets stacked
+and tokens choice). `solve_path` fits all of them at once — bits of every target, row sets stacked
 along a leading batch dimension — for each strength of an L2 path and then a short smoothed-L1
 path, each warm-started from the last, and keeps per target the strength whose solution codes
 validation in the fewest bits (one strength for all bits of a target, as before).

@@ -28,7 +28,7 @@ that adds nothing leaves it there. Unanchored probes (the paper's estimator) use
 same modules with a prior of 0 (p = 1/2 per bit).
 
 Where each part lives:
-- `families`: the registries (`BINDING_PROBES`, `PAIR_PROBES`, `TOKEN_VIEWS`) and their entries;
+- `families`: the registries (`BINDING_PROBES`, `ISSAMEOBJECT_PROBES`, `TOKEN_CHOICES`) and their entries;
   free of torch, so help texts, validation and the leaderboard read the names cheaply (this
   package's `__init__` imports nothing for the same reason).
 - `build`: how a probe is built from its entry (`build_probe`, `probe_optim`, `check_family`) and

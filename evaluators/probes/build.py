@@ -1,7 +1,7 @@
 """How a binding probe is built, in one place: from its family's registry entry
 (`evaluators.probes.families.BINDING_PROBES`) to a module (`build_probe`: the class, its
 constructor arguments `constructor_args`, its seed) and to its optimiser's settings (`probe_optim`,
-the learning rate scaled to the input width by `probe_lr`); whether a family reads a token view
+the learning rate scaled to the input width by `probe_lr`); whether a family reads a tokens choice
 (`check_family`); and the wrappers that change what a probe reads: the blind reference of real
 images (`BlindProbe`) and the planted task's probe (`PlantedProbe`)."""
 
@@ -16,7 +16,7 @@ import torch
 from bench.core.errors import BenchError
 from evaluators.fitting import RowReader, feature_stats
 from evaluators.probes.base import Probe
-from evaluators.probes.families import BINDING_PROBES, OPTIM_KEYS, TOKEN_VIEWS, ProbeFamily, ProbeOptim
+from evaluators.probes.families import BINDING_PROBES, OPTIM_KEYS, TOKEN_CHOICES, ProbeFamily, ProbeOptim
 
 LR_WIDTH = 64
 
@@ -29,19 +29,19 @@ def probe_lr(lr: float, in_dim: int) -> float:
     return lr * min(1.0, math.sqrt(LR_WIDTH / in_dim))
 
 
-def check_family(family: str, view: str) -> None:
-    """Reject an unknown family, or a family that cannot read the given token view."""
+def check_family(family: str, tokens: str) -> None:
+    """Reject an unknown family, or a family that cannot read the given tokens."""
     spatial = BINDING_PROBES.get(family).spatial
-    view_spatial = TOKEN_VIEWS.get(view).spatial
-    if spatial and not view_spatial:
+    tokens_spatial = TOKEN_CHOICES.get(tokens).spatial
+    if spatial and not tokens_spatial:
         raise BenchError(
-            f"probe: {family!r} needs spatial tokens (--tokens all); view {view!r} has none"
+            f"probe: {family!r} needs spatial tokens (--tokens all); tokens {tokens!r} has none"
         )
-    if not spatial and view_spatial:
+    if not spatial and tokens_spatial:
         readers = [n for n, f in BINDING_PROBES.items() if f.spatial]
-        pooled = [n for n, v in TOKEN_VIEWS.items() if not v.spatial]
+        pooled = [n for n, v in TOKEN_CHOICES.items() if not v.spatial]
         raise BenchError(
-            f"probe: {family!r} reads one pooled vector per scene; view {view!r} is spatial "
+            f"probe: {family!r} reads one pooled vector per scene; tokens {tokens!r} is spatial "
             f"(use {', '.join(readers)} for it, or --tokens {'/'.join(pooled)})"
         )
 

@@ -1,5 +1,5 @@
 """The registries of what `bench evaluate` reads and with what: binding probe families,
-IsSameObject probes and token views (bench/core/registry.py).
+IsSameObject probes and tokens choices (bench/core/registry.py).
 
 Kept free of torch so that help texts, validation and leaderboard column order can read
 the names cheaply; a family names its class as `module:Class`, imported when a probe is
@@ -119,8 +119,8 @@ class PairProbe:
 
 
 @dataclass(frozen=True)
-class TokenView:
-    """A token view: one pooled vector per scene, or every token (`spatial`)."""
+class TokenChoice:
+    """A tokens choice: one pooled vector per scene, or every token (`spatial`)."""
 
     spatial: bool = False
 
@@ -128,8 +128,8 @@ class TokenView:
 #: Each task's probes, a registry of their own with an entry-point group of their own; the binding
 #: families' group before the split, `bindingbench.probes`, is still read (installed plugins keep working).
 BINDING_PROBES: Registry[ProbeFamily] = Registry("probe", group=("bindingbench.binding_probes", "bindingbench.probes"))
-PAIR_PROBES: Registry[PairProbe] = Registry("probe", group="bindingbench.issameobject_probes")
-TOKEN_VIEWS: Registry[TokenView] = Registry("tokens")
+ISSAMEOBJECT_PROBES: Registry[PairProbe] = Registry("probe", group="bindingbench.issameobject_probes")
+TOKEN_CHOICES: Registry[TokenChoice] = Registry("tokens")
 
 #: Default hyper-parameters per family. `lr` is the AdamW learning rate at input widths up
 #: to `build.LR_WIDTH`; `build_probe` scales it down as sqrt(LR_WIDTH / in_dim) beyond (see
@@ -155,22 +155,22 @@ BINDING_PROBES.register("attention", ProbeFamily(
     device_batches=False, patience=5, lr_patience=2, cpu_steps=64, amp=False))
 
 _SCORERS = "evaluators.tasks.issameobject.scorers"
-PAIR_PROBES.register("linear", PairProbe(trained=True, cls=f"{_SCORERS}:LinearPair"))
-PAIR_PROBES.register("diag-quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:DiagQuadraticPair"))
-PAIR_PROBES.register("quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:QuadraticPair", config_args=("rank",)))
-PAIR_PROBES.register("pointwise-identity", PairProbe(trained=True, cls=f"{_SCORERS}:PointwiseIdentityPair",
+ISSAMEOBJECT_PROBES.register("linear", PairProbe(trained=True, cls=f"{_SCORERS}:LinearPair"))
+ISSAMEOBJECT_PROBES.register("diag-quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:DiagQuadraticPair"))
+ISSAMEOBJECT_PROBES.register("quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:QuadraticPair", config_args=("rank",)))
+ISSAMEOBJECT_PROBES.register("pointwise-identity", PairProbe(trained=True, cls=f"{_SCORERS}:PointwiseIdentityPair",
                                                      config_args=("slots",)))
-PAIR_PROBES.register("cosine", PairProbe(trained=False, similarity=f"{_SCORERS}:cosine_similarity"))
-PAIR_PROBES.register("dot", PairProbe(trained=False, similarity=f"{_SCORERS}:dot_similarity"))
-PAIR_PROBES.register("attention-qk", PairProbe(trained=False, note="Hugging Face, timm or OpenCLIP ViTs",
+ISSAMEOBJECT_PROBES.register("cosine", PairProbe(trained=False, similarity=f"{_SCORERS}:cosine_similarity"))
+ISSAMEOBJECT_PROBES.register("dot", PairProbe(trained=False, similarity=f"{_SCORERS}:dot_similarity"))
+ISSAMEOBJECT_PROBES.register("attention-qk", PairProbe(trained=False, note="Hugging Face, timm or OpenCLIP ViTs",
                                                similarity=f"{_SCORERS}:attention_qk_similarity", reads_qk=True))
-PAIR_PROBES.register("distance", PairProbe(trained=False, similarity=f"{_SCORERS}:distance_similarity"))
-PAIR_PROBES.register("majority", PairProbe(trained=False))
+ISSAMEOBJECT_PROBES.register("distance", PairProbe(trained=False, similarity=f"{_SCORERS}:distance_similarity"))
+ISSAMEOBJECT_PROBES.register("majority", PairProbe(trained=False))
 
-TOKEN_VIEWS.register("cls", TokenView())
-TOKEN_VIEWS.register("mean", TokenView())
-TOKEN_VIEWS.register("cls+mean", TokenView())
-TOKEN_VIEWS.register("all", TokenView(spatial=True))
+TOKEN_CHOICES.register("cls", TokenChoice())
+TOKEN_CHOICES.register("mean", TokenChoice())
+TOKEN_CHOICES.register("cls+mean", TokenChoice())
+TOKEN_CHOICES.register("all", TokenChoice(spatial=True))
 
 
 def family_defaults(family: str) -> dict[str, Any]:
@@ -180,7 +180,7 @@ def family_defaults(family: str) -> dict[str, Any]:
 
 def pair_probe_names(trained: bool) -> tuple[str, ...]:
     """The IsSameObject probes that are trained (True) or training-free baselines (False)."""
-    return tuple(n for n, p in PAIR_PROBES.items() if p.trained == trained)
+    return tuple(n for n, p in ISSAMEOBJECT_PROBES.items() if p.trained == trained)
 
 
 def probes_help() -> str:
@@ -196,11 +196,11 @@ def probes_help() -> str:
 
 
 def tokens_help() -> str:
-    """`bench evaluate --tokens` help: every registered token view, and each task's default."""
-    defaults = "; ".join(f"{name}: {','.join(task.views)}" for name, task in TASKS.items())
-    return f"Token views: {', '.join(TOKEN_VIEWS.names())} (repeatable or comma-separated) [{defaults}]."
+    """`bench evaluate --tokens` help: every registered tokens choice, and each task's default."""
+    defaults = "; ".join(f"{name}: {','.join(task.token_choices)}" for name, task in TASKS.items())
+    return f"Tokens choices: {', '.join(TOKEN_CHOICES.names())} (repeatable or comma-separated) [{defaults}]."
 
 
 def tokens_filter_help() -> str:
-    """The leaderboard's `--tokens` help: every registered token view."""
-    return f"Only these token views (repeatable): {', '.join(TOKEN_VIEWS.names())}."
+    """The leaderboard's `--tokens` help: every registered tokens choice."""
+    return f"Only these tokens choices (repeatable): {', '.join(TOKEN_CHOICES.names())}."

@@ -1,4 +1,4 @@
-"""Planning a run before any work: every backbone resolved and checked against the task, views
+"""Planning a run before any work: every backbone resolved and checked against the task, tokens
 and families, the rows it still owes, the probe fingerprints that key them, and the cache's growth
 checked against free disk."""
 
@@ -14,8 +14,8 @@ from bench.core.results import row_key
 from bench.core.tasks import TASKS
 from evaluators.backbones.base import BackboneInfo
 from evaluators.backbones.ground_truth import cls_is_mean
-from evaluators.cache.extract import check_cache_space, check_views, entry_bytes, gib, parse_layers, pending_bytes
-from evaluators.runner.plan import EvaluationPlan, Model
+from evaluators.cache.extract import check_cache_space, check_tokens, entry_bytes, gib, parse_layers, pending_bytes
+from evaluators.runner.request import EvaluationRequest, Model
 from evaluators.probes.families import family_defaults
 from evaluators.tasks.binding.task import SPLITS
 
@@ -32,33 +32,33 @@ def effective_limit(ds: Dataset, limit: int | None) -> int | None:
 
 
 def build_backbone(model: Model, preprocessing: Mapping[str, object] | None = None) -> Any:
-    """The one place a run makes a model's backbone, with the plan's `preprocessing` in place of
+    """The one place a run makes a model's backbone, with the request's `preprocessing` in place of
     the model's own: the driver when it plans (`backbone_plans`) and every Ray worker that runs
-    a plan's units (`evaluators.runner.ray_executor`) make it the same way."""
+    a request's units (`evaluators.runner.ray_executor`) make it the same way."""
     return model.resolve(**(preprocessing or {}))
 
 
 @dataclass(frozen=True)
 class Work:
-    """Rows one backbone still owes at one (layer, view, seed): one per family in `families`."""
+    """Rows one backbone still owes at one (layer, tokens, seed): one per family in `families`."""
 
     layer: int
-    view: str
+    tokens: str
     seed: int
     families: list[str]
 
 
 @dataclass
 class BackbonePlan:
-    """One backbone of an `EvaluationPlan`: resolved and checked before any backbone extracts
-    anything, with the rows it still owes (`todo`). `aliases` maps a view to views that are the same vector
+    """One backbone of an `EvaluationRequest`: resolved and checked before any backbone extracts
+    anything, with the rows it still owes (`todo`). `aliases` maps a tokens choice to others that are the same vector
     on this backbone (on built-in backbones the class token is the mean patch token): their
-    rows are copies of the view's, trained once."""
+    rows are copies of that choice's, trained once."""
 
     spec: str
     backbone: Any
     layers: list[int]
-    views: list[str]
+    token_choices: list[str]
     todo: list[Work]
     skipped: int
     aliases: dict[str, list[str]]
@@ -67,33 +67,33 @@ class BackbonePlan:
     model: Model  # what `backbone` was made from (`build_backbone`), for Ray workers to make it again
     preprocessing: Mapping[str, object] | None = None
 
-    def shown(self, view: str) -> list[str]:
-        return [view, *self.aliases.get(view, [])]
+    def shown(self, tokens: str) -> list[str]:
+        return [tokens, *self.aliases.get(tokens, [])]
 
     def stamp(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """`rows` with the probe fingerprint of their probe (part of the key, as `backbone_plans` keyed them)."""
         return [{**r, "probe_fingerprint": self.probe_fps[r["probe"]]} for r in rows]
 
 
-def probe_fingerprints(task: str, families: Sequence[str], request: dict[str, Any]) -> dict[str, str]:
-    """Per probe family, a hash of its settings as requested (`request`: training, dtype, the
+def probe_fingerprints(task: str, families: Sequence[str], probe_request: dict[str, Any]) -> dict[str, str]:
+    """Per probe family, a hash of its settings as requested (`probe_request`: training, dtype, the
     task's options) with the family's defaults and `PROBE_CODE_VERSION`. The settings a
     validation sweep then picks are an outcome, not a request, so they stay out: a re-run
     of the same request is skipped, a changed request or probe code is measured again."""
     hparams = TASKS.get(task).hparams
     return {family: config_hash({"task": task, "probe": family, "hparams": family_defaults(family) if hparams else None,
-                                 "code": PROBE_CODE_VERSION, **request}) for family in families}
+                                 "code": PROBE_CODE_VERSION, **probe_request}) for family in families}
 
 
-def request_fingerprints(plan: EvaluationPlan) -> dict[str, str]:
+def request_fingerprints(request: EvaluationRequest) -> dict[str, str]:
     """The probe fingerprints of a request's families (`probe_fingerprints` of its `probe_request`)."""
-    return probe_fingerprints(plan.task, plan.families, plan.probe_request())
+    return probe_fingerprints(request.task, request.families, request.probe_request())
 
 
-def view_aliases(info: BackboneInfo, views: Sequence[str]) -> dict[str, list[str]]:
+def view_aliases(info: BackboneInfo, token_choices: Sequence[str]) -> dict[str, list[str]]:
     """Views that are the same vector on a backbone as another asked for: on a ground-truth one
     (`cls_is_mean`) `mean` is `cls`, so its probes are trained once and the rows written under both."""
-    return {"cls": ["mean"]} if cls_is_mean(info) and {"cls", "mean"} <= set(views) else {}
+    return {"cls": ["mean"]} if cls_is_mean(info) and {"cls", "mean"} <= set(token_choices) else {}
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Owed:
     fits (`skipped`) and rows (`held`) the results already hold, and the rows asked for (`rows`)."""
 
     layers: list[int]
-    views: list[str]
+    token_choices: list[str]
     aliases: dict[str, list[str]]
     todo: list[Work]
     skipped: int
@@ -111,61 +111,61 @@ class Owed:
     rows: int
 
 
-def rows_owed(plan: EvaluationPlan, name: str, info: BackboneInfo, *, dataset: str, test_fp: str,
+def rows_owed(request: EvaluationRequest, name: str, info: BackboneInfo, *, dataset: str, test_fp: str,
               limit: int | None, done: set[tuple], probe_fps: Mapping[str, str]) -> Owed:
-    """The rows backbone `name` (its `info`: layers, family, weights fingerprint) owes for `plan` on
+    """The rows backbone `name` (its `info`: layers, family, weights fingerprint) owes for `request` on
     the dataset `dataset` (`test_fp` and `limit`: `effective_limit`'s), keyed by `row_key` against
     `done`. `bench evaluate` asks with a loaded backbone's info, a study with the registry's metadata
     (`backbone_metadata`), so both plan the same rows. A layer request the backbone cannot meet
     raises `parse_layers`'s BenchError (the caller names the backbone)."""
-    layers = parse_layers(plan.layer_request, info.n_layers)
-    aliases = view_aliases(info, plan.views)
-    trained = [v for v in plan.views if not any(v in a for a in aliases.values())]
+    layers = parse_layers(request.layer_request, info.n_layers)
+    aliases = view_aliases(info, request.token_choices)
+    trained = [v for v in request.token_choices if not any(v in a for a in aliases.values())]
     fixed = {"backbone": name, "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit,
-             "control": plan.control, "split": "test", "task": plan.task, "weights_fingerprint": info.revision}
-    layer_probes = TASKS.get(plan.task).hook("layer_probes")
+             "control": request.control, "split": "test", "task": request.task, "weights_fingerprint": info.revision}
+    layer_probes = TASKS.get(request.task).hook("layer_probes")
     todo, skipped, held, rows = [], 0, 0, 0
     for layer in layers:
-        here = layer_probes(plan.families, layer, info.n_layers) if layer_probes else list(plan.families)
-        for view in trained:
-            for seed in plan.seeds:
+        here = layer_probes(request.families, layer, info.n_layers) if layer_probes else list(request.families)
+        for tokens in trained:
+            for seed in request.seeds:
                 have = {f: [row_key({**fixed, "layer": layer, "tokens": v, "probe": f, "seed": seed,
-                                     "probe_fingerprint": probe_fps[f]}) in done for v in [view, *aliases.get(view, [])]]
+                                     "probe_fingerprint": probe_fps[f]}) in done for v in [tokens, *aliases.get(tokens, [])]]
                         for f in here}
                 owed = [f for f in here if not all(have[f])]
                 skipped += len(here) - len(owed)
                 held += sum(sum(h) for h in have.values())
                 rows += sum(len(h) for h in have.values())
                 if owed:
-                    todo.append(Work(layer, view, seed, owed))
+                    todo.append(Work(layer, tokens, seed, owed))
     return Owed(layers, trained, aliases, todo, skipped, held, rows)
 
 
-def metadata_bytes(info: BackboneInfo, side: int, rows: int, layers: Sequence[int], views: Sequence[str]) -> int:
+def metadata_bytes(info: BackboneInfo, side: int, rows: int, layers: Sequence[int], token_choices: Sequence[str]) -> int:
     """The cache bytes `rows` scenes of a backbone known by its metadata alone take at input `side`
     (`entry_bytes`, as `bench evaluate` counts them; an oracle's width, its dataset's code length,
     is taken as 64: small either way)."""
     grid = (side // info.patch_size,) * 2 if info.patch_size else None
-    return entry_bytes(rows, layers, views, info.width or 64, grid)
+    return entry_bytes(rows, layers, token_choices, info.width or 64, grid)
 
 
-def backbone_plans(plan: EvaluationPlan, ds: Dataset, *, done: set[tuple], test_fp: str, limit: int | None,
+def backbone_plans(request: EvaluationRequest, ds: Dataset, *, done: set[tuple], test_fp: str, limit: int | None,
                    progress: bool) -> list[BackbonePlan]:
-    """Resolve every backbone of `plan` and check it against the task, views and probes, so that a bad
+    """Resolve every backbone of `request` and check it against the task, tokens and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
     plans, notes = [], []
-    probe_fps, preprocessing = request_fingerprints(plan), plan.preprocessing
-    entry = TASKS.get(plan.task)
+    probe_fps, preprocessing = request_fingerprints(request), request.preprocessing
+    entry = TASKS.get(request.task)
     check_backbone, backbone_notes = entry.hook("check_backbone"), entry.hook("backbone_notes")
-    for model in plan.models:
+    for model in request.models:
         name, spec = model.name, model.spec
         backbone = build_backbone(model, preprocessing).bind(ds)
         if check_backbone is not None:
-            check_backbone(backbone, plan.families)
-        check_views(backbone, ds, "test", plan.views)
+            check_backbone(backbone, request.families)
+        check_tokens(backbone, ds, "test", request.token_choices)
         try:
-            owed = rows_owed(plan, name, backbone.info, dataset=ds.name, test_fp=test_fp, limit=limit, done=done,
+            owed = rows_owed(request, name, backbone.info, dataset=ds.name, test_fp=test_fp, limit=limit, done=done,
                              probe_fps=probe_fps)
         except BenchError as e:  # name the backbone: a run may mix deep ones and layer-less references
             hint = "; it has no layers: evaluate it in a run without --layers" if not backbone.info.n_layers else ""
@@ -174,8 +174,8 @@ def backbone_plans(plan: EvaluationPlan, ds: Dataset, *, done: set[tuple], test_
             notes.append(f"{spec}: its class token is the mean patch token, so cls and mean are the same vector; "
                          "probes are trained once and the rows written under both")
         if backbone_notes is not None:
-            notes += backbone_notes(spec, backbone, owed.layers, plan.families)
-        plans.append(BackbonePlan(spec, backbone, owed.layers, owed.views, owed.todo, owed.skipped, owed.aliases,
+            notes += backbone_notes(spec, backbone, owed.layers, request.families)
+        plans.append(BackbonePlan(spec, backbone, owed.layers, owed.token_choices, owed.todo, owed.skipped, owed.aliases,
                                   probe_fps, name, model, preprocessing))
     for note in notes:
         say(progress, note)
@@ -193,9 +193,9 @@ def check_cache(plans: Sequence[BackbonePlan], ds: Dataset, dtype: str, limit: i
     for p in plans:
         if not p.todo:
             continue
-        size = sum(pending_bytes(p.backbone, ds, s, layers=p.layers, views=p.views, dtype=dtype, limit=limit)
+        size = sum(pending_bytes(p.backbone, ds, s, layers=p.layers, token_choices=p.token_choices, dtype=dtype, limit=limit)
                    for s in SPLITS)
-        if "all" in p.views and len(p.layers) > 1 and size:
+        if "all" in p.token_choices and len(p.layers) > 1 and size:
             say(progress, f"warning: --tokens all over {len(p.layers)} layers of {p.spec} stores every patch token "
                            f"of every layer: ~{gib(size)} of activations cache")
         needed += size

@@ -36,7 +36,7 @@ from evaluators.tasks.binding.rows import binding_common, binding_rows, extracti
 from evaluators.tasks.binding.task import SPLITS, binding_task
 from evaluators.cache.extract import BATCH_SIZE, extract_activations, is_complete, row_shards
 from evaluators.fitting import TrainConfig, stacks_row_sets
-from evaluators.runner.plan import Model
+from evaluators.runner.request import Model
 from evaluators.runner.planning import Work, build_backbone
 from evaluators.runner.ray_tasks import Cluster, arm_fault, cluster, die, gather, in_task, slots
 
@@ -45,7 +45,7 @@ MAX_SHARD_ROWS = 4096
 
 
 def _extract(model: Model, preprocessing: Mapping[str, object] | None, run_id: str, dataset: str, split: str,
-             rows: tuple[int, int], layers: list[int], views: list[str], device: str, dtype: str, limit: int | None,
+             rows: tuple[int, int], layers: list[int], token_choices: list[str], device: str, dtype: str, limit: int | None,
              cache_dir: str, gpus: float) -> tuple[Any, str]:
     """One extraction unit: a backbone's activations of one row shard, into the split's shared
     cache entry (see `entries.EntryWriter`: several shards' writers fill it at once)."""
@@ -62,7 +62,7 @@ def _extract(model: Model, preprocessing: Mapping[str, object] | None, run_id: s
 
             entries.EntryWriter.write = write_then_die  # this process only, and it is about to end
         acts = extract_activations(_backbone(model, preprocessing, run_id), Dataset(Path(dataset)), split, layers=layers,
-                                   views=views, device=device, dtype=dtype, cache_dir=Path(cache_dir), progress=False,
+                                   token_choices=token_choices, device=device, dtype=dtype, cache_dir=Path(cache_dir), progress=False,
                                    limit=limit, rows=rows, batch_size=BATCH_SIZE)
         print(f"activations: rows {rows[0]}..{rows[1]} of {acts.n} in {acts.path}")
         return acts
@@ -90,7 +90,7 @@ def training_units(todo: Sequence[Work], together: bool) -> list[tuple[str, list
     row set's rows do not depend on its stack, so the rows are the local path's either way."""
     if together:
         return [("", list(todo))]
-    return [(f"-L{w.layer}-{w.view}-seed{w.seed}-{'+'.join(w.families)}", [w]) for (w,) in stacks(todo, 1)]
+    return [(f"-L{w.layer}-{w.tokens}-seed{w.seed}-{'+'.join(w.families)}", [w]) for (w,) in stacks(todo, 1)]
 
 
 def _train(common: dict[str, Any], task_data: Any, todo: list[tuple[int, list[str], int, list[str]]],
@@ -109,7 +109,7 @@ def _train(common: dict[str, Any], task_data: Any, todo: list[tuple[int, list[st
         rows: list[dict[str, Any]] = []
         for stack in stacks(work, stack_size(acts["train"], work, task_data, base_train, limit)):
             first = stack[0]
-            rows += binding_rows(common, acts, task_data, [(w.layer, shown_of[w.layer, w.view]) for w in stack],
+            rows += binding_rows(common, acts, task_data, [(w.layer, shown_of[w.layer, w.tokens]) for w in stack],
                                  first.seed, first.families, replace(base_train, seed=first.seed), dtype, limit,
                                  progress=False)
             print(f"seed {first.seed}: {', '.join(first.families)} trained on {len(stack)} row set(s)")
@@ -118,7 +118,7 @@ def _train(common: dict[str, Any], task_data: Any, todo: list[tuple[int, list[st
                 die()
         return rows
 
-    where = f" layer {work[0].layer} {work[0].view} seed {work[0].seed}" if len(work) == 1 else ""
+    where = f" layer {work[0].layer} {work[0].tokens} seed {work[0].seed}" if len(work) == 1 else ""
     return in_task(f"train {common['backbone']}{where}", gpus, body)
 
 
@@ -157,7 +157,7 @@ def _pairs_layer(model: Model, preprocessing: Mapping[str, object] | None, run_i
     return in_task(f"issameobject {model.spec} layer {layer}", gpus, body)
 
 
-def shard_plan(n: int, slots: int) -> list[tuple[int, int]]:
+def shard_ranges(n: int, slots: int) -> list[tuple[int, int]]:
     """Row shards of one split: about two per slot that can run at once (so uneven splits and
     backbones still balance), at least a batch and at most MAX_SHARD_ROWS rows each."""
     return row_shards(n, min(MAX_SHARD_ROWS, -(-n // (2 * max(1, slots)))), BATCH_SIZE)
@@ -174,7 +174,7 @@ def _submit_extraction(c: Cluster, plans: Sequence[Any], run_id: str, shards: di
     refs: dict[tuple[str, str, tuple[int, int]], Any] = {}
     for plan, s, rows in order:
         acts, log = extract.remote(plan.model, plan.preprocessing, run_id, str(c.dataset), s, rows, plan.layers,
-                                   plan.views, c.dev, dtype, limit, str(c.cache_root), c.gpus)
+                                   plan.token_choices, c.dev, dtype, limit, str(c.cache_root), c.gpus)
         c.tasks[log] = (f"extract-{plan.spec}-{s}-{rows[0]}-{rows[1]}", plan.spec)
         refs[plan.spec, s, rows] = acts
     return {plan.spec: [refs[plan.spec, s, rows] for s in SPLITS for rows in shards[s]] for plan in plans}
@@ -195,13 +195,13 @@ def run_binding(plans: Sequence[Any], ds: Dataset, *, unanchored: bool, prov: di
         train = c.remote(_train)
         data_ref = ray.put(task_data)
         units: dict[Any, tuple[Any, dict, list]] = {}  # ref -> (plan, common, todo), in the local row order
-        shards = {s: shard_plan(len(task_data.codes[s][1]), slots(c.gpus)) for s in SPLITS}
+        shards = {s: shard_ranges(len(task_data.codes[s][1]), slots(c.gpus)) for s in SPLITS}
         extracted = _submit_extraction(c, plans, run_id, shards, dtype, limit)
         together = stacks_row_sets(base_train.device, base_train.stack_bytes)
         for plan in plans:
             common = binding_common(prov, plan, ds, test_fp, limit, task_data)
             for name, part in training_units(plan.todo, together):
-                todo = [(w.layer, plan.shown(w.view), w.seed, w.families) for w in part]
+                todo = [(w.layer, plan.shown(w.tokens), w.seed, w.families) for w in part]
                 ref = train.remote(common, data_ref, todo, base_train, dtype, limit, c.gpus,
                                    [len(shards[s]) for s in SPLITS], *extracted[plan.spec])
                 c.tasks[ref] = (f"train-{plan.spec}{name}", plan.spec)
@@ -234,7 +234,7 @@ def run_issameobject(work: Sequence[tuple[Any, list[int], list[str]]], ds: Datas
     with cluster(ds, device, gpus_per_task, address, results_dir, run_id) as c:
         layer_task = c.remote(_pairs_layer)
         units: dict[Any, str] = {}
-        shards = {s: shard_plan(ds.num_rows(s) if limit is None else min(limit, ds.num_rows(s)), slots(c.gpus))
+        shards = {s: shard_ranges(ds.num_rows(s) if limit is None else min(limit, ds.num_rows(s)), slots(c.gpus))
                   for s in SPLITS}
         extracted = _submit_extraction(c, [plan for plan, _, _ in work], run_id, shards, dtype, limit)
         for plan, layers, probes in work:

@@ -1,6 +1,6 @@
 """The evaluation orchestrator behind `bench evaluate` (and `bench demo`, studies and the Python API).
 
-`run_evaluation` takes an `EvaluationPlan` and hands it to its task's runner (`Task.runner`,
+`run_evaluation` takes an `EvaluationRequest` and hands it to its task's runner (`Task.runner`,
 bench/core/tasks.py: the binding task's in `evaluators.tasks.binding.run`, IsSameObject's in
 `evaluators.tasks.issameobject.run`, a plugin task's wherever its record says); every runner starts
 from `run_start` (keys of rows already written, a run id, provenance) and runs its in-process work
@@ -18,32 +18,32 @@ from bench.core.errors import BenchError
 from bench.core.results import check_writable, existing_keys, new_run_id, provenance
 from bench.core.tasks import TASKS
 from evaluators.cache.extract import split_fingerprint
-from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.planning import BackbonePlan, say
 from evaluators.runner.threads import chosen_threads
 from evaluators.tasks.binding.task import open_dataset
 
 
-def run_evaluation(plan: EvaluationPlan, *, progress: bool = True,
+def run_evaluation(request: EvaluationRequest, *, progress: bool = True,
                    on_skipped: Callable[[int], None] | None = None) -> Path | None:
-    """Evaluate the plan's backbones on its dataset; returns the results file written (None if
+    """Evaluate the request's backbones on its dataset; returns the results file written (None if
     nothing to do). The CLI, the Python API, `bench demo` and the Ray path all come here with
-    an `EvaluationPlan`, so they compute the same rows.
+    an `EvaluationRequest`, so they compute the same rows.
 
     Every backbone is resolved and checked, and the activation cache's growth estimated against
     free disk, before any extraction; `on_skipped(n)` hears how many requested rows already
     exist (and are skipped). `progress` shows bars and notes on stderr.
     """
-    task = TASKS.get(plan.task)
-    if plan.executor != "local":
+    task = TASKS.get(request.task)
+    if request.executor != "local":
         from evaluators.runner.ray_tasks import check_options
 
         if task.ray_runner is None:
-            raise BenchError(f"executor: task {plan.task} runs in this process only; use --executor local")
-        check_options(plan.executor, plan.task, plan.gpus_per_task, plan.address)
-    ds = open_dataset(plan.dataset, need_codes=task.needs_codes)
-    check_writable(plan.results_dir)
-    return task.hook("runner")(plan, ds, progress, on_skipped)
+            raise BenchError(f"executor: task {request.task} runs in this process only; use --executor local")
+        check_options(request.executor, request.task, request.gpus_per_task, request.address)
+    ds = open_dataset(request.dataset, need_codes=task.needs_codes)
+    check_writable(request.results_dir)
+    return task.hook("runner")(request, ds, progress, on_skipped)
 
 
 __all__ = ["run_evaluation", "run_start", "local_threads"]

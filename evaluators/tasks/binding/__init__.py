@@ -41,7 +41,7 @@ TASK = Task(
     ),
     default_layers="last",
     default_probes=("linear", "quadratic", "dnn"),
-    views=("cls",),
+    token_choices=("cls",),
     # `resampled-o` replaces every scene's O by a fresh draw from the generator's exact p(O | F),
     # independent of the image, so every backbone's true β* is 0
     controls=("resampled-o",),

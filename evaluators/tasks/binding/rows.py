@@ -1,5 +1,5 @@
 """Result rows as the local loop and the Ray tasks both make them: the columns a backbone's rows
-share (both tasks), the binding rows of one (backbone, layer, view, seed), and the error of a
+share (both tasks), the binding rows of one (backbone, layer, tokens, seed), and the error of a
 backbone that failed to run (both tasks)."""
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ def extraction_error_rows(common: dict[str, Any], plan: BackbonePlan, todo: Sequ
     """Error rows for every row of `todo` when the backbone failed to run (`extraction_failure`)."""
     message = extraction_failure(error, common["backbone"])
     return [_row(common, w.layer, v, family, w.seed, {"status": "error", "error": message})
-            for w in todo for v in plan.shown(w.view) for family in w.families]
+            for w in todo for v in plan.shown(w.tokens) for family in w.families]
 
 
 def binding_rows(common: dict[str, Any], acts: dict[str, Any], task_data: BindingTask,
                  row_sets: Sequence[tuple[int, Sequence[str]]], seed: int, families: Sequence[str], cfg: TrainConfig,
                  dtype: str, limit: int | None, progress: bool) -> list[dict[str, Any]]:
-    """The rows of a stack of (layer, views) row sets of one backbone at one seed, fitted as one
-    batched problem (`evaluate_binding_sets`): every family trained on the cached rows of view
-    `views[0]`, rows written under each of `views`. A plain function so that a Ray task runs
+    """The rows of a stack of (layer, tokens) row sets of one backbone at one seed, fitted as one
+    batched problem (`evaluate_binding_sets`): every family trained on the cached rows of the
+    first tokens choice of each row set, rows written under each of them. A plain function so that a Ray task runs
     exactly what the local loop runs.
 
     `wall_time_s` of a row is the stack's wall time shared equally among its row sets and
@@ -93,8 +93,8 @@ def stack_bytes(train_acts: Any, todo: Sequence[Work], task_data: BindingTask, l
 def _row_set_shape(train_acts: Any, todo: Sequence[Work], task_data: BindingTask,
                    limit: int | None) -> tuple[int, tuple[int, ...], int]:
     """What a backbone's row sets' memory depends on: their training and validation rows, the largest
-    row among the views of `todo`, and the bits of every target."""
-    shapes = [tuple(train_acts.get(w.layer, w.view).shape) for w in todo]
+    row among the tokens choices of `todo`, and the bits of every target."""
+    shapes = [tuple(train_acts.get(w.layer, w.tokens).shape) for w in todo]
     n_rows = min(shapes[0][0], limit or shapes[0][0]) + len(task_data.codes["val"][1])
     space = task_data.space
     return (n_rows, max((s[1:] for s in shapes), key=lambda s: int(np.prod(s))),
@@ -121,8 +121,8 @@ def common_columns(prov: dict[str, Any], plan: BackbonePlan, dataset: str, test_
             "n_layers": info.n_layers, "task": task}
 
 
-def _row(common: dict[str, Any], layer: int, view: str, family: str, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
-    return {**common, "layer": layer, "tokens": view, "probe": family, "seed": seed, **extra}
+def _row(common: dict[str, Any], layer: int, tokens: str, family: str, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
+    return {**common, "layer": layer, "tokens": tokens, "probe": family, "seed": seed, **extra}
 
 
 @contextmanager

@@ -1,12 +1,12 @@
 """The binding task's run (its `Task.runner`): for each backbone, activations of the train/val/test
-splits (cached, docs/explanation/architecture.md §2), then for every (layer, token view, seed) all
+splits (cached, docs/explanation/architecture.md §2), then for every (layer, tokens choice, seed) all
 requested probe families trained together from one pass over the data: per family an F-probe and
 an O-probe given F, both anchored on the generator's exact priors (the headline chain-rule
 estimator), and the paper's unanchored direct O- and F-probes (docs/explanation/architecture.md §3).
-Each (backbone, layer, view, probe, seed) becomes one results row; the run's file is rewritten
+Each (backbone, layer, tokens, probe, seed) becomes one results row; the run's file is rewritten
 atomically after every stack, so an interrupted run keeps what it finished.
 
-Also the task's request hooks: its probe x view checks (`check_request`) and the training settings
+Also the task's request hooks: its probe x tokens checks (`check_request`) and the training settings
 behind its rows' probe fingerprints (`request_fields`)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from bench.core.tasks import TASKS
 from evaluators.cache.extract import extract_activations
 from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
 from evaluators.probes.build import check_family
-from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.planning import backbone_plans, check_cache, effective_limit, say
 from evaluators.runner.run import local_threads, run_start
 from evaluators.tasks.binding.rows import binding_common, extraction_error_rows, stack_bytes, stack_size, stacks
@@ -33,27 +33,27 @@ from evaluators.tasks.binding.task import SPLITS, BindingTask, binding_task, che
 from evaluators.tasks.binding.workers import StackWorkers
 
 
-def check_request(plan: EvaluationPlan) -> None:
-    """Every family asked for reads every view asked for (`check_family`: a spatial family needs
-    `all`, a pooled one a pooled view)."""
-    for view in plan.views:
-        for family in plan.families:
-            check_family(family, view)
+def check_request(request: EvaluationRequest) -> None:
+    """Every family asked for reads every tokens choice asked for (`check_family`: a spatial family
+    needs `all`, a pooled one a pooled choice)."""
+    for tokens in request.token_choices:
+        for family in request.families:
+            check_family(family, tokens)
 
 
-def request_fields(plan: EvaluationPlan) -> dict[str, Any]:
+def request_fields(request: EvaluationRequest) -> dict[str, Any]:
     """The binding fields of a request's probe fingerprint: the training settings asked for (device,
     seed and stack size aside: they do not change what is asked) and whether it is unanchored."""
-    train = plan.train or TrainConfig()
-    if plan.epochs is not None:
-        train = replace(train, epochs=plan.epochs)
+    train = request.train or TrainConfig()
+    if request.epochs is not None:
+        train = replace(train, epochs=request.epochs)
     # a GPU trains the gradient stage under bf16 autocast (the families whose `ProbeFamily.amp`
     # says so) and in batches of its own size (`auto_batch_size`): its rows hold other numbers
     # than a CPU's, so they never share a key
-    precision = {"precision": "cuda-family-amp", "batches": "cuda"} if resolve_device(plan.device) == "cuda" else {}
+    precision = {"precision": "cuda-family-amp", "batches": "cuda"} if resolve_device(request.device) == "cuda" else {}
     # nor does the memory a stack of row sets may take (`TrainConfig.stack_bytes`): its rows are the same
     return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device", "stack_bytes")},
-            "unanchored": plan.unanchored, **precision}
+            "unanchored": request.unanchored, **precision}
 
 
 def check_dataset(ds: Dataset, options: Mapping[str, Any]) -> None:
@@ -63,68 +63,68 @@ def check_dataset(ds: Dataset, options: Mapping[str, Any]) -> None:
     check_control(ds, options.get("control"), unanchored)
 
 
-def run_binding(plan: EvaluationPlan, ds: Dataset, progress: bool,
+def run_binding(request: EvaluationRequest, ds: Dataset, progress: bool,
                 on_skipped: Callable[[int], None] | None) -> Path | None:
-    """Binding rows of every backbone of `plan` (the task's runner): in this process, or with executor
+    """Binding rows of every backbone of `request` (the task's runner): in this process, or with executor
     "ray" as Ray tasks."""
-    limit = effective_limit(ds, plan.limit)
-    base_train = replace(plan.train or TrainConfig(), device=resolve_device(plan.device))
-    if plan.epochs is not None:
-        base_train = replace(base_train, epochs=plan.epochs)
-    check_priors(ds, plan.unanchored)
-    check_control(ds, plan.control, plan.unanchored)
+    limit = effective_limit(ds, request.limit)
+    base_train = replace(request.train or TrainConfig(), device=resolve_device(request.device))
+    if request.epochs is not None:
+        base_train = replace(base_train, epochs=request.epochs)
+    check_priors(ds, request.unanchored)
+    check_control(ds, request.control, request.unanchored)
     task_data: BindingTask | None = None  # built when the first row needs training
-    test_fp, done, run_id, prov = run_start(ds, limit, plan.results_dir, plan.overwrite, base_train.device,
-                                             plan.command)
-    plans = backbone_plans(plan, ds, done=done, test_fp=test_fp, limit=limit, progress=progress)
-    check_cache(plans, ds, plan.dtype, limit, progress, on_skipped)
+    test_fp, done, run_id, prov = run_start(ds, limit, request.results_dir, request.overwrite, base_train.device,
+                                             request.command)
+    plans = backbone_plans(request, ds, done=done, test_fp=test_fp, limit=limit, progress=progress)
+    check_cache(plans, ds, request.dtype, limit, progress, on_skipped)
     work = [w for p in plans for w in p.todo]
     if work:
         fits = sum(len(w.families) for w in work)
         together = stacks_row_sets(base_train.device, base_train.stack_bytes)
         how = ("in stacks fitted together" if together else
-               "side by side, a Ray task each" if plan.executor == "ray" else
+               "side by side, a Ray task each" if request.executor == "ray" else
                "one after another (or, on a CPU given several threads, side by side in worker processes where "
                "that is sooner)")
-        bars = "" if plan.executor == "ray" else "; each stack's bar counts its row sets' gradient epochs (at most)"
+        bars = "" if request.executor == "ray" else "; each stack's bar counts its row sets' gradient epochs (at most)"
         say(progress, f"to fit: {len(work)} row set(s), {fits} family fit(s) "
                       f"({', '.join(dict.fromkeys(f for w in work for f in w.families))}), a backbone's row sets "
                       f"{how}{bars}")
-    if plan.executor == "ray":
-        on_ray = TASKS.get(plan.task).hook("ray_runner")  # evaluators.runner.ray_executor.run_binding
-        return on_ray([p for p in plans if p.todo], ds, unanchored=plan.unanchored, prov=prov, test_fp=test_fp,
-                      base_train=base_train, device=plan.device, dtype=plan.dtype, limit=limit,
-                      results_dir=plan.results_dir, run_id=run_id, progress=progress, address=plan.address,
-                      gpus_per_task=plan.gpus_per_task, control=plan.control)
+    if request.executor == "ray":
+        on_ray = TASKS.get(request.task).hook("ray_runner")  # evaluators.runner.ray_executor.run_binding
+        return on_ray([p for p in plans if p.todo], ds, unanchored=request.unanchored, prov=prov, test_fp=test_fp,
+                      base_train=base_train, device=request.device, dtype=request.dtype, limit=limit,
+                      results_dir=request.results_dir, run_id=run_id, progress=progress, address=request.address,
+                      gpus_per_task=request.gpus_per_task, control=request.control)
     fits_on_one = "; probes fit on one (the same numbers on any count)" if base_train.device == "cpu" else ""
-    with local_threads(plan.threads, progress, plans, note=fits_on_one), \
+    with local_threads(request.threads, progress, plans, note=fits_on_one), \
             StackWorkers(torch.get_num_threads() if base_train.device == "cpu" else 1) as workers:
         rows: list[dict[str, Any]] = []
         path = None
         for one in plans:
             if not one.todo:
                 continue
-            task_data = task_data or binding_task(ds, limit, plan.unanchored, plan.control)
+            task_data = task_data or binding_task(ds, limit, request.unanchored, request.control)
             common = binding_common(prov, one, ds, test_fp, limit, task_data)
             try:
-                acts = {s: extract_activations(one.backbone, ds, s, layers=one.layers, views=one.views,
-                                               device=plan.device, dtype=plan.dtype, progress=progress, limit=limit)
+                acts = {s: extract_activations(one.backbone, ds, s, layers=one.layers, token_choices=one.token_choices,
+                                               device=request.device, dtype=request.dtype, progress=progress, limit=limit)
                         for s in SPLITS}
             except BenchError:
                 raise
             except Exception as e:  # noqa: BLE001 — a backbone that fails to run becomes error rows
                 rows += one.stamp(extraction_error_rows(common, one, one.todo, e))
-                path = write_run(rows, plan.results_dir, run_id)
+                path = write_run(rows, request.results_dir, run_id)
                 continue
             per_stack = stack_size(acts["train"], one.todo, task_data, base_train, limit)
             todo = stacks(one.todo, per_stack)
-            calls = [(common, acts, task_data, [(w.layer, one.shown(w.view)) for w in stack], stack[0].seed,
-                      stack[0].families, replace(base_train, seed=stack[0].seed), plan.dtype, limit) for stack in todo]
+            calls = [(common, acts, task_data, [(w.layer, one.shown(w.tokens)) for w in stack], stack[0].seed,
+                      stack[0].families, replace(base_train, seed=stack[0].seed), request.dtype, limit) for stack in todo]
             started, fitted = time.perf_counter(), 0
             held = stack_bytes(acts["train"], one.todo, task_data, limit, per_stack)
             for stack, new in zip(todo, workers.fitted(calls, progress, one.name, held)):
                 rows += one.stamp(new)
-                path = write_run(rows, plan.results_dir, run_id)  # after every stack: a crash keeps what finished
+                path = write_run(rows, request.results_dir, run_id)  # after every stack: a crash keeps what finished
                 fitted += len(stack)
                 if fitted < len(one.todo):  # the ETA from the stacks fitted so far
                     spent = time.perf_counter() - started

@@ -73,7 +73,7 @@ DEFAULT_PROBES = ("linear", "diag-quadratic", "quadratic")
 #: This task's record (bench/core/tasks.py registers it under "issameobject").
 TASK = Task(
     summary="patch-pair probes",
-    probes="evaluators.probes.families:PAIR_PROBES",
+    probes="evaluators.probes.families:ISSAMEOBJECT_PROBES",
     runner="evaluators.tasks.issameobject.run:run_issameobject",
     ray_runner="evaluators.runner.ray_executor:run_issameobject",
     metric="accuracy",
@@ -82,8 +82,8 @@ TASK = Task(
              Metric("auroc", "AUROC", "issameobject", "%")),
     default_layers="all",
     default_probes=DEFAULT_PROBES,
-    views=("all",),  # it compares patch tokens
-    fixed_views=True,
+    token_choices=("all",),  # it compares patch tokens
+    fixed_tokens=True,
     request="evaluators.tasks.issameobject.run:request_fields",
     check_backbone="evaluators.tasks.issameobject.evaluate:check_attention_qk",
     backbone_notes="evaluators.tasks.issameobject.evaluate:unread_layer_note",

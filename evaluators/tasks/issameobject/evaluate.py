@@ -17,7 +17,7 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, derive_seed
 from evaluators.backbones.base import AttentionQK
-from evaluators.probes.families import PAIR_PROBES, pair_probe_names
+from evaluators.probes.families import ISSAMEOBJECT_PROBES, pair_probe_names
 from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention
 from evaluators.tasks.issameobject.metrics import pair_metrics, validation_metrics
 from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens, sample_pairs
@@ -96,13 +96,13 @@ def non_finite_tokens(data: dict[str, tuple[np.ndarray, ...]]) -> str | None:
 
 def reads_tokens(name: str) -> bool:
     """Whether probe `name` reads the activations (all but the majority class, which reads only labels)."""
-    entry = PAIR_PROBES.get(name)
+    entry = ISSAMEOBJECT_PROBES.get(name)
     return entry.trained or entry.similarity is not None
 
 
 def check_probes(probes: Sequence[str]) -> None:
     """Raise a one-line BenchError for the first name that is no IsSameObject probe."""
-    PAIR_PROBES.check(probes)
+    ISSAMEOBJECT_PROBES.check(probes)
 
 
 def check_attention_qk(backbone: Any, probes: Sequence[str]) -> None:
@@ -193,7 +193,7 @@ def evaluate_issameobject(
     ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     pc, tc = pair_configs(device, epochs, exclude_background, pair_config, train_config)
     acts = {
-        s: extract_activations(spec, ds, s, layers=layers, views=("all",), device=device, dtype=dtype, progress=progress,
+        s: extract_activations(spec, ds, s, layers=layers, token_choices=("all",), device=device, dtype=dtype, progress=progress,
                                limit=limit)
         for s in ("train", "val", "test")
     }

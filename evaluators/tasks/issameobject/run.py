@@ -12,28 +12,28 @@ from bench.core.errors import BenchError
 from bench.core.results import write_run
 from bench.core.tasks import TASKS
 from evaluators.fitting import resolve_device
-from evaluators.runner.plan import EvaluationPlan
+from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.planning import BackbonePlan, backbone_plans, check_cache, effective_limit, say
 from evaluators.runner.run import local_threads, run_start
 from evaluators.tasks.binding.rows import common_columns, extraction_failure
 from evaluators.tasks.issameobject.evaluate import evaluate_issameobject
 
 
-def request_fields(plan: EvaluationPlan) -> dict[str, Any]:
+def request_fields(request: EvaluationRequest) -> dict[str, Any]:
     """The IsSameObject fields of a request's probe fingerprint."""
-    return {"epochs": plan.epochs, "exclude_background": plan.exclude_background}
+    return {"epochs": request.epochs, "exclude_background": request.exclude_background}
 
 
-def run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
+def run_issameobject(request: EvaluationRequest, ds: Dataset, progress: bool,
                      on_skipped: Callable[[int], None] | None) -> Path | None:
     """IsSameObject rows of every backbone (the task's runner), with the same provenance, keys and crash safety as binding
     rows; with executor "ray", every backbone's rows are computed by Ray tasks first."""
-    task, families, seeds, exclude_background = plan.task, plan.families, plan.seeds, plan.exclude_background
-    device, dtype, epochs, results_dir = plan.device, plan.dtype, plan.epochs, plan.results_dir
-    limit = effective_limit(ds, plan.limit)
-    test_fp, done, run_id, prov = run_start(ds, limit, results_dir, plan.overwrite, resolve_device(device),
-                                             plan.command)
-    plans = backbone_plans(plan, ds, done=done, test_fp=test_fp, limit=limit, progress=progress)
+    task, families, seeds, exclude_background = request.task, request.families, request.seeds, request.exclude_background
+    device, dtype, epochs, results_dir = request.device, request.dtype, request.epochs, request.results_dir
+    limit = effective_limit(ds, request.limit)
+    test_fp, done, run_id, prov = run_start(ds, limit, results_dir, request.overwrite, resolve_device(device),
+                                             request.command)
+    plans = backbone_plans(request, ds, done=done, test_fp=test_fp, limit=limit, progress=progress)
     check_cache(plans, ds, dtype, limit, progress, on_skipped)
     if ds.card.get("generator", {}).get("name") == "colorshape" and any(p.todo for p in plans):
         say(progress, "note: on ColorShape, IsSameObject is nearly trivial (flat colours: raw pixels read about "
@@ -43,13 +43,13 @@ def run_issameobject(plan: EvaluationPlan, ds: Dataset, progress: bool,
         return (sorted({w.layer for w in one.todo}), [f for f in families if any(f in w.families for w in one.todo)])
 
     computed: dict[str, Any] = {}
-    if plan.executor == "ray":
-        on_ray = TASKS.get(plan.task).hook("ray_runner")  # evaluators.runner.ray_executor.run_issameobject
+    if request.executor == "ray":
+        on_ray = TASKS.get(request.task).hook("ray_runner")  # evaluators.runner.ray_executor.run_issameobject
         computed = on_ray([(p, *work(p)) for p in plans if p.todo], ds, seeds=seeds, device=device,
                           dtype=dtype, epochs=epochs, exclude_background=exclude_background, limit=limit,
-                          results_dir=results_dir, run_id=run_id, progress=progress, address=plan.address,
-                          gpus_per_task=plan.gpus_per_task)
-    with local_threads(plan.threads, progress, plans, local=plan.executor != "ray"):
+                          results_dir=results_dir, run_id=run_id, progress=progress, address=request.address,
+                          gpus_per_task=request.gpus_per_task)
+    with local_threads(request.threads, progress, plans, local=request.executor != "ray"):
         rows: list[dict[str, Any]] = []
         path = None
         for one in plans:

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from bench.core.errors import BenchError
 from evaluators.backbones.base import AttentionQK
 from evaluators.fitting.early_stopping import Plateau
-from evaluators.probes.families import PAIR_PROBES, pair_probe_names
+from evaluators.probes.families import ISSAMEOBJECT_PROBES, pair_probe_names
 
 SAMPLINGS = ("balanced", "natural")
 
@@ -110,8 +110,8 @@ class PointwiseIdentityPair(PairProbe):
 
 
 def build_probe(name: str, d: int, config: PairTrainConfig) -> PairProbe:
-    """A trained pair probe over D-wide tokens, as its registry entry (`PAIR_PROBES`) makes it."""
-    entry = PAIR_PROBES.get(name)
+    """A trained pair probe over D-wide tokens, as its registry entry (`ISSAMEOBJECT_PROBES`) makes it."""
+    entry = ISSAMEOBJECT_PROBES.get(name)
     if entry.cls is None:
         raise BenchError(f"probe: {name!r} is not a trained pair probe; trained: {', '.join(pair_probe_names(True))}")
     return entry.probe_class()(d, *(getattr(config, a) for a in entry.config_args))
@@ -120,10 +120,10 @@ def build_probe(name: str, d: int, config: PairTrainConfig) -> PairProbe:
 def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None = None) -> np.ndarray:
     """A baseline's raw similarity per pair (larger = more likely the same object), by its registry
     entry's `similarity`; `qk` is the projections of the block that reads these tokens (`reads_qk`)."""
-    entry = PAIR_PROBES.get(name)
+    entry = ISSAMEOBJECT_PROBES.get(name)
     if entry.similarity is None:
         raise BenchError(f"probe: {name!r} is not a similarity baseline; "
-                         f"baselines: {', '.join(n for n, p in PAIR_PROBES.items() if p.similarity is not None)}")
+                         f"baselines: {', '.join(n for n, p in ISSAMEOBJECT_PROBES.items() if p.similarity is not None)}")
     return entry.similarity_function()(x, y, qk)
 
 
@@ -199,7 +199,7 @@ def fit_scorer(
     u, ix, iy, same = train
     if len(same) == 0:
         raise BenchError("issameobject: no training pairs (no image has two valid patches)")
-    entry = PAIR_PROBES.get(name)
+    entry = ISSAMEOBJECT_PROBES.get(name)
     if entry.trained:
         return _fit_probe(name, train, val, config)
     if entry.similarity is None:  # the majority class

@@ -1,7 +1,7 @@
 """What one evaluation run is asked to do, as one typed, frozen value.
 
-`EvaluationPlan` gathers everything `bench evaluate`, `bench.api.evaluate`, `bench demo` and
-the Ray path ask of a run (models, dataset, task, layers, views, probes, seeds, training and
+`EvaluationRequest` gathers everything `bench evaluate`, `bench.api.evaluate`, `bench demo` and
+the Ray path ask of a run (models, dataset, task, layers, tokens, probes, seeds, training and
 execution settings), checks it when it is made, and is what `evaluators.runner.run.run_evaluation`
 takes. Every caller builds the same value, so they all run the same code on the same request;
 a bad request fails here, in one line, before a dataset is opened or a backbone loaded.
@@ -28,7 +28,7 @@ from evaluators.backbones.base import Backbone, BackboneInfo
 from evaluators.backbones.module_adapter import ModuleAdapter
 from evaluators.backbones.presets import checked_preprocessing
 from evaluators.backbones.weights import state_dict_hash
-from evaluators.cache.extract import check_device, check_dtype, parse_views
+from evaluators.cache.extract import check_device, check_dtype, parse_tokens
 from bench.core.tasks import DEFAULT_TASK, TASKS
 from evaluators.runner.threads import check_threads
 from evaluators.fitting import TrainConfig
@@ -40,15 +40,15 @@ MAX_SEEDS = 1000
 class Model:
     """One model of a run: `name` fills the rows' `backbone` column (and their key), `spec` the
     `spec` column; `backbone` is the object itself when one was given (a spec string is
-    resolved when the run starts, so a plan stays cheap to make)."""
+    resolved when the run starts, so a request stays cheap to make)."""
 
     name: str
     spec: str
     backbone: Backbone | None = field(default=None, compare=False)
 
     def resolve(self, **preprocessing: object) -> Backbone:
-        """The backbone to run: the object given, or the one the spec names, with the plan's
-        `preprocessing` overrides (`EvaluationPlan.preprocessing`) in place of its own."""
+        """The backbone to run: the object given, or the one the spec names, with the request's
+        `preprocessing` overrides (`EvaluationRequest.preprocessing`) in place of its own."""
         return self.backbone if self.backbone is not None else resolve_backbone(self.spec, **preprocessing)
 
 
@@ -128,7 +128,7 @@ def models_of(models: ModelInput | Sequence[ModelInput] | Mapping[str, str | Bac
 
 
 @dataclass(frozen=True)
-class EvaluationPlan:
+class EvaluationRequest:
     """One evaluation run's request, checked when made (a bad one raises BenchError, one line).
 
     `models`: spec strings, `NAME=SPEC`, backbone objects or `Model`s, or a mapping name ->
@@ -223,9 +223,9 @@ class EvaluationPlan:
             raise BenchError("model: give at least one backbone")
         if not self.families:
             raise BenchError("probes: give at least one probe family")
-        if task.fixed_views and self.tokens is not None and list(parse_views(self.tokens)) != list(task.views):
-            raise BenchError(f"tokens: {self.task} reads {', '.join(task.views)} only; use --tokens "
-                             f"{','.join(task.views)}, got {', '.join(self.tokens)}")
+        if task.fixed_tokens and self.tokens is not None and list(parse_tokens(self.tokens)) != list(task.token_choices):
+            raise BenchError(f"tokens: {self.task} reads {', '.join(task.token_choices)} only; use --tokens "
+                             f"{','.join(task.token_choices)}, got {', '.join(self.tokens)}")
         task.probe_registry.check(self.families)
         if task.check is not None:
             task.hook("check")(self)
@@ -258,10 +258,10 @@ class EvaluationPlan:
         return list(dict.fromkeys(TASKS.get(self.task).default_probes if self.probes is None else self.probes))
 
     @property
-    def views(self) -> list[str]:
-        """The token views: the task's own (`Task.views`) unless named, or always when it fixes them."""
+    def token_choices(self) -> list[str]:
+        """The tokens choices: the task's own (`Task.token_choices`) unless named, or always when it fixes them."""
         task = TASKS.get(self.task)
-        return parse_views(task.views if self.tokens is None or task.fixed_views else self.tokens)
+        return parse_tokens(task.token_choices if self.tokens is None or task.fixed_tokens else self.tokens)
 
     def probe_request(self) -> dict[str, object]:
         """The request behind every row's probe fingerprint (`evaluators.runner.planning.probe_fingerprints`):
