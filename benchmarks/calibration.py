@@ -82,11 +82,13 @@ def main() -> None:
     runs = [(spec, "cls", families) for spec in args.models.split(",")]
     runs += [(spec, "all", ["attention"]) for spec in (args.attention.split(",") if args.attention else [])]
     for spec, tokens, fams in runs:
-        acts = {s: extract_activations(spec, ds, s, layers="last", token_choices=(tokens,), progress=False) for s in SPLITS}
+        acts = {s: extract_activations(spec, ds, s, layers="last", token_choices=(tokens,), progress=False)
+                for s in SPLITS}
         for control, whole in tasks.items():
             for n in sizes:
                 task = whole.first_train(n)
-                inputs = {s: RowReader(a.get(a.layers[0], tokens), n if s == "train" else None) for s, a in acts.items()}
+                inputs = {s: RowReader(a.get(a.layers[0], tokens), n if s == "train" else None)
+                          for s, a in acts.items()}
                 t0 = time.perf_counter()
                 results = evaluate_binding(inputs, task, fams, train=TrainConfig(), n_boot=1000)
                 wall = time.perf_counter() - t0
@@ -96,7 +98,8 @@ def main() -> None:
                     m = r.metrics
                     sens = "—" if m.get("sensitivity") is None else \
                         f"{100 * m['sensitivity']:.0f} [{100 * m['sensitivity_lo']:.0f}, {100 * m['sensitivity_hi']:.0f}]"
-                    print(f"| {spec} ({tokens}) | {control or '—'} | {'—' if truth is None else f'{100 * truth:.1f}'} | "
+                    print(f"| {spec} ({tokens}) | {control or '—'} | "
+                          f"{'—' if truth is None else f'{100 * truth:.1f}'} | "
                           f"{n} | {fam} | {_interval(m, 'beta_star')} | {_interval(m, 'beta_star_paper')} | {sens} | "
                           f"{100 * m['beta_F']:.1f} | {wall / len(fams):.0f} |", flush=True)
 

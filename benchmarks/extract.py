@@ -56,8 +56,8 @@ def bare_loop(backbone, batches: list[torch.Tensor]) -> float:
 def extraction(backbone, ds: Dataset, cache_dir: Path, batch_size: int) -> float:
     shutil.rmtree(cache_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    extract_activations(backbone, ds, "test", layers="all", token_choices=TOKENS, batch_size=batch_size, cache_dir=cache_dir,
-                        progress=False, device="cpu")
+    extract_activations(backbone, ds, "test", layers="all", token_choices=TOKENS, batch_size=batch_size,
+                        cache_dir=cache_dir, progress=False, device="cpu")
     return ds.num_rows("test") / (time.perf_counter() - t0)
 
 

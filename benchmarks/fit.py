@@ -81,7 +81,8 @@ def main() -> None:
     token_choices = args.tokens.split(",")
     ds = dataset(Path(args.root), args.n_train, args.n_eval, args.seed)
     backbone = resolve_backbone(args.model, image_size=args.image_size) if args.image_size else args.model
-    acts = {s: extract_activations(backbone, ds, s, layers=args.layers, token_choices=token_choices, progress=False) for s in SPLITS}
+    acts = {s: extract_activations(backbone, ds, s, layers=args.layers, token_choices=token_choices, progress=False)
+            for s in SPLITS}
     task = binding_task(ds)
     layers = list(acts["train"].layers)
     print(f"{args.model} at {args.image_size or 'native'} px, {args.n_train}/{args.n_eval}/{args.n_eval} scenes, "
@@ -101,8 +102,9 @@ def main() -> None:
                                                   n_boot=200)]
         total_cpu, total_wall = time.process_time() - c0, time.perf_counter() - t0
         for (layer, tokens), res in zip(row_sets, results):
-            print(f"  layer {layer:2d} {tokens:4s}  β* " + ", ".join(f"{f} {r.metrics.get('beta_star', float('nan')):.4f}"
-                                                              for f, r in res.items()), flush=True)
+            print(f"  layer {layer:2d} {tokens:4s}  β* "
+                  + ", ".join(f"{f} {r.metrics.get('beta_star', float('nan')):.4f}" for f, r in res.items()),
+                  flush=True)
         print(f"all {len(row_sets)} row sets, {per_stack} per stack: {total_cpu:.1f} s CPU, {total_wall:.1f} s wall "
               f"({total_cpu / cpu:.1f}x one row set)")
     elif not args.one_only:  # a checkout from before stacking: one row set after another

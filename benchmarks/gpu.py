@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, report: dict) -> None:
 
         runs, fp32 = [], {}
         for spec, layers, token_choices, side in ((MODEL, args.layers, ["cls", "mean"], args.input_size),
-                                          (PIXELS, "last", ["all"], None)):
+                                                  (PIXELS, "last", ["all"], None)):
             backbone = resolve_backbone(spec)
             fp32[spec], secs = extract(backbone, ds, layers, token_choices, args.device, "fp32", cache, side)
             runs.append({"model": spec, "dtype": "fp32", "status": "done", "seconds": round(secs, 2)})

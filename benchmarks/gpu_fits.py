@@ -40,8 +40,8 @@ def make_dataset(root: Path, n_train: int, n_eval: int, image_size: int, seed: i
     return Dataset(root / "small")
 
 
-def extract(spec: str | Backbone, ds: Dataset, layers: str, token_choices: list[str], device: str, dtype: str, cache: Path,
-            input_size: int | None = None) -> tuple[dict, float]:
+def extract(spec: str | Backbone, ds: Dataset, layers: str, token_choices: list[str], device: str, dtype: str,
+            cache: Path, input_size: int | None = None) -> tuple[dict, float]:
     """Every split's activations and the seconds they took (a fresh cache: nothing is read back).
     A resolved `spec` is built once, outside the time, not once per split."""
     t0 = gpu_budget.now()

@@ -35,7 +35,8 @@ def fit_side_by_side(acts: dict, task, row_sets: list[tuple[int, str]], families
                     "row_sets_total": len(row_sets)}
         t0 = gpu_budget.now()
         pending = {f"{layer}/{tokens}": pool.apply_async(fit_one_on_cpu, (
-            {s: np.asarray(a.get(layer, tokens)) for s, a in acts.items()}, task, families)) for layer, tokens in row_sets}
+            {s: np.asarray(a.get(layer, tokens)) for s, a in acts.items()}, task, families))
+                   for layer, tokens in row_sets}
         while pending and gpu_budget.now() - t0 < allowance:
             for key in [k for k, r in pending.items() if r.ready()]:
                 try:

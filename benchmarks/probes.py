@@ -138,7 +138,8 @@ def family_costs(root: Path, models: list[str], n_train: int, families: tuple[st
                            ("all", tuple(f for f in families if f in spatial))):
             if not chosen or (tokens == "all" and spec.startswith("oracle:") and spec != "oracle:patches"):
                 continue
-            acts = {s: extract_activations(spec, ds, s, layers="last", token_choices=(tokens,), progress=False) for s in SPLITS}
+            acts = {s: extract_activations(spec, ds, s, layers="last", token_choices=(tokens,), progress=False)
+                    for s in SPLITS}
             inputs = {s: RowReader(a.get(a.layers[0], tokens)) for s, a in acts.items()}
             for fam in chosen:
                 t0, c0 = time.perf_counter(), time.process_time()

@@ -79,13 +79,15 @@ def test_api_generate_refuses_bad_input_in_one_line_before_writing(kwargs, messa
 
 def test_a_plan_fills_the_task_defaults_and_is_frozen(tmp_path):
     request = EvaluationRequest(["pixels", "mine=oracle:objects", "pixels"], tmp_path, probes="linear,dnn",
-                          seeds=[1, 1, 0])
+                                seeds=[1, 1, 0])
     assert request.models == (Model("pixels", "pixels"), Model("mine", "oracle:objects"))  # the same model once
-    assert (request.layer_request, request.token_choices, request.families, request.seeds) == ("last", ["cls"], ["linear", "dnn"], (1, 0))
+    assert (request.layer_request, request.token_choices, request.families, request.seeds) == (
+        "last", ["cls"], ["linear", "dnn"], (1, 0))
     assert request.dataset == tmp_path and request.results_dir == Path("results")
     assert EvaluationRequest("pixels", tmp_path, seeds=np.int64(3)).seeds == (3,)  # one seed, a numpy integer too
     iso = EvaluationRequest({"p": "pixels"}, str(tmp_path), task="issameobject", layers=[0, 1])
-    assert (iso.layer_request, iso.token_choices, iso.families) == ((0, 1), ["all"], ["linear", "diag-quadratic", "quadratic"])
+    assert (iso.layer_request, iso.token_choices, iso.families) == (
+        (0, 1), ["all"], ["linear", "diag-quadratic", "quadratic"])
     assert iso.models == (Model("p", "pixels"),)
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.task = "issameobject"  # type: ignore[misc]

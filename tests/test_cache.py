@@ -116,7 +116,8 @@ def stalled(self, x, layers):  # after four batches (8 rows), the run stays mid-
     return forward(self, x, layers)
 HFBackbone.hidden_states = stalled
 ckpt, data, store = sys.argv[1:]
-extract_activations(ckpt, Dataset(data), "train", token_choices=("cls", "all"), batch_size=2, cache_dir=store, progress=False)
+extract_activations(ckpt, Dataset(data), "train", token_choices=("cls", "all"), batch_size=2, cache_dir=store,
+                    progress=False)
 """
 
 

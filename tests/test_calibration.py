@@ -93,7 +93,8 @@ def measure(path: Path, spec: str, tokens: str, families: tuple[str, ...], n_tra
     ds = Dataset(path)
     task = _task(path) if control is None else _control_task(path)
     task = task if n_train is None else task.first_train(n_train)
-    acts = {s: extract_activations(spec, ds, s, layers="last", token_choices=(tokens,), resolution=resolution, progress=False)
+    acts = {s: extract_activations(spec, ds, s, layers="last", token_choices=(tokens,), resolution=resolution,
+                                   progress=False)
             for s in SPLITS}
     inputs = {s: RowReader(a.get(a.layers[0], tokens), n_train if s == "train" else None) for s, a in acts.items()}
     results = evaluate_binding(inputs, task, list(families), train=train, targets=targets, n_boot=200)

@@ -187,8 +187,8 @@ def test_demo_end_to_end_offline(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
     for models, control in ((["oracle:objects"], None), ([CONTROL_MODEL], CONTROL)):
         run_evaluation(EvaluationRequest(models, tmp_path / "colorshape-demo", task="binding", layers="last",
-                                      tokens=("cls",), probes=DEMO_PROBES, results_dir=tmp_path / "reference",
-                                      epochs=3, control=control, threads=1), progress=False)
+                                         tokens=("cls",), probes=DEMO_PROBES, results_dir=tmp_path / "reference",
+                                         epochs=3, control=control, threads=1), progress=False)
     reference, demo = rows_of(tmp_path / "reference"), rows_of(tmp_path / "results")
     assert len(reference) == 6 and reference.keys() <= demo.keys()
     assert [k for k in reference if reference[k] != demo[k]] == []

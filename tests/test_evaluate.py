@@ -161,7 +161,7 @@ def test_a_failing_probe_becomes_an_error_row(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr(probes.QuadraticProbe, "readout", broken)
     path = run_evaluation(EvaluationRequest(["oracle:objects"], tiny, probes=["linear", "quadratic"], epochs=1,
-                                         results_dir=tmp_path), progress=False)
+                                            results_dir=tmp_path), progress=False)
     rows = {r["probe"]: r for r in pq.read_table(path).to_pylist()}
     assert rows["linear"]["status"] == "ok"
     assert rows["quadratic"]["status"] == "error" and "probe exploded" in rows["quadratic"]["error"]

@@ -245,7 +245,8 @@ def test_the_linear_stage_reads_the_host_as_often_for_4_row_sets_as_for_1(task):
 
 
 def test_stacks_keep_the_order_of_the_work_and_split_at_the_budget():
-    work = [Work(layer, tokens, seed, ["linear"]) for seed in (0, 1) for layer in (0, 6, 12) for tokens in ("cls", "mean")]
+    work = [Work(layer, tokens, seed, ["linear"]) for seed in (0, 1) for layer in (0, 6, 12)
+            for tokens in ("cls", "mean")]
     chunks = stacks(work, 4)
     assert [len(c) for c in chunks] == [4, 2, 4, 2]
     assert all(len({w.seed for w in c}) == 1 for c in chunks) and [w for c in chunks for w in c] == work
@@ -261,8 +262,9 @@ def test_a_run_fitted_row_set_by_row_set_writes_the_rows_of_one_stack(balanced_s
     train = TrainConfig(epochs=2, l2_path=(1e-1, 1e-2), l1_path=(1e-2,))
     rows = {}
     for name, budget in (("one", 1), ("all", 1 << 30)):
-        request = EvaluationRequest(["pixels", "random:dinov2-small"], balanced_small, layers="0,last", probes=["linear", "dnn"],
-                              train=replace(train, stack_bytes=budget), results_dir=tmp_path / name, threads=1)
+        request = EvaluationRequest(["pixels", "random:dinov2-small"], balanced_small, layers="0,last",
+                                    probes=["linear", "dnn"], train=replace(train, stack_bytes=budget),
+                                    results_dir=tmp_path / name, threads=1)
         table = pq.read_table(run_evaluation(request, progress=False)).to_pylist()
         rows[name] = {(r["backbone"], r["layer"], r["tokens"], r["probe"]): {k: v for k, v in r.items() if k not in RUN}
                       for r in table}

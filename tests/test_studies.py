@@ -280,10 +280,12 @@ def test_a_study_plans_the_rows_and_cache_bench_evaluate_plans(grid, tmp_path, m
     for p, pending, kept in zip(evaluate, (1, 2), (6, 4)):  # pixels owes seed 1 (its mean rows), the vit seed 1
         u = units[p.name]
         assert (u.layers, u.pending_row_sets, u.held) == (tuple(p.layers), len(p.todo), kept) and len(p.todo) == pending
-        assert (u.rows, u.row_sets) == (len([r for r in rows if r["backbone"] == p.name]), len(p.layers) * len(p.token_choices) * 2)
+        assert (u.rows, u.row_sets) == (len([r for r in rows if r["backbone"] == p.name]),
+                                        len(p.layers) * len(p.token_choices) * 2)
     assert [p.skipped for p in evaluate] == [2, 4]
     assert units["vit"].activation_bytes == sum(
-        pending_bytes(vit.backbone, ds, s, layers=vit.layers, token_choices=vit.token_choices, dtype=request.dtype, limit=limit)
+        pending_bytes(vit.backbone, ds, s, layers=vit.layers, token_choices=vit.token_choices, dtype=request.dtype,
+                      limit=limit)
         for s in ("train", "val", "test")) > 0
 
 

@@ -120,8 +120,8 @@ def test_activations_are_the_same_bytes_on_any_thread_count(tmp_path, side):
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            acts = extract_activations(backbone, ds, "train", layers="all", token_choices=("cls+mean", "all"), device="cpu",
-                                       cache_dir=tmp_path / f"cache{n}", progress=False)
+            acts = extract_activations(backbone, ds, "train", layers="all", token_choices=("cls+mean", "all"),
+                                       device="cpu", cache_dir=tmp_path / f"cache{n}", progress=False)
             got[n] = {(layer, tokens): np.array(acts.get(layer, tokens)) for layer in acts.layers
                       for tokens in ("cls+mean", "all")}
     finally:

@@ -280,7 +280,8 @@ def test_extract_excludes_prefix_tokens(tiny_data):
     """The cached `all` view is exactly timm's spatial tokens (registers out); `mean` averages them."""
     ds = Dataset(tiny_data)
     bb = resolve_backbone(f"random:timm:{TIMM_TINY}")
-    acts = extract_activations(bb, ds, "test", layers=[2], token_choices=["all", "mean", "cls"], device="cpu", progress=False)
+    acts = extract_activations(bb, ds, "test", layers=[2], token_choices=["all", "mean", "cls"], device="cpu",
+                               progress=False)
     assert acts.grid == (4, 4)
     rows = next(ds.iter_batches("test", batch_size=4, columns=["image"]))
     x = bb.prepare({"image": rows.column("image").to_pylist()}, 32)

@@ -64,11 +64,11 @@ def evaluate_run(
     from evaluators.runner.run import run_evaluation
 
     request = EvaluationRequest(models, Path(dataset), task=task, layers=layers, tokens=tokens, probes=probes,
-                          seeds=seeds, device=device, dtype=dtype, epochs=epochs, limit=limit,
-                          results_dir=results, overwrite=overwrite, unanchored=unanchored, control=control,
-                          exclude_background=exclude_background, executor=executor, address=address,
-                          gpus_per_task=gpus_per_task, threads=threads, image_size=image_size, mean=mean, std=std,
-                          command=command)
+                                seeds=seeds, device=device, dtype=dtype, epochs=epochs, limit=limit,
+                                results_dir=results, overwrite=overwrite, unanchored=unanchored, control=control,
+                                exclude_background=exclude_background, executor=executor, address=address,
+                                gpus_per_task=gpus_per_task, threads=threads, image_size=image_size, mean=mean, std=std,
+                                command=command)
     skipped: list[int] = []
     path = run_evaluation(request, progress=progress, on_skipped=skipped.append)
     rows: list[dict[str, Any]] = []

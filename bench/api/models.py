@@ -61,9 +61,9 @@ def extract(model: str, dataset: PathLike, *, splits: Sequence[str] = ("train", 
         from evaluators.cache.extract import extract_activations
 
         for s in splits:
-            yield s, extract_activations(model, ds, s, layers=layers, token_choices=list(token_choices), device=device, dtype=dtype,
-                                         batch_size=batch_size, resolution=resolution, image_size=image_size,
-                                         cache_dir=folder, limit=limit)
+            yield s, extract_activations(model, ds, s, layers=layers, token_choices=list(token_choices), device=device,
+                                         dtype=dtype, batch_size=batch_size, resolution=resolution,
+                                         image_size=image_size, cache_dir=folder, limit=limit)
 
     return extracted()
 

@@ -58,10 +58,11 @@ def extract(
     limit: Optional[int] = typer.Option(None, help="Only the first N scenes of each split (as `bench evaluate --limit`)."),
 ) -> None:
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
-    for s, acts in api.extract(model, dataset, splits=split, layers=layers, token_choices=tokens.split(","), device=device,
-                               dtype=dtype, batch_size=batch_size, resolution=resolution, image_size=image_size,
-                               cache_dir=cache_dir, limit=limit):
-        echo(f"{s}: {acts.n} rows, layers {acts.layers[0]}..{acts.layers[-1]}, tokens {','.join(acts.token_choices)} -> {acts.path}")
+    for s, acts in api.extract(model, dataset, splits=split, layers=layers, token_choices=tokens.split(","),
+                               device=device, dtype=dtype, batch_size=batch_size, resolution=resolution,
+                               image_size=image_size, cache_dir=cache_dir, limit=limit):
+        echo(f"{s}: {acts.n} rows, layers {acts.layers[0]}..{acts.layers[-1]}, "
+             f"tokens {','.join(acts.token_choices)} -> {acts.path}")
 
 
 @cache_app.callback(invoke_without_command=True)

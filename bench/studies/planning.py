@@ -392,8 +392,8 @@ def _unit(study: Study, block: EvaluateBlock, step: DatasetStep, backbone: Backb
                 _unit_bytes(info, backbone, step, layers, token_choices, request.limit) if pending else 0)
 
 
-def _unit_bytes(info: Any, backbone: BackboneEntry, step: DatasetStep, layers: Sequence[int], token_choices: Sequence[str],
-                limit: int | None) -> int:
+def _unit_bytes(info: Any, backbone: BackboneEntry, step: DatasetStep, layers: Sequence[int],
+                token_choices: Sequence[str], limit: int | None) -> int:
     """An upper bound on the activations one unit extracts (`metadata_bytes`): every view asked
     for, and 3 x `limit` rows (or all the scenes) at the side the run will use."""
     from evaluators.backbones.ground_truth import FAMILIES

@@ -118,7 +118,7 @@ class EvaluateBlock:
         from evaluators.runner.request import EvaluationRequest
 
         return EvaluationRequest([b.model for b in backbones], dataset, **self.options, **backbones[0].preprocessing,
-                              **run)
+                                 **run)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,8 @@ def covers(stored: Sequence[str], tokens: str) -> bool:
     return tokens in stored or (tokens in ("cls", "mean") and "cls+mean" in stored)
 
 
-def find_complete(cache_dir: Path | None, base: str, layers: Sequence[int], token_choices: Sequence[str]) -> Path | None:
+def find_complete(cache_dir: Path | None, base: str, layers: Sequence[int],
+                  token_choices: Sequence[str]) -> Path | None:
     """A complete entry of this base key holding at least these layers and tokens choices."""
     root = activations_dir(cache_dir) / base
     if not root.is_dir():
@@ -344,7 +345,8 @@ class EntryWriter:
             digests = {array_name(l, v): file_sha256(self.path / array_name(l, v))  # every writer's rows, on disk
                        for l in self.layers for v in self.token_choices}
             write_json_atomic({"format_version": FORMAT_VERSION, "material": self.material, "layers": self.layers,
-                               "views": self.token_choices, "n": self.n, "digests": digests, **meta}, self.path / ENTRY_NAME)
+                               "views": self.token_choices, "n": self.n, "digests": digests, **meta},
+                              self.path / ENTRY_NAME)
             (self.path / STATE_NAME).unlink(missing_ok=True)
             return True
 

@@ -148,7 +148,7 @@ def split_fingerprint(dataset: Dataset, split: str, limit: int | None = None) ->
 
 
 def check_tokens(backbone: Backbone, dataset: Dataset, split: str, token_choices: Sequence[str],
-                resolution: str = "native", image_size: int | None = None) -> tuple[int, tuple[int, int] | None]:
+                 resolution: str = "native", image_size: int | None = None) -> tuple[int, tuple[int, int] | None]:
     """The input side and token grid, after refusing tokens choices the backbone cannot give; cheap,
     so a run checks every backbone before it extracts anything."""
     info = backbone.info
@@ -174,8 +174,9 @@ def _entry_key(backbone: Backbone, dataset: Dataset, split: str, side: int, dtyp
     return entries.base_key({k: v for k, v in material.items() if k not in ("spec", "dataset")}), material
 
 
-def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: Sequence[int], token_choices: Sequence[str],
-                  dtype: str = "fp32", limit: int | None = None, cache_dir: Path | None = None) -> int:
+def pending_bytes(backbone: Backbone, dataset: Dataset, split: str, *, layers: Sequence[int],
+                  token_choices: Sequence[str], dtype: str = "fp32", limit: int | None = None,
+                  cache_dir: Path | None = None) -> int:
     """Bytes the cache entry of this request will take on disk, 0 when the cache already holds it:
     rows x layers x (tokens x width per choice) x 2 bytes (fp16)."""
     side, grid = check_tokens(backbone, dataset, split, token_choices)
@@ -316,7 +317,8 @@ def _row_shapes(token_choices: Sequence[str], width: int, grid: tuple[int, int] 
     return {v: shapes[v] for v in token_choices}
 
 
-def select_tokens(h: torch.Tensor, info: BackboneInfo, token_choices: Sequence[str], spatial: bool) -> dict[str, torch.Tensor]:
+def select_tokens(h: torch.Tensor, info: BackboneInfo, token_choices: Sequence[str],
+                  spatial: bool) -> dict[str, torch.Tensor]:
     """The requested tokens choices of one layer's tokens (B x T x D); registers are never spatial."""
     patches = h[:, info.n_prefix:]
     out: dict[str, torch.Tensor] = {}

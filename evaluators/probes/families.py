@@ -157,13 +157,14 @@ BINDING_PROBES.register("attention", ProbeFamily(
 _SCORERS = "evaluators.tasks.issameobject.scorers"
 ISSAMEOBJECT_PROBES.register("linear", PairProbe(trained=True, cls=f"{_SCORERS}:LinearPair"))
 ISSAMEOBJECT_PROBES.register("diag-quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:DiagQuadraticPair"))
-ISSAMEOBJECT_PROBES.register("quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:QuadraticPair", config_args=("rank",)))
+ISSAMEOBJECT_PROBES.register("quadratic", PairProbe(trained=True, cls=f"{_SCORERS}:QuadraticPair",
+                                                    config_args=("rank",)))
 ISSAMEOBJECT_PROBES.register("pointwise-identity", PairProbe(trained=True, cls=f"{_SCORERS}:PointwiseIdentityPair",
-                                                     config_args=("slots",)))
+                                                             config_args=("slots",)))
 ISSAMEOBJECT_PROBES.register("cosine", PairProbe(trained=False, similarity=f"{_SCORERS}:cosine_similarity"))
 ISSAMEOBJECT_PROBES.register("dot", PairProbe(trained=False, similarity=f"{_SCORERS}:dot_similarity"))
 ISSAMEOBJECT_PROBES.register("attention-qk", PairProbe(trained=False, note="Hugging Face, timm or OpenCLIP ViTs",
-                                               similarity=f"{_SCORERS}:attention_qk_similarity", reads_qk=True))
+                                                       similarity=f"{_SCORERS}:attention_qk_similarity", reads_qk=True))
 ISSAMEOBJECT_PROBES.register("distance", PairProbe(trained=False, similarity=f"{_SCORERS}:distance_similarity"))
 ISSAMEOBJECT_PROBES.register("majority", PairProbe(trained=False))
 

@@ -130,7 +130,8 @@ def rows_owed(request: EvaluationRequest, name: str, info: BackboneInfo, *, data
         for tokens in trained:
             for seed in request.seeds:
                 have = {f: [row_key({**fixed, "layer": layer, "tokens": v, "probe": f, "seed": seed,
-                                     "probe_fingerprint": probe_fps[f]}) in done for v in [tokens, *aliases.get(tokens, [])]]
+                                     "probe_fingerprint": probe_fps[f]}) in done
+                            for v in [tokens, *aliases.get(tokens, [])]]
                         for f in here}
                 owed = [f for f in here if not all(have[f])]
                 skipped += len(here) - len(owed)
@@ -141,7 +142,8 @@ def rows_owed(request: EvaluationRequest, name: str, info: BackboneInfo, *, data
     return Owed(layers, trained, aliases, todo, skipped, held, rows)
 
 
-def metadata_bytes(info: BackboneInfo, side: int, rows: int, layers: Sequence[int], token_choices: Sequence[str]) -> int:
+def metadata_bytes(info: BackboneInfo, side: int, rows: int, layers: Sequence[int],
+                   token_choices: Sequence[str]) -> int:
     """The cache bytes `rows` scenes of a backbone known by its metadata alone take at input `side`
     (`entry_bytes`, as `bench evaluate` counts them; an oracle's width, its dataset's code length,
     is taken as 64: small either way)."""
@@ -175,8 +177,8 @@ def backbone_plans(request: EvaluationRequest, ds: Dataset, *, done: set[tuple],
                          "probes are trained once and the rows written under both")
         if backbone_notes is not None:
             notes += backbone_notes(spec, backbone, owed.layers, request.families)
-        plans.append(BackbonePlan(spec, backbone, owed.layers, owed.token_choices, owed.todo, owed.skipped, owed.aliases,
-                                  probe_fps, name, model, preprocessing))
+        plans.append(BackbonePlan(spec, backbone, owed.layers, owed.token_choices, owed.todo, owed.skipped,
+                                  owed.aliases, probe_fps, name, model, preprocessing))
     for note in notes:
         say(progress, note)
     return plans
@@ -193,7 +195,8 @@ def check_cache(plans: Sequence[BackbonePlan], ds: Dataset, dtype: str, limit: i
     for p in plans:
         if not p.todo:
             continue
-        size = sum(pending_bytes(p.backbone, ds, s, layers=p.layers, token_choices=p.token_choices, dtype=dtype, limit=limit)
+        size = sum(pending_bytes(p.backbone, ds, s, layers=p.layers, token_choices=p.token_choices, dtype=dtype,
+                                 limit=limit)
                    for s in SPLITS)
         if "all" in p.token_choices and len(p.layers) > 1 and size:
             say(progress, f"warning: --tokens all over {len(p.layers)} layers of {p.spec} stores every patch token "

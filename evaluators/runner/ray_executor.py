@@ -45,8 +45,8 @@ MAX_SHARD_ROWS = 4096
 
 
 def _extract(model: Model, preprocessing: Mapping[str, object] | None, run_id: str, dataset: str, split: str,
-             rows: tuple[int, int], layers: list[int], token_choices: list[str], device: str, dtype: str, limit: int | None,
-             cache_dir: str, gpus: float) -> tuple[Any, str]:
+             rows: tuple[int, int], layers: list[int], token_choices: list[str], device: str, dtype: str,
+             limit: int | None, cache_dir: str, gpus: float) -> tuple[Any, str]:
     """One extraction unit: a backbone's activations of one row shard, into the split's shared
     cache entry (see `entries.EntryWriter`: several shards' writers fill it at once)."""
 
@@ -62,8 +62,8 @@ def _extract(model: Model, preprocessing: Mapping[str, object] | None, run_id: s
 
             entries.EntryWriter.write = write_then_die  # this process only, and it is about to end
         acts = extract_activations(_backbone(model, preprocessing, run_id), Dataset(Path(dataset)), split, layers=layers,
-                                   token_choices=token_choices, device=device, dtype=dtype, cache_dir=Path(cache_dir), progress=False,
-                                   limit=limit, rows=rows, batch_size=BATCH_SIZE)
+                                   token_choices=token_choices, device=device, dtype=dtype, cache_dir=Path(cache_dir),
+                                   progress=False, limit=limit, rows=rows, batch_size=BATCH_SIZE)
         print(f"activations: rows {rows[0]}..{rows[1]} of {acts.n} in {acts.path}")
         return acts
 

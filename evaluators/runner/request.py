@@ -223,7 +223,8 @@ class EvaluationRequest:
             raise BenchError("model: give at least one backbone")
         if not self.families:
             raise BenchError("probes: give at least one probe family")
-        if task.fixed_tokens and self.tokens is not None and list(parse_tokens(self.tokens)) != list(task.token_choices):
+        if (task.fixed_tokens and self.tokens is not None
+                and list(parse_tokens(self.tokens)) != list(task.token_choices)):
             raise BenchError(f"tokens: {self.task} reads {', '.join(task.token_choices)} only; use --tokens "
                              f"{','.join(task.token_choices)}, got {', '.join(self.tokens)}")
         task.probe_registry.check(self.families)

@@ -121,7 +121,8 @@ def common_columns(prov: dict[str, Any], plan: BackbonePlan, dataset: str, test_
             "n_layers": info.n_layers, "task": task}
 
 
-def _row(common: dict[str, Any], layer: int, tokens: str, family: str, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
+def _row(common: dict[str, Any], layer: int, tokens: str, family: str, seed: int,
+         extra: dict[str, Any]) -> dict[str, Any]:
     return {**common, "layer": layer, "tokens": tokens, "probe": family, "seed": seed, **extra}
 
 

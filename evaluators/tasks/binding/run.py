@@ -108,7 +108,8 @@ def run_binding(request: EvaluationRequest, ds: Dataset, progress: bool,
             common = binding_common(prov, one, ds, test_fp, limit, task_data)
             try:
                 acts = {s: extract_activations(one.backbone, ds, s, layers=one.layers, token_choices=one.token_choices,
-                                               device=request.device, dtype=request.dtype, progress=progress, limit=limit)
+                                               device=request.device, dtype=request.dtype, progress=progress,
+                                               limit=limit)
                         for s in SPLITS}
             except BenchError:
                 raise
@@ -119,7 +120,8 @@ def run_binding(request: EvaluationRequest, ds: Dataset, progress: bool,
             per_stack = stack_size(acts["train"], one.todo, task_data, base_train, limit)
             todo = stacks(one.todo, per_stack)
             calls = [(common, acts, task_data, [(w.layer, one.shown(w.tokens)) for w in stack], stack[0].seed,
-                      stack[0].families, replace(base_train, seed=stack[0].seed), request.dtype, limit) for stack in todo]
+                      stack[0].families, replace(base_train, seed=stack[0].seed), request.dtype, limit)
+                     for stack in todo]
             started, fitted = time.perf_counter(), 0
             held = stack_bytes(acts["train"], one.todo, task_data, limit, per_stack)
             for stack, new in zip(todo, workers.fitted(calls, progress, one.name, held)):

@@ -193,8 +193,8 @@ def evaluate_issameobject(
     ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     pc, tc = pair_configs(device, epochs, exclude_background, pair_config, train_config)
     acts = {
-        s: extract_activations(spec, ds, s, layers=layers, token_choices=("all",), device=device, dtype=dtype, progress=progress,
-                               limit=limit)
+        s: extract_activations(spec, ds, s, layers=layers, token_choices=("all",), device=device, dtype=dtype,
+                               progress=progress, limit=limit)
         for s in ("train", "val", "test")
     }
     return evaluate_activations(

@@ -28,7 +28,8 @@ def run_issameobject(request: EvaluationRequest, ds: Dataset, progress: bool,
                      on_skipped: Callable[[int], None] | None) -> Path | None:
     """IsSameObject rows of every backbone (the task's runner), with the same provenance, keys and crash safety as binding
     rows; with executor "ray", every backbone's rows are computed by Ray tasks first."""
-    task, families, seeds, exclude_background = request.task, request.families, request.seeds, request.exclude_background
+    task, families, seeds, exclude_background = (request.task, request.families, request.seeds,
+                                                 request.exclude_background)
     device, dtype, epochs, results_dir = request.device, request.dtype, request.epochs, request.results_dir
     limit = effective_limit(ds, request.limit)
     test_fp, done, run_id, prov = run_start(ds, limit, results_dir, request.overwrite, resolve_device(device),

@@ -122,8 +122,8 @@ def similarity(name: str, x: np.ndarray, y: np.ndarray, qk: AttentionQK | None =
     entry's `similarity`; `qk` is the projections of the block that reads these tokens (`reads_qk`)."""
     entry = ISSAMEOBJECT_PROBES.get(name)
     if entry.similarity is None:
-        raise BenchError(f"probe: {name!r} is not a similarity baseline; "
-                         f"baselines: {', '.join(n for n, p in ISSAMEOBJECT_PROBES.items() if p.similarity is not None)}")
+        raise BenchError(f"probe: {name!r} is not a similarity baseline; baselines: "
+                         f"{', '.join(n for n, p in ISSAMEOBJECT_PROBES.items() if p.similarity is not None)}")
     return entry.similarity_function()(x, y, qk)
 
 

@@ -165,8 +165,8 @@ def run_toy_analysis(
         train_dataset if isinstance(train_dataset, Dataset) else Dataset(train_dataset))
 
     def acts(ds: Dataset, s: str):
-        return extract_activations(spec, ds, s, layers=layers, token_choices=("all",), device=device, dtype=dtype, progress=progress,
-                                   limit=limit)
+        return extract_activations(spec, ds, s, layers=layers, token_choices=("all",), device=device, dtype=dtype,
+                                   progress=progress, limit=limit)
 
     splits = {"train": acts(train_ds, "train"), "val": acts(train_ds, "val"), "toys": acts(toys_ds, split)}
     config = PairTrainConfig(seed=seed, device=resolve_device(device))
