@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
 
 def tasks_help() -> str:
     """`--task` help: every registered task (its record's summary)."""
-    return "; ".join(f"{name} ({task.summary})" for name, task in TASKS.items()) + f" [{DEFAULT_TASK}]."
+    return "; ".join(f"{name} ({task.summary})" for name, task in TASKS.items()) + "."
 
 
 def layers_help() -> str:
