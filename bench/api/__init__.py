@@ -28,7 +28,8 @@ from bench.api.evaluation import (EvaluationRun, ToyAnalysis, evaluate, evaluate
                                   toys_analysis)
 from bench.api.models import (BackboneListing, cache_entries, extract, models, remove_cache_entries, train_zoo,
                               zoo_inventory, zoo_path)
-from bench.api.registries import metrics_help, probes_help, tokens_filter_help, tokens_help
+from bench.api.registries import (layers_help, metrics_help, probes_help, tasks_help, tokens_filter_help,
+                                  tokens_help)
 from bench.api.studies import (StudyOutcome, load_study, plan_study, run_and_report, run_study, shipped_studies,
                                study_next_commands, study_plan_lines, study_report, study_site)
 from bench.core.errors import BenchError
@@ -36,8 +37,8 @@ from bench.core.errors import BenchError
 __all__ = [
     "BackboneListing", "BenchError", "EvaluationRun", "GeneratorSummary", "StudyOutcome", "ToyAnalysis",
     "cache_entries", "compare", "evaluate", "evaluate_run", "extract", "generate", "generators", "import_dataset",
-    "leaderboard", "leaderboard_table", "load_results", "load_study", "metrics_help", "models", "plan_study", "plot",
-    "preview", "probes_help", "remove_cache_entries", "report", "run_and_report", "run_study", "shipped_studies",
-    "site", "study_next_commands", "study_plan_lines", "study_report", "study_site", "tokens_filter_help",
-    "tokens_help", "toys_analysis", "train_zoo", "zoo_inventory", "zoo_path",
+    "layers_help", "leaderboard", "leaderboard_table", "load_results", "load_study", "metrics_help", "models",
+    "plan_study", "plot", "preview", "probes_help", "remove_cache_entries", "report", "run_and_report", "run_study",
+    "shipped_studies", "site", "study_next_commands", "study_plan_lines", "study_report", "study_site",
+    "tasks_help", "tokens_filter_help", "tokens_help", "toys_analysis", "train_zoo", "zoo_inventory", "zoo_path",
 ]

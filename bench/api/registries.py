@@ -1,7 +1,22 @@
-"""Help texts read from the registries (probe families, tokens choices, metrics), plugins' entries
+"""Help texts read from the registries (tasks, probe families, tokens choices, metrics), plugins' entries
 included: the CLI shows them when `--help` is asked for, so only then do plugins load."""
 
 from __future__ import annotations
+
+
+def tasks_help() -> str:
+    """`--task`: every registered task (its record's summary)."""
+    from bench.core.tasks import TASKS
+
+    return "; ".join(f"{name} ({task.summary})" for name, task in TASKS.items()) + "."
+
+
+def layers_help() -> str:
+    """`--layers`: the forms, and each registered task's default."""
+    from bench.core.tasks import TASKS
+
+    defaults = "; ".join(f"{name}: {task.default_layers}" for name, task in TASKS.items())
+    return f"Hidden states: all, last, mid, integers or fractions like 0.5, comma-separated [{defaults}]."
 
 
 def probes_help() -> str:

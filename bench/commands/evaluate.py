@@ -36,19 +36,9 @@ def short_summary(rows: list[dict[str, Any]], task: str) -> tuple[list[dict[str,
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
-    helps = {"task": tasks_help, "layers": layers_help, "probes": api.probes_help, "tokens": api.tokens_help}
+    helps = {"task": api.tasks_help, "layers": api.layers_help, "probes": api.probes_help,
+             "tokens": api.tokens_help}
     app.command("evaluate", cls=registry_help(helps))(evaluate)
-
-
-def tasks_help() -> str:
-    """`--task` help: every registered task (its record's summary)."""
-    return "; ".join(f"{name} ({task.summary})" for name, task in TASKS.items()) + "."
-
-
-def layers_help() -> str:
-    """`--layers` help: the forms, and each registered task's default."""
-    defaults = "; ".join(f"{name}: {task.default_layers}" for name, task in TASKS.items())
-    return f"Hidden states: all, last, mid, integers or fractions like 0.5, comma-separated [{defaults}]."
 
 
 def _split(items: list[str]) -> list[str]:
