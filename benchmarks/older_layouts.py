@@ -10,7 +10,8 @@ issue 57), then where older checkouts kept it.
 - `evaluate_binding_sets`, `row_sets_per_stack`: row sets fitted as one batched problem, as
   `bench evaluate` fits a backbone (issue 37); None on a checkout from before, which fits one row
   set after another.
-- `extract_activations`: `evaluators.cache.extract`; `evaluators.extract` before the rooms.
+- `extract_activations`: `evaluators.cache.extract`; `evaluators.extract` before the rooms, whose
+  keyword for the tokens choices was `views` (called here as `token_choices`, as today).
 - `ProbeJob`, `RowReader`, `TrainConfig`, `fit_probes`: `evaluators.fitting`; before the rooms
   also re-exported by `evaluators.training`, where checkouts from before `fitting/` keep them.
 - `Probe`, `MadeProbe`, `BINDING_PROBES`: `evaluators.probes.{base,pooled,families}`; in
@@ -40,7 +41,11 @@ except ImportError:
 try:
     from evaluators.cache.extract import extract_activations
 except ImportError:
-    from evaluators.extract import extract_activations
+    from evaluators.extract import extract_activations as _extract_with_views
+
+    def extract_activations(*args, token_choices, **kwargs):  # type: ignore[no-redef]
+        """The older checkout's `extract_activations`, asked with today's keyword."""
+        return _extract_with_views(*args, views=token_choices, **kwargs)
 try:
     from evaluators.fitting import ProbeJob, RowReader, TrainConfig, fit_probes
 except ImportError:
