@@ -87,7 +87,7 @@ def board_view(board: Leaderboard, *, anchor: str = "board") -> dict[str, Any]:
                 "score": row.score is c,
                 "note": _cell_note(c, row),
             })
-    return {"anchor": anchor, "title": title(board), "metric": m.label, "unit": "%" if m.unit == "%" else "bits",
+    return {"anchor": anchor, "title": title(board), "metric": m.label, "unit": m.unit,
             "lines": lines, "notes": board_notes(board), "probes": sorted({x["probe"] for x in lines}),
             "tokens": sorted({x["tokens"] for x in lines}), "multi": len(board.datasets) > 1}
 

@@ -116,7 +116,7 @@ def _scale(board: Leaderboard) -> float:
 
 
 def _ylabel(board: Leaderboard) -> str:
-    return f"{board.metric.label} ({'%' if board.metric.unit == '%' else 'bits'})"
+    return f"{board.metric.label} ({board.metric.unit})"
 
 
 Point = tuple  # (x, value, lo, hi, failed); x None for a backbone without layers; failed = the table's ‡

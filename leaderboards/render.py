@@ -191,7 +191,7 @@ def checked_note(board: Leaderboard) -> str:
 
 def title(board: Leaderboard) -> str:
     m = board.metric
-    unit = " (%)" if m.unit == "%" else " (bits)"
+    unit = f" ({m.unit})"
     where = ", ".join(board.datasets) or "no results"
     chosen = {c.chosen_on for c in board._cells() if c.chosen_on}
     on = "on test: these rows have no validation numbers" if chosen == {"test"} else \
@@ -228,5 +228,5 @@ def cell_marks(cell: Cell, m: Metric) -> list[str]:
 
 
 def scale_digits(m: Metric) -> tuple[float, int]:
-    """How a metric's values print: ratios as percentages with one decimal, bits with two."""
-    return (100.0, 1) if m.unit == "%" else (1.0, 2)
+    """How a metric's values print: ratios as percentages with one decimal, bits with two, others (a loss) with three."""
+    return (100.0, 1) if m.unit == "%" else (1.0, 2) if m.unit == "bits" else (1.0, 3)

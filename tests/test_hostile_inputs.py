@@ -1491,9 +1491,34 @@ def test_an_unknown_task_is_one_line_listing_the_tasks(capsys, tmp_path):
     """`--task` and a study block's `task` are names of the task registry (bench/core/tasks.py):
     an unknown one is refused before anything is read, in one line that lists every task."""
     line = refused(["evaluate", "-m", "pixels", "-d", tmp_path, "--task", "segmentation"], capsys, tmp_path)
-    assert line == "bench: error: task: unknown 'segmentation'; allowed: binding, issameobject", line
+    assert line == "bench: error: task: unknown 'segmentation'; allowed: binding, issameobject, objective", line
     study = tmp_path / "s.toml"
     study.write_text("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\n"
                      "task = 'segmentation'\n")
     line = refused(["run", study, "--dry-run"], capsys)
-    assert line.endswith("evaluate[1].task: unknown task 'segmentation'; allowed: binding, issameobject"), line
+    assert line.endswith("evaluate[1].task: unknown task 'segmentation'; allowed: binding, issameobject, objective"), line
+
+
+@pytest.mark.parametrize("model, extra, message", [
+    ("pixels", [], "objective: pixels has no head (only zoo models publish"),
+    ("zoo:untrained", [], "objective: zoo:untrained has no objective"),
+    ("zoo:features", [], "objective: zoo:features has no head ("),  # a folder trained before heads were published
+    ("zoo:untrained", ["--layers", "1"], "layers: the objective task reads the last hidden state"),
+])
+def test_the_objective_of_a_backbone_without_a_head(tmp_path, capsys, monkeypatch, balanced_small, model, extra,
+                                                    message):
+    """`--task objective` needs the model's own training head: a backbone without one, the untrained
+    control and a layer other than the head's input are refused before anything is written."""
+    from tests.test_zoo import use_tiny_zoo
+
+    use_tiny_zoo(tmp_path, monkeypatch)
+    if model == "zoo:features":
+        assert main(["zoo", "train", "features"]) == 0
+        shutil.rmtree(Path(capsys.readouterr().out.strip()) / "head")
+    elif model == "zoo:untrained":
+        assert main(["zoo", "train", "untrained"]) == 0
+        capsys.readouterr()
+    msg = refused(["evaluate", "--task", "objective", "--model", model, "--dataset", balanced_small, *extra,
+                   "--results", tmp_path / "results"], capsys, tmp_path / "results")
+    assert message in msg, msg
+    assert not list((tmp_path / "results").glob("*.parquet"))

@@ -15,18 +15,20 @@ from bench.core.tasks import DEFAULT_TASK, TASKS
 
 def short_summary(rows: list[dict[str, Any]], task: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The default table (fits 100 columns): the row key (`Task.short_keys`), each headline number
-    (`Task.short_metrics`) as `value ± half-interval` (%), `s %` the probe's sensitivity (the share
+    (`Task.short_metrics`) as `value ± half-interval` (%, or as is to 3 decimals for a metric in other units,
+    e.g. a loss), `s %` the probe's sensitivity (the share
     of a planted binding it recovers here, for a task whose rows carry it) and a note (the checks
     that fired, or the error)."""
     entry = TASKS.get(task)
     names = [name for name, _ in entry.short_metrics] + (["s %"] if entry.sensitivity else [])
+    shown = {m.name: (100.0, 1) if m.unit == "%" else (1.0, 3) for m in entry.metrics}
     out = []
     for row in rows:
         line = {k: row.get(k) for k in entry.short_keys}
         for name, metric in entry.short_metrics:
             value = row.get(metric)
             line[name] = None if value is None else plus_minus(value, row.get(f"{metric}_lo"), row.get(f"{metric}_hi"),
-                                                              100.0)
+                                                              *shown.get(metric, (100.0, 1)))
         if entry.sensitivity and row.get("sensitivity") is not None:
             line["s %"] = fixed(row["sensitivity"] * 100, 0)
         line["note"] = row.get("error") or row.get("checks")

@@ -61,6 +61,8 @@ _METRICS = [
     "sensitivity",
     # issameobject task
     "accuracy", "balanced_accuracy", "auroc", "majority_accuracy",
+    # objective task: a zoo model's own training loss on val (lower is better)
+    "objective_loss",
 ]
 
 RESULT_SCHEMA = pa.schema(
@@ -92,7 +94,7 @@ RESULT_SCHEMA = pa.schema(
         ("layer", pa.int32()),  # 0 = embeddings, L = last block
         ("n_layers", pa.int32()),
         ("tokens", pa.string()),  # cls | mean | all | cls+mean
-        ("task", pa.string()),  # binding | issameobject
+        ("task", pa.string()),  # binding | issameobject | objective
         ("probe", pa.string()),
         ("seed", pa.int64()),
         ("config_hash", pa.string()),

@@ -5,8 +5,8 @@ A task is wholly its record: the run, the request's checks, the summary table, t
 metrics, the site's boards and the report's section all ask the record, never the name, so a
 plugin task (entry-point group `bindingbench.tasks`) gets everything a built-in one gets. The
 built-in records live in their own packages (`evaluators.tasks.binding.TASK`,
-`evaluators.tasks.issameobject.TASK`); this module names them, as strings, registers them in
-that order on first use, and imports no torch:
+`evaluators.tasks.issameobject.TASK`, `evaluators.tasks.objective.TASK`); this module names them,
+as strings, registers them in that order on first use, and imports no torch:
 hooks are `module:function` strings imported when called (`bench.core.registry.load_ref`), as
 probe families name their classes.
 """
@@ -85,6 +85,7 @@ class Task:
     backbone_notes: Any = None
     layer_probes: Any = None
     check_dataset: Any = None
+    split: str = "test"
     summary_columns: tuple[str, ...] = ()
     short_metrics: tuple[tuple[str, str], ...] = ()
     short_keys: tuple[str, ...] = ("backbone", "layer", "probe", "seed")
@@ -107,7 +108,8 @@ class Task:
 
 
 #: The built-in tasks, in order: each name and where its own package keeps its record.
-BUILTIN_TASKS = {"binding": "evaluators.tasks.binding:TASK", "issameobject": "evaluators.tasks.issameobject:TASK"}
+BUILTIN_TASKS = {"binding": "evaluators.tasks.binding:TASK", "issameobject": "evaluators.tasks.issameobject:TASK",
+                 "objective": "evaluators.tasks.objective:TASK"}
 
 
 def _register_builtins() -> None:

@@ -122,7 +122,8 @@ def rows_owed(request: EvaluationRequest, name: str, info: BackboneInfo, *, data
     aliases = view_aliases(info, request.token_choices)
     trained = [v for v in request.token_choices if not any(v in a for a in aliases.values())]
     fixed = {"backbone": name, "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit,
-             "control": request.control, "split": "test", "task": request.task, "weights_fingerprint": info.revision}
+             "control": request.control, "split": TASKS.get(request.task).split, "task": request.task,
+             "weights_fingerprint": info.revision}
     layer_probes = TASKS.get(request.task).hook("layer_probes")
     todo, skipped, held, rows = [], 0, 0, 0
     for layer in layers:

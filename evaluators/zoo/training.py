@@ -12,8 +12,9 @@ setting, seed and steps included), so a changed recipe never overwrites, resumes
 model trained earlier; old folders stay where they are. While training, state lives in
 `<zoo>/.NAME-<hash>.partial/` (a checkpoint written atomically every few steps, tagged with its
 recipe and data). The finished model is written with `save_pretrained` into a temporary
-directory, its card last, and renamed into place in one step; `zoo:NAME` accepts only a
-directory whose card is there.
+directory, with its objective's head in `head/` (`evaluators.zoo.heads`; models trained before
+heads were published have none), its card last, and renamed into place in one step; `zoo:NAME`
+accepts only a directory whose card is there.
 
 Verification. The card records the sha256 of the files a model loads from (`WEIGHT_FILES`);
 `damage` checks them before the model is used or listed, so a truncated, replaced or deleted
@@ -39,6 +40,7 @@ from bench.core.dataset import Dataset, decode_image, replacing, write_json_atom
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, derive_seed, file_sha256, sha256_hex
 from bench.core.resources import disk_full
+from evaluators.zoo.heads import LOSS_BATCH, save_head, val_mask_seed
 from evaluators.zoo.recipes import Recipe
 
 CARD_NAME = "zoo_card.json"
@@ -127,7 +129,7 @@ def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None
             progress(state["step"])
         clock = _Clock(state["wall_s"])
         losses = _train(recipe, model, head, state, data, partial_dir(root, recipe), progress, clock) if data else []
-        val = _mean_loss(recipe, model, head, data["val"], derive_seed("zoo-val", recipe.seed)) if data else None
+        val = _mean_loss(recipe, model, head, data["val"], val_mask_seed(recipe)) if data else None
     card = dict(
         name=recipe.name, folder=recipe.folder, objective=recipe.objective, seed=recipe.seed, steps=recipe.steps, recipe=recipe.to_dict(),
         data=dict(generator="colorshape", preset=recipe.data_preset, seed=recipe.seed, fingerprint=data["fingerprint"],
@@ -135,7 +137,7 @@ def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None
         final_train_loss=float(np.mean(losses[-10:])) if losses else None, final_val_loss=val,
         wall_time_s=round(clock(), 3), threads=1, torch=torch.__version__,
     )
-    _publish(model, card, final)
+    _publish(model, head if data else None, recipe, card, final)
     shutil.rmtree(partial_dir(root, recipe), ignore_errors=True)
     return final
 
@@ -165,7 +167,7 @@ def training_data(recipe: Recipe, data_root: Path) -> dict[str, Any]:
     return out
 
 
-def _pixels(x: torch.Tensor) -> torch.Tensor:
+def pixels(x: torch.Tensor) -> torch.Tensor:
     """uint8 images as the saved processor prepares them: rescale to [0, 1], normalise."""
     return (x.float() / 255 - MEAN) / STD
 
@@ -183,21 +185,40 @@ def build_model(recipe: Recipe) -> tuple[torch.nn.Module, torch.nn.Module]:
     return model, torch.nn.Linear(width, outputs)
 
 
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """Images (N, 3, H, W) as their patches' pixels (N, patches row-major, 3·p·p): the masked head's targets."""
+    n, _, h, w = x.shape
+    return x.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(n, (h // p) * (w // p), -1)
+
+
+def hide(x: torch.Tensor, hidden: torch.Tensor, p: int) -> torch.Tensor:
+    """`x` with the patches `hidden` (N, patches) marks set to 0 (grey): what the masked model reads."""
+    n, _, h, w = x.shape
+    grid = hidden.view(n, 1, h // p, w // p).float()
+    return x * (1 - grid.repeat_interleave(p, 2).repeat_interleave(p, 3))
+
+
+def head_loss(objective: str, head: torch.nn.Module, last: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The objective's loss per element, before it is averaged: `last` is the ViT's last hidden state after
+    its final layer norm (`last_hidden_state`, CLS first). `masked`: the squared error of every patch's
+    reconstruction, averaged over its pixels (N, patches; training averages the hidden ones);
+    `conjunctions`/`features`: the binary cross-entropy of each O or F value read from CLS (N, values).
+    Training and the `objective` task (`evaluators.tasks.objective`) both reduce this."""
+    if objective == "masked":
+        return ((head(last[:, 1:]) - target) ** 2).mean(-1)
+    return torch.nn.functional.binary_cross_entropy_with_logits(head(last[:, 0]), target, reduction="none")
+
+
 def _loss(recipe: Recipe, model: torch.nn.Module, head: torch.nn.Module, batch: dict[str, torch.Tensor],
           gen: torch.Generator) -> torch.Tensor:
-    x = _pixels(batch["x"])
+    x = pixels(batch["x"])
     if recipe.objective == "masked":
         p = recipe.architecture["patch_size"]
-        n, _, h, w = x.shape
-        patches = x.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(n, (h // p) * (w // p), -1)
+        patches = patchify(x, p)
         hidden = torch.rand(patches.shape[:2], generator=gen) < recipe.mask_ratio
-        grid = hidden.view(n, 1, h // p, w // p).float()
-        visible = x * (1 - grid.repeat_interleave(p, 2).repeat_interleave(p, 3))  # hidden patches read 0 (grey)
-        pred = head(model(pixel_values=visible).last_hidden_state[:, 1:])
-        return ((pred - patches) ** 2).mean(-1)[hidden].mean()
+        return head_loss("masked", head, model(pixel_values=hide(x, hidden, p)).last_hidden_state, patches)[hidden].mean()
     target = batch["O"] if recipe.objective == "conjunctions" else batch["F"]
-    logits = head(model(pixel_values=x).last_hidden_state[:, 0])
-    return torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
+    return head_loss(recipe.objective, head, model(pixel_values=x).last_hidden_state, target).mean()
 
 
 def _batch(split: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -260,8 +281,8 @@ def _mean_loss(recipe: Recipe, model: torch.nn.Module, head: torch.nn.Module, sp
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     total, n = 0.0, len(split["x"])
-    for start in range(0, n, 64):
-        index = torch.arange(start, min(n, start + 64))
+    for start in range(0, n, LOSS_BATCH):
+        index = torch.arange(start, min(n, start + LOSS_BATCH))
         total += float(_loss(recipe, model, head, _batch(split, index), gen)) * len(index)
     return total / n
 
@@ -300,8 +321,10 @@ def _checkpoint(partial: Path, model: torch.nn.Module, head: torch.nn.Module, op
         tmp.write_bytes(buffer.getbuffer())
 
 
-def _publish(model: torch.nn.Module, card: dict[str, Any], final: Path) -> None:
-    """save_pretrained + processor config + card into a temporary directory, then one rename."""
+def _publish(model: torch.nn.Module, head: torch.nn.Module | None, recipe: Recipe, card: dict[str, Any],
+             final: Path) -> None:
+    """save_pretrained + processor config + the objective's head (`evaluators.zoo.heads`; the untrained
+    control has none) + card into a temporary directory, then one rename."""
     from transformers import ViTImageProcessor
 
     from evaluators.backbones.hf import quiet_transformers
@@ -314,6 +337,8 @@ def _publish(model: torch.nn.Module, card: dict[str, Any], final: Path) -> None:
         side = int(model.config.image_size)
         ViTImageProcessor(size={"height": side, "width": side}, image_mean=[MEAN] * 3, image_std=[STD] * 3,
                           do_resize=True, do_rescale=True, do_normalize=True, resample=2).save_pretrained(tmp)
+        if head is not None:
+            save_head(head, recipe, tmp)
         write_json_atomic({**card, "files": {f: file_sha256(tmp / f) for f in WEIGHT_FILES}}, tmp / CARD_NAME)
         os.replace(tmp, final)
     except Exception as e:
