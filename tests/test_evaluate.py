@@ -299,3 +299,41 @@ def test_the_from_python_example_runs(tmp_path, monkeypatch):
     assert scope["data"] == Path("data/cs") and Dataset(scope["data"]).num_rows("test") == 8
     assert sorted(scope["df"]["backbone"]) == ["oracle:objects", "pixels"] and set(scope["df"]["status"]) == {"ok"}
     assert sorted(scope["board"]["backbone"]) == ["oracle:objects", "pixels"] and len(scope["rows"]) == 2
+
+
+#: Run `bench` as a user would, then say which heavy modules it imported (a no-op run must import none).
+LOADED = ("import json, sys\nfrom bench.cli import main\ncode = main(sys.argv[1:])\n"
+          "print(json.dumps([m for m in ('torch', 'transformers') if m in sys.modules]))\nsys.exit(code)")
+
+
+@pytest.mark.slow
+def test_a_run_with_nothing_to_do_imports_no_torch(tiny, tmp_path, capsys):
+    """Every row held: `bench evaluate` plans from the registry's metadata and the results' keys and
+    stops before any model code (torch, transformers) loads; the same run with a row owed loads it."""
+    import os
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    args = ["evaluate", "--dataset", str(tiny), "--epochs", "1", "--results", str(results), "--limit", "8",
+            "--model", "pixels", "--model", "oracle:objects", "--model", "random:dinov2-small", "--layers", "0",
+            "--tokens", "cls,mean", "--probes", "linear"]
+    assert main(args) == 0
+    capsys.readouterr()
+    files = sorted(results.glob("*.parquet"))
+    assert read_results(results).num_rows == 6
+
+    def run(*extra: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        done = subprocess.run([sys.executable, "-c", LOADED, *args, *extra], capture_output=True, text=True, env=env,
+                              timeout=300)
+        return done, json.loads(done.stdout.splitlines()[-1])
+
+    done, loaded = run()
+    assert done.returncode == 0, done.stderr
+    assert "skipped 4 row(s)" in done.stderr and "nothing to do" in done.stderr
+    assert loaded == []
+    assert sorted(results.glob("*.parquet")) == files and read_results(results).num_rows == 6
+    done, loaded = run("--probes", "quadratic")  # a row owed: the model code loads to fit it
+    assert done.returncode == 0, done.stderr
+    assert "torch" in loaded and read_results(results).num_rows == 12

@@ -363,7 +363,7 @@ def _units(study: Study, block: EvaluateBlock, step: DatasetStep, held: set[tupl
     keyed: dict[str, Any] = {"dataset": "", "test_fp": "", "limit": None, "done": set()}
     if step.status == "present":
         from bench.core.dataset import Dataset
-        from evaluators.cache.extract import split_fingerprint
+        from evaluators.cache.keys import split_fingerprint
         from evaluators.runner.planning import effective_limit
 
         ds = Dataset(step.target)
@@ -396,7 +396,7 @@ def _unit_bytes(info: Any, backbone: BackboneEntry, step: DatasetStep, layers: S
                 token_choices: Sequence[str], limit: int | None) -> int:
     """An upper bound on the activations one unit extracts (`metadata_bytes`): every view asked
     for, and 3 x `limit` rows (or all the scenes) at the side the run will use."""
-    from evaluators.backbones.ground_truth import FAMILIES
+    from evaluators.backbones.info import FAMILIES
     from evaluators.runner.planning import metadata_bytes
 
     if step.scenes is None:

@@ -352,7 +352,7 @@ def _check_names_in_registries(options: dict, task: str, key: str, check: Checke
     elif "layers" in options:
         options["layers"] = str(options["layers"])
     if "layers" in options:
-        from evaluators.cache.extract import parse_layers
+        from evaluators.cache.keys import parse_layers
 
         try:
             parse_layers(options["layers"], 10**6)  # the form; each backbone's depth is checked by the plan

@@ -14,24 +14,38 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from bench.core.errors import BenchError
 from bench.core.registry import Registry
-from evaluators.backbones.base import Backbone, BackboneInfo
-from evaluators.backbones.hf import HFBackbone, check_checkpoint
 from evaluators.backbones.hub import Download, hub_download
-from evaluators.backbones.module_adapter import ModuleAdapter
-from evaluators.backbones.ground_truth import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, parse_oracle, parse_pixels
+from evaluators.backbones.info import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, BackboneInfo, ground_truth_spec_info
 from evaluators.backbones.presets import (LIBRARY_PRESETS, PREPROCESSING, PRESETS, LibraryPreset, Preset,
                                          checked_preprocessing)
-from evaluators.zoo.listing import zoo_infos, zoo_specs
+
+if TYPE_CHECKING:  # model code (torch) loads when a backbone is built, not when a run plans its rows
+    from evaluators.backbones.base import Backbone
+    from evaluators.backbones.module_adapter import ModuleAdapter
 
 __all__ = ["Backbone", "BackboneInfo", "BackboneSource", "Download", "ModuleAdapter", "LIBRARY_PRESETS", "PRESETS",
            "SOURCES", "backbone_metadata", "backbone_source", "check_loadable", "list_backbones", "resolve_backbone",
            "spec_source", "known_specs"]
 
 LIBRARIES = ("timm:", "open_clip:")
+
+
+def __getattr__(name: str) -> object:
+    """`Backbone` and `ModuleAdapter`, imported when first asked for: they bring torch, which the
+    registry's names and metadata (`backbone_metadata`) do not need."""
+    if name == "Backbone":
+        from evaluators.backbones.base import Backbone
+
+        return Backbone
+    if name == "ModuleAdapter":
+        from evaluators.backbones.module_adapter import ModuleAdapter
+
+        return ModuleAdapter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 
 
@@ -84,6 +98,8 @@ def resolve_backbone(spec: str, **options: object) -> Backbone:
                          f"{', '.join(PREPROCESSING)}")
     overrides = checked_preprocessing(**{k: options.get(k) for k in PREPROCESSING})  # type: ignore[arg-type]
     backbone = _resolve(spec, int(options.get("seed", 0)))  # type: ignore[arg-type]
+    from evaluators.backbones.hf import HFBackbone
+
     if not isinstance(backbone, HFBackbone):
         if overrides:
             raise BenchError(f"model: {spec} brings its own input handling; {', '.join(overrides)} apply to Hugging "
@@ -140,14 +156,18 @@ def _random(spec: str, seed: int) -> Backbone:
 
 
 @backbone_source("pixels", "pixels[:P]", lambda s: s == "pixels" or s.startswith("pixels:"),
-                 lambda: [parse_pixels("pixels").info])
+                 lambda: [ground_truth_spec_info("pixels")])
 def _pixels(spec: str, seed: int) -> Backbone:
+    from evaluators.backbones.ground_truth import parse_pixels
+
     return parse_pixels(spec)
 
 
 @backbone_source("oracle", "oracle:<kind>, oracle:mix-<q> for q in [0, 1]", lambda s: s.startswith("oracle:"),
-                 lambda: [parse_oracle(f"oracle:{k}").info for k in ("objects", "features", "patches", "mix-0.5")])
+                 lambda: [ground_truth_spec_info(f"oracle:{k}") for k in ("objects", "features", "patches", "mix-0.5")])
 def _oracle(spec: str, seed: int) -> Backbone:
+    from evaluators.backbones.ground_truth import parse_oracle
+
     return parse_oracle(spec, seed=seed)
 
 
@@ -172,7 +192,13 @@ def _check_py(spec: str) -> None:
     py_function(spec, spec[3:])
 
 
-@backbone_source("zoo", "zoo:<name>", lambda s: s.startswith("zoo:"), zoo_infos)
+def _zoo_infos() -> list[BackboneInfo]:
+    from evaluators.zoo.listing import zoo_infos
+
+    return zoo_infos()
+
+
+@backbone_source("zoo", "zoo:<name>", lambda s: s.startswith("zoo:"), _zoo_infos)
 def _zoo(spec: str, seed: int) -> Backbone:
     """A checkpoint directory in the cache: the local-checkpoint path, nothing else."""
     from evaluators.backbones.hf import load_local
@@ -186,11 +212,17 @@ def _is_path(spec: str) -> bool:
 
 
 @backbone_source("folder", "a local checkpoint directory", _is_path, fallback=True,
-                 check=lambda s: check_checkpoint(_checkpoint_dir(s)))
+                 check=lambda s: _check_folder(s))
 def _folder(spec: str, seed: int) -> Backbone:
     from evaluators.backbones.hf import load_local
 
     return load_local(spec, _checkpoint_dir(spec).resolve())
+
+
+def _check_folder(spec: str) -> Download | None:
+    from evaluators.backbones.hf import check_checkpoint
+
+    return check_checkpoint(_checkpoint_dir(spec))
 
 
 def _checkpoint_dir(spec: str) -> Path:
@@ -271,6 +303,8 @@ def spec_source(spec: str) -> str:
 
 
 def known_specs() -> list[str]:
+    from evaluators.zoo.listing import zoo_specs
+
     """Every spec `bench models` lists, and the hub ids and library names behind the presets."""
     return list(dict.fromkeys([*PRESETS, *(p.hub_id for p in PRESETS.values()), *(f"random:{p}" for p in PRESETS),
              "pixels", f"pixels:{DEFAULT_PIXEL_PATCH}"] + [f"oracle:{k}" for k in ORACLE_KINDS] + zoo_specs()
@@ -332,9 +366,9 @@ def backbone_metadata(spec: str) -> BackboneInfo | None:
             return None
         raise _unknown(spec, [f"random:{p}" for p in PRESETS])
     if name in ("pixels", "oracle"):
-        return (parse_pixels(spec) if name == "pixels" else parse_oracle(spec)).info
+        return ground_truth_spec_info(spec)
     if name == "zoo":
-        infos = {info.spec: info for info in zoo_infos()}
+        infos = {info.spec: info for info in _zoo_infos()}
         if spec not in infos:
             raise _unknown(spec, list(infos))
         return infos[spec]

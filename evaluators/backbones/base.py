@@ -10,7 +10,6 @@ forward pass) is what lets extraction overlap input work with compute.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import io
 import math
 from abc import ABC, abstractmethod
@@ -22,32 +21,11 @@ import torch
 from PIL import Image
 
 from bench.core.errors import BenchError
+from evaluators.backbones.info import BackboneInfo
 
 RESOLUTIONS = ("native", "match-grid")
 #: `match-grid` feeds every model the dataset's 16-px patch grid (side / 16 patches per side).
 MATCH_GRID_PATCH = 16
-
-
-@dataclass(frozen=True)
-class BackboneInfo:
-    """Strict metadata of one backbone (JSON-able via `to_dict`)."""
-
-    spec: str
-    family: str
-    revision: str
-    n_params: int
-    patch_size: int | None
-    input_size: int
-    n_layers: int
-    width: int
-    n_prefix: int
-    cls_index: int | None
-    register_indices: tuple[int, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["register_indices"] = list(self.register_indices)
-        return d
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ per-patch background flag.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,35 +18,14 @@ from bench.core.codes import FeatureSpace
 from bench.core.dataset import decode_mask
 from bench.core.errors import BenchError
 from bench.core.hashing import derive_seed
-from evaluators.backbones.base import Backbone, BackboneInfo, decode_resized
-
-VERSION = "builtin-v1"
-ORACLE_KINDS = ("objects", "features", "patches", "mix-<q>")
-#: oracle:patches uses the ColorShape object size as its patch: a 256 px image gives 16 x 16 tokens.
-ORACLE_PATCH = 16
-DEFAULT_PIXEL_PATCH = 16
-DEFAULT_SIDE = 256
-
-
-def _info(spec: str, family: str, patch: int | None, width: int, side: int = DEFAULT_SIDE) -> BackboneInfo:
-    return BackboneInfo(spec=spec, family=family, revision=VERSION, n_params=0, patch_size=patch, input_size=side,
-                        n_layers=0, width=width, n_prefix=1, cls_index=0, register_indices=())
-
+from evaluators.backbones.base import Backbone, decode_resized
+from evaluators.backbones.info import (ORACLE_PATCH, VERSION, ground_truth_info, oracle_info, oracle_kind, pixels_info,
+                                        pixels_patch)
 
 def _with_cls(spatial: np.ndarray) -> torch.Tensor:
     """Prefix the CLS token (mean of the spatial tokens) to B x T x D tokens."""
     spatial = spatial.astype(np.float32, copy=False)
     return torch.from_numpy(np.concatenate([spatial.mean(axis=1, keepdims=True), spatial], axis=1))
-
-
-#: The families of `GroundTruthBackbone`: their class token is the mean patch token (`_with_cls`).
-FAMILIES = ("pixels", "oracle")
-
-
-def cls_is_mean(info: BackboneInfo) -> bool:
-    """Whether a backbone's class token is its mean patch token, read from its info alone, so a
-    run (from the loaded backbone) and a study (from the registry's metadata) alias the same views."""
-    return info.family in FAMILIES
 
 
 class GroundTruthBackbone(Backbone):
@@ -64,7 +42,7 @@ class PixelsBackbone(GroundTruthBackbone):
     """`pixels[:P]`: each P x P patch's RGB values (row-major, channel last) in [0, 1]; CLS = mean token."""
 
     def __init__(self, spec: str, patch: int) -> None:
-        self.info = _info(spec, "pixels", patch, 3 * patch * patch)
+        self.info = pixels_info(spec, patch)
         self.patch = patch
 
     def native_side(self, dataset_side: int) -> int:
@@ -83,8 +61,7 @@ class OracleBackbone(GroundTruthBackbone):
     def __init__(self, spec: str, kind: str, q: float | None = None, seed: int = 0) -> None:
         self.kind, self.q, self.seed = kind, q, seed
         self.space: FeatureSpace | None = None
-        patch = ORACLE_PATCH if kind == "patches" else None
-        self.info = _info(spec, "oracle", patch, 0)
+        self.info = oracle_info(spec, kind)
         self.columns = {"objects": ("O",), "features": ("F",), "patches": ("mask", "objects"),
                         "mix": ("scene_id", "O", "F")}[kind]
 
@@ -96,7 +73,7 @@ class OracleBackbone(GroundTruthBackbone):
         s = self.space
         width = {"objects": s.n_conjunctions, "features": s.n_features, "patches": s.n_features + 1,
                  "mix": s.n_conjunctions + s.n_features + 1}[self.kind]
-        self.info = _info(self.info.spec, "oracle", self.info.patch_size, width)
+        self.info = ground_truth_info(self.info.spec, "oracle", self.info.patch_size, width)
         return self
 
     def input_side(self, dataset_side: int, resolution: str = "native", image_size: int | None = None) -> int:
@@ -168,18 +145,9 @@ def mixed_share(dataset: Any, spec: str, split: str = "test") -> float:
 
 
 def parse_pixels(spec: str) -> PixelsBackbone:
-    m = re.fullmatch(r"pixels(?::(\d+))?", spec)
-    if not m or (m.group(1) is not None and int(m.group(1)) <= 0):
-        raise BenchError(f"model: bad pixels spec {spec!r}; use pixels or pixels:<P> with a patch size P > 0")
-    return PixelsBackbone(spec, int(m.group(1) or DEFAULT_PIXEL_PATCH))
+    return PixelsBackbone(spec, pixels_patch(spec))
 
 
 def parse_oracle(spec: str, seed: int = 0) -> OracleBackbone:
-    kind = spec.split(":", 1)[1]
-    if kind in ("objects", "features", "patches"):
-        return OracleBackbone(spec, kind, seed=seed)
-    m = re.fullmatch(r"mix-([0-9]*\.?[0-9]+)", kind)
-    if m and 0.0 <= float(m.group(1)) <= 1.0:
-        return OracleBackbone(spec, "mix", q=float(m.group(1)), seed=seed)
-    raise BenchError(f"model: unknown oracle {spec!r}; allowed: " + ", ".join(f"oracle:{k}" for k in ORACLE_KINDS)
-                     + " (q in [0, 1])")
+    kind, q = oracle_kind(spec)
+    return OracleBackbone(spec, kind, q=q, seed=seed)

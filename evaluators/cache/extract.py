@@ -25,14 +25,12 @@ import torch
 
 from bench.core.dataset import Dataset, decode_image
 from bench.core.errors import BenchError
-from bench.core.hashing import fingerprint
 from bench.core.results import check_writable
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
 from evaluators.cache import entries
+from evaluators.cache.keys import check_device, check_dtype, parse_layers, parse_tokens, split_fingerprint
 from evaluators.probes.families import TOKEN_CHOICES
 
-DTYPES = ("fp32", "bf16", "fp16")
-DEVICES = ("auto", "cpu", "cuda")
 #: Images a model sees at once (every executor: the same batches give the same bits).
 BATCH_SIZE = 32
 _DONE = object()
@@ -66,63 +64,6 @@ class Activations:
         raise BenchError(f"tokens: {tokens!r} was not extracted; available: {', '.join(self.token_choices)}")
 
 
-def parse_layers(layers: str | int | Sequence[int | str], n_layers: int) -> list[int]:
-    """Hidden-state indices (0 = embeddings, n_layers = last block) from `all`, `last`, `mid`,
-    ints (negative count from the end) or fractions of the depth like `0.5`, comma-separated or listed."""
-    items: list[Any] = layers.split(",") if isinstance(layers, str) else (
-        [layers] if isinstance(layers, int) else list(layers))
-    out: set[int] = set()
-    for raw in items:
-        item = raw.strip().lower() if isinstance(raw, str) else raw
-        if item == "all":
-            out.update(range(n_layers + 1))
-            continue
-        if item in ("last", "mid", "first"):
-            out.add({"last": n_layers, "mid": n_layers // 2, "first": 0}[item])
-            continue
-        try:
-            value = float(item) if isinstance(item, str) and "." in item else int(item)
-        except (TypeError, ValueError):
-            raise BenchError(f"layers: cannot read {raw!r}; use all, last, mid, integers or fractions like 0.5") from None
-        if isinstance(value, float):
-            if not 0.0 <= value <= 1.0:
-                raise BenchError(f"layers: fraction {raw!r} must be in [0, 1]")
-            out.add(int(round(value * n_layers)))
-            continue
-        index = value + n_layers + 1 if value < 0 else value
-        if not 0 <= index <= n_layers:
-            raise BenchError(f"layers: {raw!r} out of range; this backbone has hidden states 0..{n_layers}")
-        out.add(index)
-    if not out:
-        raise BenchError("layers: nothing selected")
-    return sorted(out)
-
-
-def parse_tokens(token_choices: str | Sequence[str]) -> list[str]:
-    items = token_choices.split(",") if isinstance(token_choices, str) else list(token_choices)
-    out = []
-    for v in (s.strip() for s in items):
-        if v not in TOKEN_CHOICES:
-            raise TOKEN_CHOICES.unknown(v)
-        if v not in out:
-            out.append(v)
-    if not out:
-        raise BenchError("tokens: none selected")
-    return out
-
-
-def check_dtype(dtype: str) -> None:
-    """Refuse an unknown dtype in one line (`EvaluationRequest` does when it is made, before any work)."""
-    if dtype not in DTYPES:
-        raise BenchError(f"dtype: unknown {dtype!r}; allowed: {', '.join(DTYPES)}")
-
-
-def check_device(device: str) -> None:
-    """Refuse an unknown device name in one line (whether cuda is there is `resolve_device`'s to say)."""
-    if device not in DEVICES:
-        raise BenchError(f"device: unknown {device!r}; allowed: {', '.join(DEVICES)}")
-
-
 def resolve_device(device: str) -> torch.device:
     """The torch device `device` names, refused in one line when unknown or (cuda) absent."""
     check_device(device)
@@ -138,13 +79,6 @@ def dataset_side(dataset: Dataset, split: str) -> int:
     for batch in dataset.iter_batches(split, batch_size=1, columns=["image"]):
         return int(decode_image(batch.column("image")[0].as_py()).shape[0])
     raise BenchError(f"split: {split!r} of {dataset.path} has no rows")
-
-
-def split_fingerprint(dataset: Dataset, split: str, limit: int | None = None) -> str:
-    """Fingerprint of a split, or of its first `limit` rows (a `--limit` run's data)."""
-    if limit is None or limit >= dataset.num_rows(split):
-        return dataset.fingerprint(split)
-    return fingerprint(dataset.table(split, ["content_hash"])["content_hash"].to_pylist()[:limit])
 
 
 def check_tokens(backbone: Backbone, dataset: Dataset, split: str, token_choices: Sequence[str],

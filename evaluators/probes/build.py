@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.core.errors import BenchError
 from evaluators.fitting import RowReader, feature_stats
 from evaluators.probes.base import Probe
-from evaluators.probes.families import BINDING_PROBES, OPTIM_KEYS, TOKEN_CHOICES, ProbeFamily, ProbeOptim
+from evaluators.probes.families import BINDING_PROBES, OPTIM_KEYS, ProbeFamily, ProbeOptim, check_family
 
 LR_WIDTH = 64
 
@@ -27,23 +26,6 @@ def probe_lr(lr: float, in_dim: int) -> float:
     scaling lr by 1/sqrt(in_dim) keeps that step, and the epoch the probe peaks at, the same
     across backbones (at z = 1024 and 1e-2, probes peaked after one epoch, far from the optimum)."""
     return lr * min(1.0, math.sqrt(LR_WIDTH / in_dim))
-
-
-def check_family(family: str, tokens: str) -> None:
-    """Reject an unknown family, or a family that cannot read the given tokens."""
-    spatial = BINDING_PROBES.get(family).spatial
-    tokens_spatial = TOKEN_CHOICES.get(tokens).spatial
-    if spatial and not tokens_spatial:
-        raise BenchError(
-            f"probe: {family!r} needs spatial tokens (--tokens all); tokens {tokens!r} has none"
-        )
-    if not spatial and tokens_spatial:
-        readers = [n for n, f in BINDING_PROBES.items() if f.spatial]
-        pooled = [n for n, v in TOKEN_CHOICES.items() if not v.spatial]
-        raise BenchError(
-            f"probe: {family!r} reads one pooled vector per scene; tokens {tokens!r} is spatial "
-            f"(use {', '.join(readers)} for it, or --tokens {'/'.join(pooled)})"
-        )
 
 
 def constructor_args(entry: ProbeFamily, **overrides: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.core.errors import BenchError
 from bench.core.registry import Registry, load_ref
 from bench.core.tasks import TASKS
 
@@ -205,3 +206,20 @@ def tokens_help() -> str:
 def tokens_filter_help() -> str:
     """The leaderboard's `--tokens` help: every registered tokens choice."""
     return f"Only these tokens choices (repeatable): {', '.join(TOKEN_CHOICES.names())}."
+
+
+def check_family(family: str, tokens: str) -> None:
+    """Reject an unknown family, or a family that cannot read the given tokens."""
+    spatial = BINDING_PROBES.get(family).spatial
+    tokens_spatial = TOKEN_CHOICES.get(tokens).spatial
+    if spatial and not tokens_spatial:
+        raise BenchError(
+            f"probe: {family!r} needs spatial tokens (--tokens all); tokens {tokens!r} has none"
+        )
+    if not spatial and tokens_spatial:
+        readers = [n for n, f in BINDING_PROBES.items() if f.spatial]
+        pooled = [n for n, v in TOKEN_CHOICES.items() if not v.spatial]
+        raise BenchError(
+            f"probe: {family!r} reads one pooled vector per scene; tokens {tokens!r} is spatial "
+            f"(use {', '.join(readers)} for it, or --tokens {'/'.join(pooled)})"
+        )

@@ -12,9 +12,8 @@ from bench.core.errors import BenchError
 from bench.core.hashing import config_hash
 from bench.core.results import row_key
 from bench.core.tasks import TASKS
-from evaluators.backbones.base import BackboneInfo
-from evaluators.backbones.ground_truth import cls_is_mean
-from evaluators.cache.extract import check_cache_space, check_tokens, entry_bytes, gib, parse_layers, pending_bytes
+from evaluators.backbones.info import BackboneInfo, cls_is_mean
+from evaluators.cache.keys import parse_layers
 from evaluators.runner.request import EvaluationRequest, Model
 from evaluators.probes.families import family_defaults
 from evaluators.tasks.binding.task import SPLITS
@@ -143,11 +142,36 @@ def rows_owed(request: EvaluationRequest, name: str, info: BackboneInfo, *, data
     return Owed(layers, trained, aliases, todo, skipped, held, rows)
 
 
+def held_by_metadata(request: EvaluationRequest, dataset: str, *, test_fp: str, limit: int | None,
+                     done: set[tuple]) -> int | None:
+    """The family fits the results already hold when no model of `request` owes a row, planned from
+    the registry's metadata alone (`backbone_metadata`: layers and weights fingerprint, as a study
+    plans); None when one owes a row or only loading it tells (an object, a `py:` file, a refused or
+    unknown spec: the run then builds its backbones and plans, or refuses, in its own words). A run
+    with nothing to do ends on this without importing model code, and writes nothing."""
+    from evaluators.backbones import backbone_metadata
+
+    skipped, probe_fps = 0, request_fingerprints(request)
+    for model in request.models:
+        try:
+            info = None if model.backbone is not None else backbone_metadata(model.spec)
+            owed = None if info is None else rows_owed(request, model.name, info, dataset=dataset, test_fp=test_fp,
+                                                       limit=limit, done=done, probe_fps=probe_fps)
+        except BenchError:
+            return None
+        if owed is None or owed.todo:
+            return None
+        skipped += owed.skipped
+    return skipped
+
+
 def metadata_bytes(info: BackboneInfo, side: int, rows: int, layers: Sequence[int],
                    token_choices: Sequence[str]) -> int:
     """The cache bytes `rows` scenes of a backbone known by its metadata alone take at input `side`
     (`entry_bytes`, as `bench evaluate` counts them; an oracle's width, its dataset's code length,
     is taken as 64: small either way)."""
+    from evaluators.cache.extract import entry_bytes
+
     grid = (side // info.patch_size,) * 2 if info.patch_size else None
     return entry_bytes(rows, layers, token_choices, info.width or 64, grid)
 
@@ -157,6 +181,8 @@ def backbone_plans(request: EvaluationRequest, ds: Dataset, *, done: set[tuple],
     """Resolve every backbone of `request` and check it against the task, tokens and probes, so that a bad
     combination fails in seconds instead of after another backbone's extraction and training.
     Notes are said once every backbone has passed, so a refusal is the only line a bad run prints."""
+    from evaluators.cache.extract import check_tokens
+
     plans, notes = [], []
     probe_fps, preprocessing = request_fingerprints(request), request.preprocessing
     entry = TASKS.get(request.task)
@@ -189,6 +215,8 @@ def check_cache(plans: Sequence[BackbonePlan], ds: Dataset, dtype: str, limit: i
                  on_skipped: Callable[[int], None] | None) -> None:
     """Before any work: report rows already done, estimate how much the activation cache will
     grow and refuse a run the disk cannot hold (warning when all tokens of all layers are kept)."""
+    from evaluators.cache.extract import check_cache_space, gib, pending_bytes
+
     skipped = sum(p.skipped for p in plans)
     if skipped and on_skipped is not None:
         on_skipped(skipped)

@@ -13,25 +13,26 @@ backbone object (`evaluators.backbones.base.Backbone`), e.g. a user's own; see `
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass, field, replace
 from numbers import Integral
 from pathlib import Path
-from typing import Mapping, Sequence, Union
-
-import torch
+from typing import TYPE_CHECKING, Mapping, Sequence, Union
 
 from bench.core.errors import BenchError
 from bench.core.labels import check_label
 from bench.core.paths import output_path
-from evaluators.backbones import resolve_backbone
-from evaluators.backbones.base import Backbone, BackboneInfo
-from evaluators.backbones.module_adapter import ModuleAdapter
-from evaluators.backbones.presets import checked_preprocessing
-from evaluators.backbones.weights import state_dict_hash
-from evaluators.cache.extract import check_device, check_dtype, parse_tokens
 from bench.core.tasks import DEFAULT_TASK, TASKS
+from evaluators.backbones.info import BackboneInfo
+from evaluators.backbones.presets import checked_preprocessing
+from evaluators.cache.keys import check_device, check_dtype, parse_tokens
 from evaluators.runner.threads import check_threads
-from evaluators.fitting import TrainConfig
+
+if TYPE_CHECKING:  # model code (torch) loads when a model is built, so that making a request stays cheap
+    from evaluators.backbones.base import Backbone
+    from evaluators.backbones.module_adapter import ModuleAdapter
+    from evaluators.probes.training import TrainConfig
+
 #: More probe seeds than this is a typo (each seed trains every probe again).
 MAX_SEEDS = 1000
 
@@ -49,10 +50,20 @@ class Model:
     def resolve(self, **preprocessing: object) -> Backbone:
         """The backbone to run: the object given, or the one the spec names, with the request's
         `preprocessing` overrides (`EvaluationRequest.preprocessing`) in place of its own."""
+        from evaluators.backbones import resolve_backbone
+
         return self.backbone if self.backbone is not None else resolve_backbone(self.spec, **preprocessing)
 
 
-ModelInput = Union[str, Backbone, ModuleAdapter, Model]
+ModelInput = Union[str, "Backbone", "ModuleAdapter", Model]
+
+
+def _object_types() -> tuple[type, ...]:
+    """`ModuleAdapter` and `Backbone`, as far as they are loaded: an object of either exists only once
+    its module is imported, so a request of spec strings imports no model code (and no torch)."""
+    found = (getattr(sys.modules.get("evaluators.backbones.module_adapter"), "ModuleAdapter", None),
+             getattr(sys.modules.get("evaluators.backbones.base"), "Backbone", None))
+    return tuple(t for t in found if t is not None)
 
 
 def named_spec(model: str) -> Model:
@@ -84,6 +95,9 @@ def model_of(item: ModelInput, name: str | None = None) -> Model:
         return item if name is None else replace(item, name=check_label(name, "model: a display name"))
     if isinstance(item, str):
         return named_spec(item) if name is None else Model(check_label(name, "model: a display name"), item)
+    from evaluators.backbones.base import Backbone
+    from evaluators.backbones.module_adapter import ModuleAdapter
+
     if isinstance(item, ModuleAdapter):  # a plain module: its adapter says where its blocks and tokens are
         item = item.backbone(f"module:{type(item.module).__name__}")
     if not isinstance(item, Backbone):
@@ -99,6 +113,10 @@ def model_of(item: ModelInput, name: str | None = None) -> Model:
 
 def _fingerprinted(backbone: Backbone, info: BackboneInfo) -> Backbone:
     """A shallow copy of `backbone` whose `info.revision` is `sha256:` of its weights."""
+    import torch
+
+    from evaluators.backbones.weights import state_dict_hash
+
     module = backbone if isinstance(backbone, torch.nn.Module) else getattr(backbone, "model", None)
     if not isinstance(module, torch.nn.Module):
         raise BenchError(f"model: {info.spec} states no weights fingerprint (info.revision is empty) and has no "
@@ -114,7 +132,7 @@ def models_of(models: ModelInput | Sequence[ModelInput] | Mapping[str, str | Bac
     the same model twice counts once, two different models under one name are refused."""
     if isinstance(models, Mapping):
         items = [model_of(m, name) for name, m in models.items()]
-    elif isinstance(models, (str, Backbone, ModuleAdapter, Model)):
+    elif isinstance(models, (str, Model, *_object_types())):
         items = [model_of(models)]
     else:
         items = [model_of(m) for m in models]

@@ -17,9 +17,9 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import check_writable, existing_keys, new_run_id, provenance
 from bench.core.tasks import TASKS
-from evaluators.cache.extract import split_fingerprint
+from evaluators.cache.keys import split_fingerprint
 from evaluators.runner.request import EvaluationRequest
-from evaluators.runner.planning import BackbonePlan, say
+from evaluators.runner.planning import BackbonePlan, effective_limit, held_by_metadata, say
 from evaluators.runner.threads import chosen_threads
 from evaluators.tasks.binding.task import open_dataset
 
@@ -30,8 +30,10 @@ def run_evaluation(request: EvaluationRequest, *, progress: bool = True,
     nothing to do). The CLI, the Python API, `bench demo` and the Ray path all come here with
     an `EvaluationRequest`, so they compute the same rows.
 
-    Every backbone is resolved and checked, and the activation cache's growth estimated against
-    free disk, before any extraction; `on_skipped(n)` hears how many requested rows already
+    A run whose rows the results folder holds already, as the registry's metadata tells
+    (`held_by_metadata`), ends before any model code loads. Otherwise every backbone is resolved
+    and checked, and the activation cache's growth estimated against free disk, before any
+    extraction; `on_skipped(n)` hears how many requested rows already
     exist (and are skipped). `progress` shows bars and notes on stderr.
     """
     task = TASKS.get(request.task)
@@ -43,6 +45,14 @@ def run_evaluation(request: EvaluationRequest, *, progress: bool = True,
         check_options(request.executor, request.task, request.gpus_per_task, request.address)
     ds = open_dataset(request.dataset, need_codes=task.needs_codes)
     check_writable(request.results_dir)
+    if not request.overwrite:  # nothing owed: said before any model code (torch) is imported
+        limit = effective_limit(ds, request.limit)
+        held = held_by_metadata(request, ds.name, test_fp=split_fingerprint(ds, "test", limit), limit=limit,
+                                done=existing_keys(request.results_dir))
+        if held is not None:
+            if held and on_skipped is not None:
+                on_skipped(held)
+            return None
     return task.hook("runner")(request, ds, progress, on_skipped)
 
 

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import torch
-
 from bench.core.errors import BenchError
 from bench.core.numerics import mkl_is_reproducible
 
@@ -140,6 +138,8 @@ def chosen_threads(requested: int | None, say: Callable[[str], None] | None = No
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Run the block with `n` torch intra-op threads, then restore the number before it."""
+    import torch  # here: a run that only plans (nothing owed) never loads torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

@@ -46,8 +46,8 @@ TASK = Task(
     # independent of the image, so every backbone's true β* is 0
     controls=("resampled-o",),
     needs_codes=True,
-    check="evaluators.tasks.binding.run:check_request",
-    request="evaluators.tasks.binding.run:request_fields",
+    check="evaluators.tasks.binding.request:check_request",
+    request="evaluators.tasks.binding.request:request_fields",
     hparams=True,
     check_dataset="evaluators.tasks.binding.run:check_dataset",
     summary_columns=("backbone", "layer", "tokens", "probe", "seed", "status", "L_F", "L_O_given_F", "beta_O",

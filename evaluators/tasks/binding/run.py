@@ -6,13 +6,13 @@ estimator), and the paper's unanchored direct O- and F-probes (docs/explanation/
 Each (backbone, layer, tokens, probe, seed) becomes one results row; the run's file is rewritten
 atomically after every stack, so an interrupted run keeps what it finished.
 
-Also the task's request hooks: its probe x tokens checks (`check_request`) and the training settings
-behind its rows' probe fingerprints (`request_fields`)."""
+Also the task's dataset check before a study runs (`check_dataset`); its request hooks are in
+`evaluators.tasks.binding.request`."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -24,36 +24,12 @@ from bench.core.results import write_run
 from bench.core.tasks import TASKS
 from evaluators.cache.extract import extract_activations
 from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
-from evaluators.probes.build import check_family
 from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.planning import backbone_plans, check_cache, effective_limit, say
 from evaluators.runner.run import local_threads, run_start
 from evaluators.tasks.binding.rows import binding_common, extraction_error_rows, stack_bytes, stack_size, stacks
 from evaluators.tasks.binding.task import SPLITS, BindingTask, binding_task, check_control, check_priors
 from evaluators.tasks.binding.workers import StackWorkers
-
-
-def check_request(request: EvaluationRequest) -> None:
-    """Every family asked for reads every tokens choice asked for (`check_family`: a spatial family
-    needs `all`, a pooled one a pooled choice)."""
-    for tokens in request.token_choices:
-        for family in request.families:
-            check_family(family, tokens)
-
-
-def request_fields(request: EvaluationRequest) -> dict[str, Any]:
-    """The binding fields of a request's probe fingerprint: the training settings asked for (device,
-    seed and stack size aside: they do not change what is asked) and whether it is unanchored."""
-    train = request.train or TrainConfig()
-    if request.epochs is not None:
-        train = replace(train, epochs=request.epochs)
-    # a GPU trains the gradient stage under bf16 autocast (the families whose `ProbeFamily.amp`
-    # says so) and in batches of its own size (`auto_batch_size`): its rows hold other numbers
-    # than a CPU's, so they never share a key
-    precision = {"precision": "cuda-family-amp", "batches": "cuda"} if resolve_device(request.device) == "cuda" else {}
-    # nor does the memory a stack of row sets may take (`TrainConfig.stack_bytes`): its rows are the same
-    return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device", "stack_bytes")},
-            "unanchored": request.unanchored, **precision}
 
 
 def check_dataset(ds: Dataset, options: Mapping[str, Any]) -> None:
