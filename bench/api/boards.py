@@ -40,19 +40,21 @@ def leaderboard_table(results: PathLike, *, dataset: str | None = None, task: st
     return text
 
 
-def compare(results: PathLike, a: str, b: str, *, metrics: Sequence[str] = (), dataset: str | None = None,
+def compare(results: PathLike, a: str, b: str | None = None, *, metrics: Sequence[str] = (), dataset: str | None = None,
             probes: Sequence[str] = (), tokens: Sequence[str] = (), layer: str | int = "best",
             fingerprint: str | None = None, include_limited: bool = False, fmt: str = "table",
             width: int | None = None, say: Say = None) -> str:
-    """Backbone `a` − backbone `b` on the same test scenes of `results`, each metric's paired
-    difference with its 95% interval and the layers used, rendered as `fmt` (as `bench compare`);
-    `say` hears what the selection set aside."""
+    """Backbone `a` − backbone `b` on the same test scenes of `results`, each task's and metric's
+    paired difference with its 95% interval and the layers used, rendered as `fmt` (as `bench
+    compare`); `b` None: the base of the intervened backbone `a`. `say` hears what the selection
+    set aside."""
     from bench.core.console import Format
-    from leaderboards.compare import compare_backbones
+    from leaderboards.compare import base_backbone, compare_backbones
     from leaderboards.render import render_compare
     from leaderboards.selected import selected_rows
 
     rows = selected_rows(results, fingerprint=fingerprint, include_limited=include_limited, say=say)
+    b = base_backbone([r for r in rows if r.get("control") is None], a) if b is None else b
     records = compare_backbones(rows, a, b, metrics=metrics, dataset=dataset, probes=probes, tokens=tokens,
                                 layer=layer)
     return render_compare(records, a, b, Format(fmt), width)

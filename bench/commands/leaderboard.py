@@ -88,7 +88,7 @@ def leaderboard(
 
 def compare(
     a: str = typer.Argument(..., help="A backbone (as in the results' backbone column)."),
-    b: str = typer.Argument(..., help="The backbone to compare it with."),
+    b: Optional[str] = typer.Argument(None, help="The backbone to compare it with (default for an intervened A: its base)."),
     results_dir: Path = typer.Option(Path("results"), "--results", help="Results directory (every *.parquet in it)."),
     dataset: Optional[str] = _DATASET,
     metric: list[str] = typer.Option([], "--metric", help="Metrics to compare (repeatable) [beta_star, B_star, beta_O, beta_F, beta_star_paper]."),
@@ -100,7 +100,7 @@ def compare(
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json."),
     wide: bool = _WIDE,
 ) -> None:
-    """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
+    """A − B on the same test scenes: each task's metrics' paired differences with their 95% intervals and the layers used."""
     echo(api.compare(results_dir, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens, layer=layer,
                      fingerprint=fingerprint, include_limited=include_limited, fmt=fmt.value,
                      width=None if wide else TABLE_WIDTH, say=_say))
