@@ -572,6 +572,24 @@ def test_compare_without_b_pairs_an_intervened_backbone_with_its_base(tmp_path, 
     assert code == 2 and err.startswith("bench: error: b: name the backbone") and len(err.splitlines()) == 1
 
 
+def test_a_backbone_that_reads_ground_truth_is_shown_marked_and_never_ranked(tmp_path, capsys):
+    """An `intervene:inject=...` backbone is handed the objects' masks: its row is shown, labelled
+    "(reads ground truth)" and unranked, however good, and it ranks no other row below it; a
+    shuffled one (no ground truth) ranks as any backbone does."""
+    inject = "intervene:inject=0,layer=2,subspace=sub.npz,seed=0:A"
+    rows = [result_row("A", "linear", 0.50), result_row(inject, "linear", 0.95), result_row(SHUFFLED, "linear", 0.20)]
+    rows[1]["spec"] = inject
+    board = build_leaderboard(rows)
+    by = {r.backbone: r for r in board.rows}
+    assert by[inject].rank is None and by[inject].label == f"{inject} (reads ground truth)"
+    assert by["A"].rank == 1 and by[SHUFFLED].rank == 2 and by[SHUFFLED].label == SHUFFLED
+    assert board.rows[-1].backbone == inject  # after the ranked rows, as a control's
+    write_run(rows, tmp_path, "r1")
+    code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "csv"], capsys)
+    records = {r["backbone"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert code == 0 and records[inject]["rank"] == "" and records[inject]["label"].endswith("(reads ground truth)")
+
+
 def test_best_layer_is_chosen_on_validation_and_reports_its_test_number():
     """Layer 2 is best on validation, layer 3 on test (a lucky test draw): `best` shows layer 2's
     test value, never layer 3's."""
