@@ -1148,6 +1148,16 @@ def test_old_results_with_hostile_labels_still_render(hostile_results, tmp_path,
     assert "L" * 250 in html_text(tmp_path / "site" / long_page)
 
 
+def test_an_ablation_plot_of_results_without_intervened_backbones_is_refused(tmp_path, capsys):
+    """`bench plot ablation` of results that hold no intervened backbone: one line, exit 2, no file."""
+    from bench.core.results import write_run
+    from test_leaderboard import result_row
+
+    write_run([result_row("A", "linear", 0.5), result_row("B", "linear", 0.3)], tmp_path / "results", "r1")
+    why = refused(["plot", "ablation", tmp_path / "results", "--out", tmp_path / "fig"], capsys, tmp_path)
+    assert "no intervened backbone" in why
+
+
 def test_compare_answers_for_hostile_labels_and_refuses_bad_pairs(hostile_results, tmp_path, capsys):
     """`bench compare` on old results with hostile labels leads with the answer — difference,
     interval, verdict — within 100 columns, the long names in its title, not on every line; a pair

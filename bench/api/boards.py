@@ -11,7 +11,7 @@ from bench.api.arguments import PathLike, Say
 from bench.core.errors import BenchError
 
 #: The figures `plot` draws.
-PLOT_KINDS = ("layers", "bars", "sweep")
+PLOT_KINDS = ("layers", "bars", "sweep", "ablation")
 
 
 def leaderboard_table(results: PathLike, *, dataset: str | None = None, task: str | None = None,
@@ -66,13 +66,14 @@ def plot(kind: str, results: PathLike, out: PathLike | None = None, *, dataset: 
          datasets: PathLike | None = None, fingerprint: str | None = None, include_limited: bool = False,
          say: Say = None) -> list[Path]:
     """Draw `results` as PNG + SVG (`out` a file stem, default plots/KIND) and return the files, as
-    `bench plot`: `layers` (metric vs depth), `bars` (probe families at `layer`) or `sweep` (metric
-    vs the dataset quantity `x`, read from the cards of the sweep's datasets under `datasets`).
+    `bench plot`: `layers` (metric vs depth), `bars` (probe families at `layer`), `sweep` (metric
+    vs the dataset quantity `x`, read from the cards of the sweep's datasets under `datasets`) or
+    `ablation` (metric vs intervention strength at `layer`, intervened backbones beside their base).
     Files of the user's at `out` are refused before the results are read; `say` hears what the
     selection set aside."""
     from bench.core.outdir import WrittenFiles
     from leaderboards import plots
-    from leaderboards.selected import load_board
+    from leaderboards.selected import load_board, selected_rows
 
     if kind not in PLOT_KINDS:
         raise BenchError(f"kind: unknown {kind!r}; one of {', '.join(PLOT_KINDS)}")
@@ -85,6 +86,12 @@ def plot(kind: str, results: PathLike, out: PathLike | None = None, *, dataset: 
         rows, _ = load_board(results, **chosen, **selection)
         files.claim(figure)
         paths = plots.layer_curves(rows, figure[0], **selection)
+    elif kind == "ablation":
+        from leaderboards.ablation import ablation_series, ablation_curves
+
+        board, series = ablation_series(selected_rows(results, required=True, **chosen), layer=layer, **selection)
+        files.claim(figure)
+        paths = ablation_curves(board, series, figure[0])
     elif kind == "bars":
         _, board = load_board(results, layer=layer, **chosen, **selection)
         files.claim(figure)

@@ -110,10 +110,11 @@ class PlotKind(str, Enum):
     layers = "layers"
     bars = "bars"
     sweep = "sweep"
+    ablation = "ablation"
 
 
 def plot(
-    kind: PlotKind = typer.Argument(..., help="layers (metric vs depth), bars (probe families), sweep (metric vs a dataset quantity)."),
+    kind: PlotKind = typer.Argument(..., help="layers (metric vs depth), bars (probe families), sweep (metric vs a dataset quantity), ablation (metric vs intervention strength)."),
     results_dir: Path = _RESULTS,
     out: Optional[str] = typer.Option(None, "--out", "-o", metavar="STEM", help="File stem; writes STEM.png and STEM.svg (default plots/KIND)."),
     dataset: Optional[str] = _DATASET,
@@ -121,7 +122,7 @@ def plot(
     metric: Optional[str] = _METRIC,
     probe: list[str] = _PROBE,
     tokens: list[str] = _TOKENS,
-    layer: str = typer.Option("best", "--layer", help="For bars and sweep: best, last or a layer index."),
+    layer: str = typer.Option("best", "--layer", help="For bars, sweep and ablation: best, last or a layer index."),
     x: str = typer.Option("objects", "--x", help="Sweep axis: objects, camera-height or visibility."),
     datasets: Optional[Path] = typer.Option(None, "--datasets", help="Sweep: directory holding the sweep's datasets (their cards give x)."),
     fingerprint: Optional[str] = _FINGERPRINT,
