@@ -1372,6 +1372,9 @@ def test_file_outputs_never_overwrite_a_file_they_did_not_write(hostile_results,
 # --    and one run at a time holds it ---------------------------------------------------------
 
 _EVALUATE = "[[evaluate]]\nbackbones = {backbones}\n{extra}"
+#: An evaluate block's intervention sweep, to fill with a subspace kind, kinds, strengths and controls.
+_SWEEP = ("interventions = {{ subspace = {{ kind = '{sub}', layer = 0 }}, kinds = [{kinds}], strengths = [{s}], "
+          "controls = [{c}] }}")
 #: (case, [datasets] table, backbones, extra evaluate keys, top-level keys, the key path the line
 #: names and a piece of its message). Each was refused only after the study's folder (its
 #: bench-study.json and an empty results/) was made, naming neither the file nor the key; an
@@ -1403,6 +1406,14 @@ _STUDY_REFUSALS = [
     ("folder-escape", "{ds}", '["pixels"]', "", "folder = '../../escape'", "folder: the study's folder", "is not a valid name"),
     ("folder-absolute", "{ds}", '["pixels"]', "", "folder = '/tmp/escape'", "folder: the study's folder", "is not a valid name"),
     ("threads", "{ds}", '["pixels"]', "", "threads = 1000000", "threads: at most", "(this machine's cores)"),
+    ("intervention-kind", "{ds}", '["pixels"]', _SWEEP.format(sub="binding", kinds="'scramble'", s="0.5", c=""), "",
+     "evaluate[1].interventions.kinds[1]: unknown 'scramble'", "allowed: shuffle, inject, remove"),
+    ("intervention-strength", "{ds}", '["pixels"]', _SWEEP.format(sub="binding", kinds="'shuffle'", s="0, 1.5", c=""),
+     "", "evaluate[1].interventions.strengths[2]: strength 1.5 outside [0, 1]", ""),
+    ("subspace-kind", "{ds}", '["pixels"]', _SWEEP.format(sub="pca", kinds="'shuffle'", s="0.5", c=""), "",
+     "evaluate[1].interventions.subspace.kind: unknown 'pca'", "binding, random, feature, shuffled-labels"),
+    ("control-kind", "{ds}", '["pixels"]', _SWEEP.format(sub="binding", kinds="'shuffle'", s="0.5", c="'noise'"), "",
+     "evaluate[1].interventions.controls[1]: unknown 'noise'", ""),
 ]
 
 

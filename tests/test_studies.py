@@ -367,3 +367,43 @@ def test_the_studies_ship_in_the_wheel(tmp_path):
     (wheel,) = tmp_path.glob("bindingbench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"bench/studies/demo.toml", "bench/studies/fbp.toml", "bench/studies/obv.toml"} <= names
+
+
+SWEEP_STUDY = """
+[datasets.zoo]
+generator = "colorshape"
+preset = "zoo"
+
+[[evaluate]]
+backbones = ["pixels", "named=oracle:objects"]
+interventions = { subspace = { kind = "binding", layer = 1, rank = 4 }, kinds = ["shuffle", "inject"], \
+strengths = [0, 0.5, 1], controls = ["random"] }
+"""
+
+
+def test_an_intervention_sweep_plans_its_subspaces_and_intervened_backbones_without_fitting(tmp_path):
+    """An `interventions` table expands, per backbone and dataset, into one subspace file per
+    subspace kind (fitted once, in the study folder) and an intervened backbone per (subspace,
+    kind, strength) other than the kind's identity strength, whose spec reads back to exactly that."""
+    from bench import api
+    from bench.core.intervention_specs import parse_intervention
+    from bench.studies.sweeps import sweep_plan
+
+    (tmp_path / "s.toml").write_text(SWEEP_STUDY)
+    block = api.load_study(tmp_path / "s.toml").blocks[0]
+    assert "interventions" not in block.options  # not a request keyword
+    plan = sweep_plan(block.interventions, block.backbones, "zoo", tmp_path / "study")
+    folder = (tmp_path / "study" / "subspaces").resolve()
+    assert [(f.backbone, f.spec, f.kind, f.layer, f.rank, f.seed, f.path) for f in plan.fits] == [
+        ("pixels", "pixels", "binding", 1, 4, 0, folder / "pixels-L1-binding-r4-s0-zoo.npz"),
+        ("pixels", "pixels", "random", 1, 4, 0, folder / "pixels-L1-random-r4-s0-zoo.npz"),
+        ("named", "oracle:objects", "binding", 1, 4, 0, folder / "named-L1-binding-r4-s0-zoo.npz"),
+        ("named", "oracle:objects", "random", 1, 4, 0, folder / "named-L1-random-r4-s0-zoo.npz"),
+    ]
+    names = dict(plan.backbones)
+    assert len(names) == 16  # 2 backbones x 2 subspaces x 2 kinds x 2 strengths (shuffle 0, inject 1 are the base)
+    spec = parse_intervention(names["named shuffle 0.5 (random)"])
+    assert (spec.kind, spec.strength, spec.layer, spec.subspace, spec.seed, spec.base) == (
+        "shuffle", 0.5, 1, str(folder / "named-L1-random-r4-s0-zoo.npz"), 0, "oracle:objects")
+    assert {parse_intervention(s).strength for n, s in names.items() if " inject " in n} == {0.0, 0.5}
+    assert {parse_intervention(s).strength for n, s in names.items() if " shuffle " in n} == {0.5, 1.0}
