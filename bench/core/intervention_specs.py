@@ -9,8 +9,8 @@ base `zoo:conjunctions`. A subspace path holding `,` or `:` cannot be written in
 
 LEAD: the interventions core (`evaluators.interventions.backbone`) owns this grammar by the
 contract; either it imports these names from here (torch-free, so the board needs no torch), or
-the three readers (leaderboards.compare, leaderboards.board, leaderboards.ablation,
-bench.studies.sweeps) import its `parse_intervention` instead and this module goes.
+the readers (leaderboards.compare, .board, .ablation, .site, bench.studies.sweeps) import its
+`parse_intervention` instead and this module goes.
 """
 
 from __future__ import annotations
