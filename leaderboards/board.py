@@ -10,7 +10,8 @@ rules keep the table honest:
   within the noise earns nothing (rows without per-scene bits fall back to comparing the
   two marginal intervals);
 - a control null (`control` "resampled-o": O redrawn from p(O|F), true β* = 0) is shown as a
-  row of its own and never ranked;
+  row of its own and never ranked, and so is a backbone that reads the scene's ground truth (an
+  `intervene:inject=...` spec: it is handed the objects' masks);
 - a cell whose interval holds 0 shows its probe's sensitivity beside it: the share of a planted,
   known binding the same probe recovers on that dataset at that size, so a reader knows what
   a 0 means;
@@ -44,6 +45,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bench.core.errors import BenchError
+from bench.core.intervention_specs import reads_ground_truth
 from bench.core.tasks import DEFAULT_TASK, TASKS
 from evaluators.probes.families import TOKEN_CHOICES
 from evaluators.tasks.binding.metrics import metric_checks, paired_difference, validation_metric
@@ -117,6 +119,7 @@ class BoardRow:
     rank: int | None = None
     score: Cell | None = None  # the cell the rank is based on
     control: str | None = None  # a control null's rows (never ranked)
+    reads_ground_truth: bool = False  # its backbone is handed the scene's ground truth (never ranked)
     reference: Reference | None = None  # a paper's published row (never ranked)
 
     @property
@@ -124,6 +127,8 @@ class BoardRow:
         """The row's name in every view: a control and a published row say what they are."""
         if self.reference is not None:
             return f"{self.backbone} (published)"
+        if self.reads_ground_truth:
+            return f"{self.backbone} (reads ground truth)"
         return self.backbone if self.control is None else f"{self.backbone} (control: {self.control})"
 
 
@@ -215,12 +220,13 @@ def build_leaderboard(
         for ds in sorted({r["dataset"] for r in rows}):
             board.n_F_eff[ds] = tuple(sorted({float(r["n_F_eff"]) for r in rows if r["dataset"] == ds
                                               and r.get("n_F_eff") is not None and math.isfinite(r["n_F_eff"])}))
+    truth = {r["backbone"] for r in rows if reads_ground_truth(r.get("spec") or r["backbone"])}
     for ds, backbone, control in sorted({(r["dataset"], r["backbone"], r.get("control")) for r in rows},
                                         key=lambda k: (k[0], k[1], k[2] or "")):
         cells = {
             col: _cell(groups.get((ds, backbone, control, *col), []), m, layer, expected[(ds, *col)]) for col in columns
         }
-        board.rows.append(BoardRow(ds, backbone, cells, control=control))
+        board.rows.append(BoardRow(ds, backbone, cells, control=control, reads_ground_truth=backbone in truth))
     if ranked:
         _rank(board)
     if reference:
@@ -368,7 +374,7 @@ def _layer_cell(rows: list[dict], m: Metric, seeds: set[int]) -> Cell:
 def _rank(board: Leaderboard) -> None:
     """Rank backbones per dataset by their best unflagged cell among the columns selected: rank =
     1 + the number of others better beyond doubt (`beats`); a backbone without such a cell,
-    and every control row, is unranked.
+    every control row and every row that reads ground truth, is unranked.
 
     Backbones with unanchored (†) cells are ranked among themselves, below the anchored ones:
     their headline numbers are not comparable with anchored rows."""
@@ -376,13 +382,14 @@ def _rank(board: Leaderboard) -> None:
     apart = {id(r): _unanchored_row(r, board.metric) for r in board.rows}
     for ds in board.datasets:
         for unanchored in (False, True):
-            rows = [r for r in board.rows if r.dataset == ds and apart[id(r)] == unanchored and r.control is None]
+            rows = [r for r in board.rows if r.dataset == ds and apart[id(r)] == unanchored and r.control is None
+                    and not r.reads_ground_truth]
             ranked = [r for r in rows if _rankable(r)]
             for r in ranked:
                 r.score = max(_rankable(r), key=lambda c: sign * c.value)
             for r in ranked:
                 r.rank = 1 + sum(beats(o.score, r.score, board.metric) for o in ranked if o is not r)
-    board.rows.sort(key=lambda r: (r.dataset, r.control is not None, apart[id(r)], r.rank is None, r.rank or 0,
+    board.rows.sort(key=lambda r: (r.dataset, r.control is not None or r.reads_ground_truth, apart[id(r)], r.rank is None, r.rank or 0,
                                    -sign * r.score.value if r.score else 0.0, r.backbone, r.control or ""))
 
 

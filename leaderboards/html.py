@@ -59,7 +59,8 @@ def script_json(obj: Any) -> str:
 
 
 def row_kind(row: Any) -> str:
-    return "published" if row.reference is not None else "control" if row.control is not None else "measured"
+    unranked = row.control is not None or row.reads_ground_truth  # shown beside the ranked rows, never ranked
+    return "published" if row.reference is not None else "control" if unranked else "measured"
 
 
 def board_view(board: Leaderboard, *, anchor: str = "board") -> dict[str, Any]:

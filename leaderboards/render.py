@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from bench.core.console import Format, render_table, wrap
 from bench.core.numbers import fixed, plus_minus
+from bench.core.tasks import DEFAULT_TASK, TASKS
 from leaderboards.board import Cell, Leaderboard
 from leaderboards.compare import COMPARE_COLUMNS
 from leaderboards.metrics import CHECK_MEANINGS, Metric
@@ -101,11 +102,13 @@ def render_compare(records: Sequence[dict[str, Any]], a: str, b: str, fmt: Forma
         return render_table(records, COMPARE_COLUMNS, fmt)
     short = {f"{a} better": "a better", f"{b} better": "b better"}
     parts = []
-    for ds in dict.fromkeys(r["dataset"] for r in records):
-        mine = [r for r in records if r["dataset"] == ds]
+    for task, ds in dict.fromkeys((r.get("task", DEFAULT_TASK), r["dataset"]) for r in records):
+        mine = [r for r in records if r.get("task", DEFAULT_TASK) == task and r["dataset"] == ds]
         varying = [c for c in ("probe", "tokens") if len({r[c] for r in mine}) > 1]
-        context = ", ".join([f"dataset {ds}", *(f"{c} {mine[0][c]}" for c in ("probe", "tokens") if c not in varying)])
-        title = f"a − b on {context}\n(paired, 95% interval over test F codes)\na = {a}\nb = {b}"
+        context = ", ".join([f"task {task}", f"dataset {ds}",
+                             *(f"{c} {mine[0][c]}" for c in ("probe", "tokens") if c not in varying)])
+        over = "test F codes" if TASKS.get(task).per_scene else "test scenes"
+        title = f"a − b on {context}\n(paired, 95% interval over {over})\na = {a}\nb = {b}"
         lines = [{**r, "verdict": short.get(r["verdict"], r["verdict"])} for r in mine]
         parts.append(render_table(lines, [*varying, *COMPARE_ANSWER], fmt, title=title, width=width))
     return "\n\n".join(parts)

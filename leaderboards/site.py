@@ -12,7 +12,8 @@ few lines of script are inside each page, figures are files beside them):
   that layer, and the metric-by-depth figure;
 - `dataset-NAME.html`: the dataset's card and priors, with its generator's settings and a
   preview sheet when its folder is given (`--datasets DIR`; a damaged folder: what is wrong with
-  it instead), else where to find it;
+  it instead), else where to find it; with intervened backbones, each task's headline metric
+  against intervention strength (`leaderboards.ablation`);
 - `compare.html`: the paired difference of every pair of backbones on each dataset and probe
   column (bootstrap over shared test F codes) as a matrix with 95% intervals;
 - `provenance.html`: per dataset its fingerprint and sizes, per run its versions, device and
@@ -38,10 +39,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 from bench.core.dataset import write_text_atomic
 from bench.core.errors import BenchError
+from bench.core.intervention_specs import is_intervened
 from bench.core.numbers import plus_minus
 from bench.core.outdir import WrittenFiles
 from bench.core.paths import output_path
 from leaderboards import html
+from leaderboards.ablation import ablation_curves, ablation_series
 from leaderboards.board import Leaderboard, build_leaderboard, paired_cells, verdict
 from bench.core.tasks import TASKS
 from leaderboards.metrics import resolve_metric
@@ -257,6 +260,26 @@ class _Site:
 
     # -- dataset pages ------------------------------------------------------------------------
 
+    def _ablations(self, name: str) -> list[dict[str, str]]:
+        """Per task measured on dataset `name` with intervened backbones: its headline metric
+        against intervention strength (`bench plot ablation`), a PNG beside the page."""
+        out = []
+        for task in TASKS.names():
+            rows = self.by_key.get((name, task), [])
+            if not self.figures or not any(is_intervened(r.get("spec") or r["backbone"]) for r in rows):
+                continue
+            stem = self.out / f"fig-{self.dataset_pages[name][:-5]}-ablation-{task}"
+            try:
+                board, series = ablation_series(rows, task=task)
+            except BenchError as e:  # no intervened value finished: a line in the figure's place
+                out.append({"task": task, "no_figure": f"No ablation figure: {e}"})
+                continue
+            self.files.claim(figure_paths(stem, ("png",)))
+            paths = ablation_curves(board, series, stem, formats=("png",))
+            self.written += paths
+            out.append({"task": task, "figure": paths[0].name, "metric": board.metric.label})
+        return out
+
     def _dataset(self, name: str) -> dict[str, Any]:
         rows = [r for (ds, _), rs in self.by_key.items() if ds == name for r in rs]
         card = html.dataset_cards(rows)[0] if any(r["status"] == "ok" for r in rows) else None
@@ -273,7 +296,7 @@ class _Site:
                    "metric": resolve_metric(None, task).label} for task, entry in TASKS.items()
                   if (name, task) in self.by_key]
         generator = (folder.card.get("generator") or {}) if folder else {}
-        return {"name": name, "card": card, "fingerprints": sorted(fps), "folder": folder,
+        return {"name": name, "card": card, "fingerprints": sorted(fps), "folder": folder, "ablations": self._ablations(name),
                 "generator": generator.get("name") if isinstance(generator, dict) else generator,
                 "config": _pretty(folder.card.get("config")) if folder and not folder.damage else None,
                 "preview": preview, "boards": boards}

@@ -1148,6 +1148,16 @@ def test_old_results_with_hostile_labels_still_render(hostile_results, tmp_path,
     assert "L" * 250 in html_text(tmp_path / "site" / long_page)
 
 
+def test_an_ablation_plot_of_results_without_intervened_backbones_is_refused(tmp_path, capsys):
+    """`bench plot ablation` of results that hold no intervened backbone: one line, exit 2, no file."""
+    from bench.core.results import write_run
+    from test_leaderboard import result_row
+
+    write_run([result_row("A", "linear", 0.5), result_row("B", "linear", 0.3)], tmp_path / "results", "r1")
+    why = refused(["plot", "ablation", tmp_path / "results", "--out", tmp_path / "fig"], capsys, tmp_path)
+    assert "no intervened backbone" in why
+
+
 def test_compare_answers_for_hostile_labels_and_refuses_bad_pairs(hostile_results, tmp_path, capsys):
     """`bench compare` on old results with hostile labels leads with the answer — difference,
     interval, verdict — within 100 columns, the long names in its title, not on every line; a pair
@@ -1362,6 +1372,9 @@ def test_file_outputs_never_overwrite_a_file_they_did_not_write(hostile_results,
 # --    and one run at a time holds it ---------------------------------------------------------
 
 _EVALUATE = "[[evaluate]]\nbackbones = {backbones}\n{extra}"
+#: An evaluate block's intervention sweep, to fill with a subspace kind, kinds, strengths and controls.
+_SWEEP = ("interventions = {{ subspace = {{ kind = '{sub}', layer = 0 }}, kinds = [{kinds}], strengths = [{s}], "
+          "controls = [{c}] }}")
 #: (case, [datasets] table, backbones, extra evaluate keys, top-level keys, the key path the line
 #: names and a piece of its message). Each was refused only after the study's folder (its
 #: bench-study.json and an empty results/) was made, naming neither the file nor the key; an
@@ -1393,6 +1406,14 @@ _STUDY_REFUSALS = [
     ("folder-escape", "{ds}", '["pixels"]', "", "folder = '../../escape'", "folder: the study's folder", "is not a valid name"),
     ("folder-absolute", "{ds}", '["pixels"]', "", "folder = '/tmp/escape'", "folder: the study's folder", "is not a valid name"),
     ("threads", "{ds}", '["pixels"]', "", "threads = 1000000", "threads: at most", "(this machine's cores)"),
+    ("intervention-kind", "{ds}", '["pixels"]', _SWEEP.format(sub="binding", kinds="'scramble'", s="0.5", c=""), "",
+     "evaluate[1].interventions.kinds[1]: unknown 'scramble'", "allowed: shuffle, inject, remove"),
+    ("intervention-strength", "{ds}", '["pixels"]', _SWEEP.format(sub="binding", kinds="'shuffle'", s="0, 1.5", c=""),
+     "", "evaluate[1].interventions.strengths[2]: strength 1.5 outside [0, 1]", ""),
+    ("subspace-kind", "{ds}", '["pixels"]', _SWEEP.format(sub="pca", kinds="'shuffle'", s="0.5", c=""), "",
+     "evaluate[1].interventions.subspace.kind: unknown 'pca'", "binding, random, feature, shuffled-labels"),
+    ("control-kind", "{ds}", '["pixels"]', _SWEEP.format(sub="binding", kinds="'shuffle'", s="0.5", c="'noise'"), "",
+     "evaluate[1].interventions.controls[1]: unknown 'noise'", ""),
 ]
 
 

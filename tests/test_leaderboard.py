@@ -505,6 +505,91 @@ def test_compare_leads_with_the_difference_its_interval_and_verdict(tmp_path, ca
             assert context in title and out.count(context) == 1, (context, out)
 
 
+SHUFFLED = "intervene:shuffle=0.5,layer=2,subspace=sub.npz,seed=0:zoo:conjunctions"
+
+
+def same_object_rows(backbone: str, per_scene, *, spec: str | None = None) -> dict:
+    """An IsSameObject row whose accuracy is the mean of its per-scene values (`scene_accuracy`)."""
+    import numpy as np
+
+    v = np.asarray(per_scene, dtype=np.float64)
+    row = result_row(backbone, "linear", float(v.mean()), metric="accuracy", task="issameobject", tokens="all")
+    row.update(spec=spec or backbone, scene_accuracy=v)
+    return row
+
+
+def test_compare_pairs_every_task_with_compare_metrics_and_an_intervention_with_its_base(monkeypatch):
+    """Two tasks with compare metrics are each paired on their own rows (a `task` column says which):
+    binding on its per-scene bits, the other on its per-scene values; an intervened backbone with
+    no `b` is compared with its base. The difference is the per-scene means' difference exactly,
+    and its interval holds it and lies below 0 (every scene lost 0.1)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from bench.core.tasks import TASKS
+    from leaderboards.compare import COMPARE_COLUMNS, compare_backbones
+
+    monkeypatch.setitem(TASKS._entries, "issameobject", replace(TASKS.get("issameobject"), compare_metrics=("accuracy",)))
+    rng = np.random.default_rng(0)
+    bits, acc = rng.uniform(2.0, 9.0, 60), rng.uniform(0.6, 0.9, 40)
+    rows = [per_scene_rows("zoo:conjunctions", bits), per_scene_rows(SHUFFLED, bits + 0.5),
+            same_object_rows("zoo:conjunctions", acc), same_object_rows(SHUFFLED, acc - 0.1)]
+    rows[1]["spec"] = SHUFFLED
+    records = compare_backbones(rows, SHUFFLED, metrics=["beta_star", "accuracy"])
+    assert [r["task"] for r in records] == ["binding", "issameobject"]
+    assert all(list(r) == list(COMPARE_COLUMNS) for r in records)
+    binding, same = records
+    assert binding["b"] == pytest.approx(rows[0]["beta_star"]) and binding["a"] == pytest.approx(rows[1]["beta_star"])
+    assert same["difference"] == pytest.approx(-0.1) and same["lo"] <= -0.1 <= same["hi"] < 0
+    assert same["verdict"] == "zoo:conjunctions better" and binding["verdict"] == "zoo:conjunctions better"
+    # by default every task's compare metrics (those the rows never computed are left out)
+    for r in rows[:2]:
+        r.update(dict.fromkeys(("B_star", "beta_O", "beta_F", "beta_star_paper")))
+    assert {(r["task"], r["metric"]) for r in compare_backbones(rows, SHUFFLED)} >= {("issameobject", "accuracy"),
+                                                                                     ("binding", "beta_star")}
+    # per-scene values measured on other scenes cannot be paired: one line
+    rows[3]["scene_accuracy"] = rows[3]["scene_accuracy"][:30]
+    with pytest.raises(BenchError, match=r"\(issameobject\) were not measured on the same test scenes"):
+        compare_backbones(rows, SHUFFLED, metrics=["accuracy"])
+    with pytest.raises(BenchError, match="only an intervened backbone has a default"):
+        compare_backbones(rows, "zoo:conjunctions")
+
+
+def test_compare_without_b_pairs_an_intervened_backbone_with_its_base(tmp_path, capsys):
+    """`bench compare INTERVENED` with no second backbone compares it with the base its spec names."""
+    import numpy as np
+
+    bits = np.random.default_rng(1).uniform(2.0, 9.0, 60)
+    rows = [per_scene_rows("zoo:conjunctions", bits), per_scene_rows(SHUFFLED, bits + 0.5)]
+    write_run(rows, tmp_path, "r1")
+    code, out, err = run_cli(["compare", SHUFFLED, "--results", tmp_path, "--format", "json"], capsys)
+    assert code == 0, err
+    records = json.loads(out)
+    assert records and {r["task"] for r in records} == {"binding"}
+    assert all(r["verdict"] == "zoo:conjunctions better" and r["hi"] < 0 for r in records if r["metric"] == "beta_star")
+    code, _, err = run_cli(["compare", "zoo:conjunctions", "--results", tmp_path], capsys)
+    assert code == 2 and err.startswith("bench: error: b: name the backbone") and len(err.splitlines()) == 1
+
+
+def test_a_backbone_that_reads_ground_truth_is_shown_marked_and_never_ranked(tmp_path, capsys):
+    """An `intervene:inject=...` backbone is handed the objects' masks: its row is shown, labelled
+    "(reads ground truth)" and unranked, however good, and it ranks no other row below it; a
+    shuffled one (no ground truth) ranks as any backbone does."""
+    inject = "intervene:inject=0,layer=2,subspace=sub.npz,seed=0:A"
+    rows = [result_row("A", "linear", 0.50), result_row(inject, "linear", 0.95), result_row(SHUFFLED, "linear", 0.20)]
+    rows[1]["spec"] = inject
+    board = build_leaderboard(rows)
+    by = {r.backbone: r for r in board.rows}
+    assert by[inject].rank is None and by[inject].label == f"{inject} (reads ground truth)"
+    assert by["A"].rank == 1 and by[SHUFFLED].rank == 2 and by[SHUFFLED].label == SHUFFLED
+    assert board.rows[-1].backbone == inject  # after the ranked rows, as a control's
+    write_run(rows, tmp_path, "r1")
+    code, out, _ = run_cli(["leaderboard", tmp_path, "--format", "csv"], capsys)
+    records = {r["backbone"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert code == 0 and records[inject]["rank"] == "" and records[inject]["label"].endswith("(reads ground truth)")
+
+
 def test_best_layer_is_chosen_on_validation_and_reports_its_test_number():
     """Layer 2 is best on validation, layer 3 on test (a lucky test draw): `best` shows layer 2's
     test value, never layer 3's."""

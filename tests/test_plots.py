@@ -142,3 +142,44 @@ def test_control_rows_carry_their_label_in_figures(tmp_path, monkeypatch):
     plots.layer_curves(rows, tmp_path / "layers")
     assert sorted(t.get_text() for t in figures[1].legends[0].get_texts()) == ["A", "A (control: resampled-o)"]
 
+
+
+def ablation_rows() -> list[dict]:
+    """zoo:conjunctions at 0.6 and its interventions at layer 2: shuffle of the binding subspace
+    falls (0.4 at 0.5, 0.2 at 1), of a random one stays (0.58 at 1); inject rises (0.62 at α 0.5, 0.65 at 0)."""
+    from bench.core.intervention_specs import intervention_spec
+
+    rows = [result_row("zoo:conjunctions", "linear", 0.6, layer=4, n_layers=4)]
+    for kind, strength, sub, value in (("shuffle", 0.5, "binding", 0.4), ("shuffle", 1.0, "binding", 0.2),
+                                       ("shuffle", 1.0, "random", 0.58), ("inject", 0.5, "binding", 0.62),
+                                       ("inject", 0.0, "binding", 0.65)):
+        spec = intervention_spec(kind, strength, 2, f"subspaces/zoo-conjunctions-L2-{sub}-r16-s0-cs.npz",
+                                 "zoo:conjunctions")
+        rows.append({**result_row(spec, "linear", value, layer=4, n_layers=4), "spec": spec})
+    return rows
+
+
+def test_ablation_series_carry_the_rows_values_with_the_base_at_the_identity_strength():
+    from leaderboards.ablation import ablation_series
+
+    board, series = ablation_series(ablation_rows())
+    col = ("linear", "cls")
+    values = {k[2:4]: [(x, round(v, 9), round(lo, 9), round(hi, 9)) for x, v, lo, hi, _ in points]
+              for k, points in series.items() if k[:2] == ("cs", "zoo:conjunctions") and k[4] == col}
+    assert values == {
+        ("shuffle", "binding"): [(0.0, 0.6, 0.58, 0.62), (0.5, 0.4, 0.38, 0.42), (1.0, 0.2, 0.18, 0.22)],
+        ("shuffle", "random"): [(0.0, 0.6, 0.58, 0.62), (1.0, 0.58, 0.56, 0.6)],
+        ("inject", "binding"): [(0.0, 0.65, 0.63, 0.67), (0.5, 0.62, 0.6, 0.64), (1.0, 0.6, 0.58, 0.62)],
+    }
+
+
+def test_ablation_plot_writes_png_and_svg_with_a_line_per_backbone_kind_and_subspace(tmp_path, capsys):
+    write_run(ablation_rows(), tmp_path / "results", "r1")
+    code = main(["plot", "ablation", str(tmp_path / "results"), "--out", str(tmp_path / "fig" / "ablation")])
+    assert code == 0, capsys.readouterr().err
+    _check_image(tmp_path / "fig" / "ablation.png")
+    svg = (tmp_path / "fig" / "ablation.svg").read_text()
+    ET.fromstring(svg)
+    for label in ("zoo:conjunctions · shuffle · binding subspace", "zoo:conjunctions · shuffle · random subspace",
+                  "zoo:conjunctions · inject · binding subspace"):
+        assert label in svg

@@ -227,6 +227,22 @@ def test_a_site_builds_around_a_plot_it_cannot_draw(tmp_path, capsys):
     assert (site / figure).stat().st_size > 1000
 
 
+def test_a_dataset_page_shows_its_ablation_figure(tmp_path, capsys):
+    """Results with intervened backbones: the dataset's page shows the headline metric against
+    intervention strength, a PNG the site wrote and lists in its manifest; without any, no such section."""
+    from test_plots import ablation_rows
+
+    write_run(ablation_rows(), tmp_path / "results", "r1")
+    assert main(["site", str(tmp_path / "results"), "-o", str(tmp_path / "site")]) == 0, capsys.readouterr().err
+    page = (tmp_path / "site" / "dataset-cs.html").read_text()
+    (figure,) = re.findall(r'<img class="figure" alt="binding: β\* against intervention strength" src="([^"]+)"', page)
+    assert figure == "fig-dataset-cs-ablation-binding.png" and (tmp_path / "site" / figure).stat().st_size > 1000
+    assert figure in (tmp_path / "site" / ".index.html.files.json").read_text()
+    write_run([result_row("A", "linear", 0.3)], tmp_path / "plain", "r1")
+    assert main(["site", str(tmp_path / "plain"), "-o", str(tmp_path / "site2")]) == 0
+    assert "Under ablation" not in (tmp_path / "site2" / "dataset-cs.html").read_text()
+
+
 # ---------------------------------------------------------------- Chromium through Selenium
 
 def need_browser():

@@ -11,7 +11,7 @@ from bench.api.arguments import PathLike, Say
 from bench.core.errors import BenchError
 
 #: The figures `plot` draws.
-PLOT_KINDS = ("layers", "bars", "sweep")
+PLOT_KINDS = ("layers", "bars", "sweep", "ablation")
 
 
 def leaderboard_table(results: PathLike, *, dataset: str | None = None, task: str | None = None,
@@ -40,19 +40,21 @@ def leaderboard_table(results: PathLike, *, dataset: str | None = None, task: st
     return text
 
 
-def compare(results: PathLike, a: str, b: str, *, metrics: Sequence[str] = (), dataset: str | None = None,
+def compare(results: PathLike, a: str, b: str | None = None, *, metrics: Sequence[str] = (), dataset: str | None = None,
             probes: Sequence[str] = (), tokens: Sequence[str] = (), layer: str | int = "best",
             fingerprint: str | None = None, include_limited: bool = False, fmt: str = "table",
             width: int | None = None, say: Say = None) -> str:
-    """Backbone `a` − backbone `b` on the same test scenes of `results`, each metric's paired
-    difference with its 95% interval and the layers used, rendered as `fmt` (as `bench compare`);
-    `say` hears what the selection set aside."""
+    """Backbone `a` − backbone `b` on the same test scenes of `results`, each task's and metric's
+    paired difference with its 95% interval and the layers used, rendered as `fmt` (as `bench
+    compare`); `b` None: the base of the intervened backbone `a`. `say` hears what the selection
+    set aside."""
     from bench.core.console import Format
-    from leaderboards.compare import compare_backbones
+    from leaderboards.compare import base_backbone, compare_backbones
     from leaderboards.render import render_compare
     from leaderboards.selected import selected_rows
 
     rows = selected_rows(results, fingerprint=fingerprint, include_limited=include_limited, say=say)
+    b = base_backbone([r for r in rows if r.get("control") is None], a) if b is None else b
     records = compare_backbones(rows, a, b, metrics=metrics, dataset=dataset, probes=probes, tokens=tokens,
                                 layer=layer)
     return render_compare(records, a, b, Format(fmt), width)
@@ -64,13 +66,14 @@ def plot(kind: str, results: PathLike, out: PathLike | None = None, *, dataset: 
          datasets: PathLike | None = None, fingerprint: str | None = None, include_limited: bool = False,
          say: Say = None) -> list[Path]:
     """Draw `results` as PNG + SVG (`out` a file stem, default plots/KIND) and return the files, as
-    `bench plot`: `layers` (metric vs depth), `bars` (probe families at `layer`) or `sweep` (metric
-    vs the dataset quantity `x`, read from the cards of the sweep's datasets under `datasets`).
+    `bench plot`: `layers` (metric vs depth), `bars` (probe families at `layer`), `sweep` (metric
+    vs the dataset quantity `x`, read from the cards of the sweep's datasets under `datasets`) or
+    `ablation` (metric vs intervention strength at `layer`, intervened backbones beside their base).
     Files of the user's at `out` are refused before the results are read; `say` hears what the
     selection set aside."""
     from bench.core.outdir import WrittenFiles
     from leaderboards import plots
-    from leaderboards.selected import load_board
+    from leaderboards.selected import load_board, selected_rows
 
     if kind not in PLOT_KINDS:
         raise BenchError(f"kind: unknown {kind!r}; one of {', '.join(PLOT_KINDS)}")
@@ -83,6 +86,12 @@ def plot(kind: str, results: PathLike, out: PathLike | None = None, *, dataset: 
         rows, _ = load_board(results, **chosen, **selection)
         files.claim(figure)
         paths = plots.layer_curves(rows, figure[0], **selection)
+    elif kind == "ablation":
+        from leaderboards.ablation import ablation_series, ablation_curves
+
+        board, series = ablation_series(selected_rows(results, required=True, **chosen), layer=layer, **selection)
+        files.claim(figure)
+        paths = ablation_curves(board, series, figure[0])
     elif kind == "bars":
         _, board = load_board(results, layer=layer, **chosen, **selection)
         files.claim(figure)

@@ -88,7 +88,7 @@ def leaderboard(
 
 def compare(
     a: str = typer.Argument(..., help="A backbone (as in the results' backbone column)."),
-    b: str = typer.Argument(..., help="The backbone to compare it with."),
+    b: Optional[str] = typer.Argument(None, help="The backbone to compare it with (default for an intervened A: its base)."),
     results_dir: Path = typer.Option(Path("results"), "--results", help="Results directory (every *.parquet in it)."),
     dataset: Optional[str] = _DATASET,
     metric: list[str] = typer.Option([], "--metric", help="Metrics to compare (repeatable) [beta_star, B_star, beta_O, beta_F, beta_star_paper]."),
@@ -100,7 +100,7 @@ def compare(
     fmt: Format = typer.Option(Format.table, "--format", help="table (terminal), markdown, csv or json."),
     wide: bool = _WIDE,
 ) -> None:
-    """A − B on the same test scenes: each metric's paired difference with its 95% interval and the layers used."""
+    """A − B on the same test scenes: each task's metrics' paired differences with their 95% intervals and the layers used."""
     echo(api.compare(results_dir, a, b, metrics=metric, dataset=dataset, probes=probe, tokens=tokens, layer=layer,
                      fingerprint=fingerprint, include_limited=include_limited, fmt=fmt.value,
                      width=None if wide else TABLE_WIDTH, say=_say))
@@ -110,10 +110,11 @@ class PlotKind(str, Enum):
     layers = "layers"
     bars = "bars"
     sweep = "sweep"
+    ablation = "ablation"
 
 
 def plot(
-    kind: PlotKind = typer.Argument(..., help="layers (metric vs depth), bars (probe families), sweep (metric vs a dataset quantity)."),
+    kind: PlotKind = typer.Argument(..., help="layers (metric vs depth), bars (probe families), sweep (metric vs a dataset quantity), ablation (metric vs intervention strength)."),
     results_dir: Path = _RESULTS,
     out: Optional[str] = typer.Option(None, "--out", "-o", metavar="STEM", help="File stem; writes STEM.png and STEM.svg (default plots/KIND)."),
     dataset: Optional[str] = _DATASET,
@@ -121,7 +122,7 @@ def plot(
     metric: Optional[str] = _METRIC,
     probe: list[str] = _PROBE,
     tokens: list[str] = _TOKENS,
-    layer: str = typer.Option("best", "--layer", help="For bars and sweep: best, last or a layer index."),
+    layer: str = typer.Option("best", "--layer", help="For bars, sweep and ablation: best, last or a layer index."),
     x: str = typer.Option("objects", "--x", help="Sweep axis: objects, camera-height or visibility."),
     datasets: Optional[Path] = typer.Option(None, "--datasets", help="Sweep: directory holding the sweep's datasets (their cards give x)."),
     fingerprint: Optional[str] = _FINGERPRINT,

@@ -37,6 +37,11 @@ class Checker:
     def fail(self, key: str, message: str) -> BenchError:
         return BenchError(f"{self.source}: {key}: {message}")
 
+    def not_empty(self, spec: str, key: str) -> None:
+        """Refuse an empty spec: it names no backbone (resolved from the study's folder, it named that folder)."""
+        if not spec.strip():
+            raise self.fail(key, "empty spec; name a backbone (`bench models` lists them)")
+
     def label(self, value: str, key: str, what: str) -> None:
         """Refuse, at `key`, a name that is not a label (`bench.core.labels`: it names rows and folders)."""
         try:

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 from bench.core.errors import BenchError
 from bench.core.tasks import DEFAULT_TASK, TASKS
 from bench.studies.parsing import AnyKey, Checker, Resolver, resolve_path, spec_path
+from bench.studies.sweeps import block_sweep
 
 try:  # Python 3.11+; `tomli` is the same parser, for 3.10
     import tomllib
@@ -41,7 +42,8 @@ _TOP_KEYS = {"name": str, "description": str, "folder": str, "threads": int, "pr
              "next": list, "datasets": dict, "evaluate": list, "leaderboard": dict}
 _EVALUATE_KEYS = {"backbones": (list, dict), "datasets": list, "task": str, "layers": (str, int, list),
                   "tokens": (str, list), "probes": (str, list), "seeds": (int, list), "limit": int, "control": str,
-                  "epochs": int, "exclude_background": bool, "unanchored": bool, "dtype": str, "device": str}
+                  "epochs": int, "exclude_background": bool, "unanchored": bool, "dtype": str, "device": str,
+                  "interventions": dict}
 _BACKBONE_KEYS = {"spec": str, "image_size": int, "mean": list, "std": list}
 _LEADERBOARD_KEYS = {"layer": (str, int), "metrics": list}
 SUFFIX = ".toml"
@@ -95,6 +97,7 @@ class EvaluateBlock:
     backbones: tuple[BackboneEntry, ...]
     datasets: tuple[str, ...]
     options: Mapping[str, Any]  # EvaluationRequest keywords: task, layers, tokens, probes, seeds, limit, ...
+    interventions: Any = None  # its checked `interventions` table (`bench.studies.sweeps.Interventions`), or None
 
     @property
     def task(self) -> str:
@@ -312,12 +315,13 @@ def _block(raw: Any, index: int, check: Checker, root: Path, datasets: Mapping[s
         if n not in datasets:
             raise check.fail(f"{key}.datasets[{i + 1}]", f"no dataset {n!r} in [datasets]; named: {', '.join(datasets)}")
     task = block.get("task", DEFAULT_TASK)
-    options: dict[str, Any] = {k: v for k, v in block.items() if k not in ("backbones", "datasets")}
+    options: dict[str, Any] = {k: v for k, v in block.items() if k not in ("backbones", "datasets", "interventions")}
     _check_names_in_registries(options, task, key, check)
     backbones = _backbones(block["backbones"], f"{key}.backbones", check, root)
     if "seeds" in options:
         options["seeds"] = tuple(check.items(options["seeds"], f"{key}.seeds", int))
-    block = EvaluateBlock(index, backbones, names, options)
+    sweep = block_sweep(block.get("interventions"), backbones, names, key, check)  # bench.studies.sweeps
+    block = EvaluateBlock(index, backbones, names, options, sweep)
     for group in block.groups():
         try:  # the evaluator's own checks of the request, on one that is never run
             block.request(group, Path("."))
@@ -372,7 +376,7 @@ def _backbones(raw: Any, key: str, check: Checker, root: Path) -> tuple[Backbone
                 model = named_spec(item)
             except BenchError as e:
                 raise check.fail(f"{key}[{i + 1}]", str(e)) from None
-            _check_not_empty(model.spec, f"{key}[{i + 1}]", check)
+            check.not_empty(model.spec, f"{key}[{i + 1}]")
             spec = spec_path(model.spec, root)
             entries.append((f"{key}[{i + 1}]", BackboneEntry(model.name if model.name != model.spec else spec, spec,
                                                              key=f"{key}[{i + 1}]")))
@@ -383,7 +387,7 @@ def _backbones(raw: Any, key: str, check: Checker, root: Path) -> tuple[Backbone
             if isinstance(value, str):
                 value = {"spec": value}
             check.table(value, where, _BACKBONE_KEYS, required=("spec",))
-            _check_not_empty(value["spec"], f"{where}.spec", check)
+            check.not_empty(value["spec"], f"{where}.spec")
             pre = {}
             for k in ("mean", "std"):
                 if k in value:
@@ -395,12 +399,6 @@ def _backbones(raw: Any, key: str, check: Checker, root: Path) -> tuple[Backbone
     for where, entry in entries:
         _check_backbone(entry, where, check)
     return tuple(e for _, e in entries)
-
-
-def _check_not_empty(spec: str, key: str, check: Checker) -> None:
-    """An empty spec names no backbone (resolved from the study's folder, it named that folder)."""
-    if not spec.strip():
-        raise check.fail(key, "empty spec; name a backbone (`bench models` lists them)")
 
 
 def _check_backbone(entry: BackboneEntry, key: str, check: Checker) -> None:

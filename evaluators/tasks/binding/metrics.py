@@ -186,6 +186,18 @@ def paired_difference(a: Mapping[str, np.ndarray | None], b: Mapping[str, np.nda
     return float(diff - other), float(np.percentile(d, tail)), float(np.percentile(d, 100 - tail))
 
 
+def paired_mean_difference(a: np.ndarray, b: np.ndarray, *, groups: np.ndarray | None = None, n_boot: int = 1000,
+                           seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """mean(a) − mean(b) of per-scene values on the same scenes, with the paired bootstrap interval
+    `paired_difference` gives binding metrics (the same resampling, whole `groups` at a time): what
+    `bench compare` pairs a task's rows on when its metric is a mean over test scenes."""
+    both = np.stack([np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)], axis=1)
+    means = _bootstrap_means(both, n_boot, seed, groups)
+    d = means[:, 0] - means[:, 1]
+    tail = (1 - level) / 2 * 100
+    return float(both[:, 0].mean() - both[:, 1].mean()), float(np.percentile(d, tail)), float(np.percentile(d, 100 - tail))
+
+
 def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:
     """The inequalities a row's probes break, so that its `metric` cannot be read as binding;
     empty when nothing shows a failure. `m` is a results row or `binding_metrics` output.

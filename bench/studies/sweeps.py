@@ -1,0 +1,165 @@
+"""Intervention sweeps in a study: an `[[evaluate]]` block's `interventions` table, checked, and
+what it expands to.
+
+    [evaluate.interventions]
+    subspace = { kind = "binding", layer = 2, rank = 16, seed = 0 }  # seed optional (0)
+    kinds = ["shuffle", "inject"]
+    strengths = [0, 0.5, 1]
+    controls = ["random", "feature"]  # optional: control subspaces of the same rank beside it
+
+Per backbone of the block and dataset, each subspace (the named kind and each control) is fitted
+once, at (backbone, layer, kind, rank, seed, dataset), into the study folder's `subspaces/`
+(`subspace_name`): an intervened backbone binds only to the dataset its subspace was fitted on.
+Each (subspace, kind, strength) becomes an intervened backbone (`intervene:...` spec) evaluated
+beside the block's own backbones; a kind's identity strength (shuffle 0, inject 1, remove 0) is
+the base network itself, which the block evaluates anyway, so it is left out.
+`sweep_plan` says all of it without fitting anything; `fit_subspaces` fits what is missing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bench.core.intervention_specs import IDENTITY_STRENGTH, INTERVENTION_KINDS, SUBSPACE_KINDS, intervention_spec
+from bench.studies.parsing import Checker
+
+#: Where a study keeps the subspaces its sweeps fit, inside its folder.
+SUBSPACES = "subspaces"
+
+
+@dataclass(frozen=True)
+class Interventions:
+    """A checked `interventions` table."""
+
+    kind: str  # the subspace swept (binding, or any of SUBSPACE_KINDS)
+    layer: int
+    rank: int
+    seed: int
+    kinds: tuple[str, ...]
+    strengths: tuple[float, ...]
+    controls: tuple[str, ...] = ()
+
+    @property
+    def subspace_kinds(self) -> tuple[str, ...]:
+        return (self.kind, *(c for c in self.controls if c != self.kind))
+
+
+@dataclass(frozen=True)
+class SubspaceFit:
+    """One subspace a sweep needs: fitted on `dataset` at `layer` of the backbone `spec`, kept at `path`."""
+
+    backbone: str  # the block's name for it
+    spec: str
+    dataset: str
+    layer: int
+    kind: str
+    rank: int
+    seed: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The subspaces to fit and the intervened backbones (name, spec) of one block on one dataset."""
+
+    fits: tuple[SubspaceFit, ...]
+    backbones: tuple[tuple[str, str], ...]
+
+
+def check_interventions(raw: Any, key: str, check: Checker) -> Interventions:
+    """The `interventions` table at `key`, checked whole (an unknown kind or subspace kind, a
+    strength outside [0, 1], a bad layer or rank is one line naming its key)."""
+    table = check.table(raw, key, {"subspace": dict, "kinds": list, "strengths": list, "controls": list},
+                        required=("subspace", "kinds", "strengths"))
+    sub = check.table(table["subspace"], f"{key}.subspace", {"kind": str, "layer": int, "rank": int, "seed": int},
+                      required=("kind", "layer"))
+    for where, names, allowed in ((f"{key}.subspace.kind", [sub["kind"]], SUBSPACE_KINDS),
+                                  (f"{key}.controls", check.items(table.get("controls", []), f"{key}.controls", str),
+                                   SUBSPACE_KINDS),
+                                  (f"{key}.kinds", check.items(table["kinds"], f"{key}.kinds", str), INTERVENTION_KINDS)):
+        for i, name in enumerate(names):
+            if name not in allowed:
+                at = where if where.endswith(".kind") else f"{where}[{i + 1}]"
+                raise check.fail(at, f"unknown {name!r}; allowed: {', '.join(allowed)}")
+    strengths = check.items(table["strengths"], f"{key}.strengths", (int, float))
+    for i, s in enumerate(strengths):
+        if not 0 <= s <= 1:
+            raise check.fail(f"{key}.strengths[{i + 1}]", f"strength {s:g} outside [0, 1]")
+    if sub["layer"] < 0:
+        raise check.fail(f"{key}.subspace.layer", f"must be ≥ 0 (0 = embeddings), got {sub['layer']}")
+    if sub.get("rank", 16) < 1:
+        raise check.fail(f"{key}.subspace.rank", f"must be ≥ 1, got {sub['rank']}")
+    if not table["kinds"] or not strengths:
+        raise check.fail(key, "give at least one kind and one strength")
+    return Interventions(sub["kind"], sub["layer"], sub.get("rank", 16), sub.get("seed", 0), tuple(table["kinds"]),
+                         tuple(float(s) for s in strengths), tuple(table.get("controls", [])))
+
+
+def block_sweep(raw: Any, backbones: Sequence[Any], datasets: Sequence[str], key: str,
+                check: Checker) -> Interventions | None:
+    """The `interventions` table of the block at `key` checked (None: it has none), and the names
+    of the backbones it expands its `backbones` to (each a label: it names rows)."""
+    if raw is None:
+        return None
+    sweep = check_interventions(raw, f"{key}.interventions", check)
+    for name, _ in sweep_plan(sweep, backbones, datasets[0], Path(".")).backbones:
+        check.label(name, f"{key}.interventions", "an intervened backbone's name")
+    return sweep
+
+
+def subspace_name(backbone: str, sweep: Interventions, kind: str, dataset: str) -> str:
+    """The file a subspace is kept in: every part of its fitting key in its name (the subspace kind
+    a `-kind-` token, which `leaderboards.ablation.subspace_kind` reads back)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", backbone).strip("-.") or "backbone"
+    return f"{safe}-L{sweep.layer}-{kind}-r{sweep.rank}-s{sweep.seed}-{dataset}.npz"
+
+
+def intervened_name(backbone: str, kind: str, strength: float, subspace: str) -> str:
+    """The rows' name of `backbone` under `kind` at `strength` on a `subspace`-kind subspace, e.g.
+    `zoo-conjunctions shuffle 0.5 (binding)` (a label: a spec's `:` and `/` become `-`)."""
+    tail = f" {kind} {strength:g} ({subspace})"
+    safe = re.sub(r"[^A-Za-z0-9._+()-]+", "-", backbone).strip("-. ") or "backbone"
+    return safe[: 64 - len(tail)].rstrip("-. ") + tail
+
+
+def sweep_plan(sweep: Interventions, backbones: Sequence[Any], dataset: str, folder: Path) -> SweepPlan:
+    """What the sweep of `backbones` (a block's `BackboneEntry`s) on `dataset` does, with the study
+    folder `folder`: the subspace files to fit and the intervened backbones, (`intervened_name`,
+    the whole `intervene:` spec)."""
+    fits, out = [], []
+    for b in backbones:
+        for sub in sweep.subspace_kinds:
+            path = (folder / SUBSPACES / subspace_name(b.name, sweep, sub, dataset)).resolve()
+            fits.append(SubspaceFit(b.name, b.spec, dataset, sweep.layer, sub, sweep.rank, sweep.seed, path))
+            for kind in sweep.kinds:
+                for s in sweep.strengths:
+                    if s != IDENTITY_STRENGTH[kind]:
+                        out.append((intervened_name(b.name, kind, s, sub),
+                                    intervention_spec(kind, s, sweep.layer, str(path), b.spec, seed=sweep.seed)))
+    return SweepPlan(tuple(fits), tuple(out))
+
+
+def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", progress: bool = True,
+                  say: Callable[[str], None] | None = None) -> list[Path]:
+    """Fit every subspace of `plan` not yet in its file, on the dataset folder `dataset`; returns
+    the files written. LEAD: the core's `fit_subspace`/`save_subspace` (contract names), imported
+    here only; wire this before the block's intervened backbones are evaluated (runner)."""
+    from evaluators.interventions.subspace import fit_subspace, save_subspace  # type: ignore[import-not-found]
+
+    from bench.core.dataset import Dataset
+
+    written = []
+    for fit in plan.fits:
+        if fit.path.is_file():
+            continue
+        if say is not None:
+            say(f"fitting the {fit.kind} subspace of {fit.backbone} at layer {fit.layer} on {fit.dataset}")
+        sub = fit_subspace(fit.spec, Dataset(dataset), fit.layer, kind=fit.kind, rank=fit.rank, seed=fit.seed,
+                           device=device, progress=progress)
+        fit.path.parent.mkdir(parents=True, exist_ok=True)
+        save_subspace(sub, fit.path)
+        written.append(fit.path)
+    return written
