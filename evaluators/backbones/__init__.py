@@ -165,13 +165,13 @@ def _py(spec: str, seed: int) -> Backbone:
 def _intervene(spec: str, seed: int) -> Backbone:
     from evaluators.interventions.backbone import load_intervened
 
-    return load_intervened(spec, seed)
+    return load_intervened(spec, seed, resolve_backbone)
 
 
 def _check_intervened(spec: str) -> Download | None:
     from evaluators.interventions.backbone import check_intervened
 
-    return check_intervened(spec)
+    return check_intervened(spec, check_loadable)
 
 
 def _check_random(spec: str) -> None:
@@ -358,7 +358,7 @@ def backbone_metadata(spec: str) -> BackboneInfo | None:
     if name == "intervene":
         from evaluators.interventions.backbone import intervened_metadata
 
-        return intervened_metadata(spec)
+        return intervened_metadata(spec, backbone_metadata)
     return None
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -224,33 +224,31 @@ def _first(value: Any) -> torch.Tensor:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
-def load_intervened(spec: str, seed: int = 0) -> IntervenedBackbone:
-    """The backbone an `intervene:` spec names (its base resolved with `seed`)."""
-    from evaluators.backbones import resolve_backbone
+# The registry (evaluators/backbones/__init__.py) hands its own functions to the three below: this
+# module is loaded by it, so it does not import it back.
 
+
+def load_intervened(spec: str, seed: int, resolve: Callable[..., Backbone]) -> IntervenedBackbone:
+    """The backbone an `intervene:` spec names, its base resolved by `resolve(base, seed=seed)`."""
     parsed = parse_intervention(spec)
     subspace = load_subspace(parsed.subspace)
-    return IntervenedBackbone(spec.strip(), parsed, resolve_backbone(parsed.base, seed=seed), subspace)
+    return IntervenedBackbone(spec.strip(), parsed, resolve(parsed.base, seed=seed), subspace)
 
 
-def check_intervened(spec: str) -> Any:
+def check_intervened(spec: str, check: Callable[[str], Any]) -> Any:
     """What loading `spec` would refuse without building a model (the spec, the subspace file,
-    the base's own check); returns the base's download, if any."""
-    from evaluators.backbones import check_loadable
-
+    the base's own `check`); returns the base's download, if any."""
     parsed = parse_intervention(spec)
     load_subspace(parsed.subspace)
-    return check_loadable(parsed.base)
+    return check(parsed.base)
 
 
-def intervened_metadata(spec: str) -> BackboneInfo | None:
-    """`backbone_metadata` of an intervened spec: the base's, with this spec and its fingerprint
-    (None where the base's shape is known only by running it)."""
-    from evaluators.backbones import backbone_metadata
-
+def intervened_metadata(spec: str, metadata: Callable[[str], BackboneInfo | None]) -> BackboneInfo | None:
+    """`backbone_metadata` of an intervened spec: the base's (`metadata`), with this spec and its
+    fingerprint (None where the base's shape is known only by running it)."""
     parsed = parse_intervention(spec)
     subspace = load_subspace(parsed.subspace)
-    info = backbone_metadata(parsed.base)
+    info = metadata(parsed.base)
     if info is None:
         return None
     return dataclasses.replace(info, spec=spec.strip(),
