@@ -12,7 +12,7 @@ from typing import Sequence
 
 import typer
 
-from bench.commands import data, demo, evaluate, imports, leaderboard, models, report, run, zoo
+from bench.commands import data, demo, evaluate, imports, leaderboard, models, report, run, subspace, zoo
 from bench.core.errors import BenchError
 
 app = typer.Typer(
@@ -25,7 +25,7 @@ app = typer.Typer(
     # print a `<bool>` metavar beside every flag
     rich_markup_mode=None,
 )
-for _module in (data, models, zoo, imports, evaluate, leaderboard, report, run, demo):
+for _module in (data, models, zoo, imports, evaluate, leaderboard, report, run, demo, subspace):
     _module.register(app)
 
 

@@ -1543,3 +1543,84 @@ def test_the_objective_of_a_backbone_without_a_head(tmp_path, capsys, monkeypatc
                    "--results", tmp_path / "results"], capsys, tmp_path / "results")
     assert message in msg, msg
     assert not list((tmp_path / "results").glob("*.parquet"))
+
+
+# ---------------------------------------------------------------- interventions (issue 58)
+
+
+@pytest.fixture(scope="module")
+def hooked_toy(tmp_path_factory, ds) -> tuple[str, Path]:
+    """A `py:` toy backbone and a random subspace of its layer 1 fitted on `ds`."""
+    from bench import api
+    from tests.toy_backbones import EVERY_BLOCK
+
+    root = tmp_path_factory.mktemp("intervene")
+    (root / "toy.py").write_text(toy_module("[torch.nn.Linear(24, 24) for _ in range(2)]", EVERY_BLOCK))
+    (root / "other").mkdir()
+    (root / "other" / "toy.py").write_text(toy_module("[torch.nn.Linear(24, 24) for _ in range(3)]", EVERY_BLOCK))
+    spec = f"py:{root / 'toy.py'}:make"
+    sub = api.fit_subspace(spec, ds, 1, kind="random", rank=3, progress=False)
+    return spec, api.save_subspace(sub, root / "sub.npz")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("layer", "has hidden states 0..2; no layer 5"),
+    ("fitted-layer", "was fitted at layer 1, not 2"),
+    ("backbone", "was fitted on py:"),
+    ("strength", "strength must be in [0, 1], got 1.5"),
+    ("pixels", "has no transformer blocks to hook"),
+    ("oracle", "has no transformer blocks to hook"),
+    ("comma", "is not key=value"),
+    ("kind", "unknown option 'scramble'"),
+])
+def test_intervention_bad_specs_are_one_line(case, message, hooked_toy, ds, tmp_path, capsys):
+    spec, sub = hooked_toy
+    specs = {
+        "layer": f"intervene:shuffle=0.5,layer=5,subspace={sub}:{spec}",
+        "fitted-layer": f"intervene:shuffle=0.5,layer=2,subspace={sub}:{spec}",
+        "backbone": f"intervene:shuffle=0.5,layer=1,subspace={sub}:py:{Path(spec[3:-5]).parent / 'other' / 'toy.py'}:make",
+        "strength": f"intervene:shuffle=1.5,layer=1,subspace={sub}:{spec}",
+        "pixels": f"intervene:shuffle=0.5,layer=1,subspace={sub}:pixels",
+        "oracle": f"intervene:remove=1,layer=1,subspace={sub}:oracle:objects",
+        "comma": f"intervene:shuffle=0.5,layer=1,subspace=a,b.npz:{spec}",
+        "kind": f"intervene:scramble=0.5,layer=1,subspace={sub}:{spec}",
+    }
+    line = refused(["extract", "--model", specs[case], "--dataset", ds, "--tokens", "all",
+                    "--cache-dir", tmp_path / "cache"], capsys, tmp_path)
+    assert message in line, line
+
+
+def test_intervention_on_another_dataset_is_refused(hooked_toy, tmp_path, capsys):
+    spec, sub = hooked_toy
+    other = make_dataset(tmp_path / "other", n_train=4, n_val=2, n_test=2)
+    line = refused(["extract", "--model", f"intervene:shuffle=0.5,layer=1,subspace={sub}:{spec}", "--dataset", other,
+                    "--tokens", "all", "--cache-dir", tmp_path / "cache"], capsys, tmp_path)
+    assert "was fitted on" in line and "train fingerprint" in line, line
+
+
+def test_inject_needs_instance_masks(hooked_toy, ds, tmp_path, capsys):
+    """A dataset whose card says its masks are boxes (an import) has no instance masks to inject."""
+    spec, sub = hooked_toy
+    boxes = tmp_path / "boxes"
+    shutil.copytree(ds, boxes)
+    card = json.loads((boxes / CARD_NAME).read_text())
+    (boxes / CARD_NAME).write_text(json.dumps({**card, "provenance": {"mask": "boxes: each object's box"}}))
+    line = refused(["extract", "--model", f"intervene:inject=0,layer=1,subspace={sub}:{spec}", "--dataset", boxes,
+                    "--tokens", "all", "--cache-dir", tmp_path / "cache"], capsys, tmp_path / "cache")
+    assert "inject reads instance masks" in line and "(boxes)" in line, line
+    assert not (tmp_path / "cache").exists()
+
+
+def test_subspace_command_refusals(hooked_toy, ds, tmp_path, capsys):
+    spec, sub = hooked_toy
+    foreign = tmp_path / "notes.npz"
+    foreign.write_text("mine")
+    assert "not a subspace file; it is left alone" in refused(
+        ["subspace", ds, "--model", spec, "--layer", "1", "--out", foreign], capsys, tmp_path)
+    assert "exists; pass --overwrite" in refused(["subspace", ds, "--model", spec, "--layer", "1", "--out", sub],
+                                                  capsys, tmp_path)
+    assert "no layer 9" in refused(["subspace", ds, "--model", spec, "--layer", "9", "--out", tmp_path / "s.npz"],
+                                   capsys, tmp_path)
+    assert "unknown subspace kind" in refused(["subspace", ds, "--model", spec, "--layer", "1", "--kind", "nope",
+                                               "--out", tmp_path / "s.npz"], capsys, tmp_path)
+    assert "not a subspace file" in refused(["subspace", "angles", sub, foreign], capsys, tmp_path)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from bench.api.boards import compare, leaderboard_table, plot, report, site
 from bench.api.data import GeneratorSummary, generate, generators, import_dataset, preview
+from bench.api.interventions import (fit_subspace, load_subspace, parse_intervention, principal_angles,
+                                     save_subspace, subspace_angles, write_subspace)
 from bench.api.evaluation import (EvaluationRun, ToyAnalysis, evaluate, evaluate_run, leaderboard, load_results,
                                   toys_analysis)
 from bench.api.models import (BackboneListing, cache_entries, extract, models, remove_cache_entries, train_zoo,
@@ -36,7 +38,9 @@ from bench.core.errors import BenchError
 
 __all__ = [
     "BackboneListing", "BenchError", "EvaluationRun", "GeneratorSummary", "StudyOutcome", "ToyAnalysis",
-    "cache_entries", "compare", "evaluate", "evaluate_run", "extract", "generate", "generators", "import_dataset",
+    "cache_entries", "compare", "evaluate", "evaluate_run", "extract", "fit_subspace", "generate", "generators",
+    "import_dataset", "load_subspace", "parse_intervention", "principal_angles", "save_subspace", "subspace_angles",
+    "write_subspace",
     "layers_help", "leaderboard", "leaderboard_table", "load_results", "load_study", "metrics_help", "models",
     "plan_study", "plot", "preview", "probes_help", "remove_cache_entries", "report", "run_and_report", "run_study",
     "shipped_studies", "site", "study_next_commands", "study_plan_lines", "study_report", "study_site",

@@ -4,7 +4,8 @@ Spec forms: a preset name (`dinov2-large`), a Hugging Face id (`facebook/dinov2-
 optionally `@revision`), a local checkpoint directory, `random:<preset>`,
 `pixels[:P]`, `oracle:<kind>`, `timm:<name>`, `timm:<arch>@<state-dict file>`,
 `py:<file>:<function>` and `open_clip:<arch>@<tag or file>`
-(optional extras; `random:timm:<name>` and `random:open_clip:<arch>` build them untrained).
+(optional extras; `random:timm:<name>` and `random:open_clip:<arch>` build them untrained), and
+`intervene:<kind>=<strength>,layer=<L>,subspace=<file>:<base spec>` (evaluators/interventions).
 """
 
 from __future__ import annotations
@@ -177,6 +178,20 @@ def _py(spec: str, seed: int) -> Backbone:
     from evaluators.backbones.module_adapter import load_py
 
     return load_py(spec, spec[3:])
+
+
+@backbone_source("intervene", "intervene:<kind>=<strength>,layer=<L>,subspace=<file.npz>[,seed=<S>]:<base spec>",
+                 lambda s: s.startswith("intervene:"), check=lambda s: _check_intervened(s))
+def _intervene(spec: str, seed: int) -> Backbone:
+    from evaluators.interventions.backbone import load_intervened
+
+    return load_intervened(spec, seed, resolve_backbone)
+
+
+def _check_intervened(spec: str) -> Download | None:
+    from evaluators.interventions.backbone import check_intervened
+
+    return check_intervened(spec, check_loadable)
 
 
 def _check_random(spec: str) -> None:
@@ -374,6 +389,10 @@ def backbone_metadata(spec: str) -> BackboneInfo | None:
         return infos[spec]
     if name == "folder":
         return _folder_info(spec, Path(spec).expanduser())
+    if name == "intervene":
+        from evaluators.interventions.backbone import intervened_metadata
+
+        return intervened_metadata(spec, backbone_metadata)
     return None
 
 

@@ -160,12 +160,20 @@ def attention_qk_scores(qk: AttentionQK, x: np.ndarray, y: np.ndarray, chunk: in
 
 @dataclass
 class FittedScorer:
-    """A trained scorer: `score(x, y)` gives P(same) for raw token pairs (P, D) x (P, D)."""
+    """A trained scorer: `score(x, y)` gives P(same) for raw token pairs (P, D) x (P, D).
+
+    A trained probe also keeps its `model` (the pair probe, on standardised tokens) and the
+    standardisation (`mean`, `std`, per dimension, from the training tokens), so that what it
+    learned can be read back: the binding subspace is the quadratic probe's U, V in raw space
+    (`evaluators.interventions.subspace`). Baselines leave them None."""
 
     name: str
     score_fn: Callable[[np.ndarray, np.ndarray], np.ndarray]
     best_epoch: int = -1
     history: list | None = None
+    model: nn.Module | None = None
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
 
     def score(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return self.score_fn(np.asarray(x, np.float32), np.asarray(y, np.float32))
@@ -268,7 +276,7 @@ def _fit_probe(name, train, val, config: PairTrainConfig) -> FittedScorer:
         ]
         return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
 
-    return FittedScorer(name, score, best_epoch, history)
+    return FittedScorer(name, score, best_epoch, history, model=model, mean=mean, std=std)
 
 
 @torch.no_grad()
