@@ -14,7 +14,7 @@ from bench.core.errors import BenchError
 if TYPE_CHECKING:
     import numpy as np
 
-    from evaluators.interventions.backbone import InterventionSpec
+    from bench.core.intervention_specs import InterventionSpec
     from evaluators.interventions.subspace import Subspace
 
 __all__ = ["fit_subspace", "load_subspace", "parse_intervention", "principal_angles", "save_subspace",
@@ -52,7 +52,7 @@ def principal_angles(a: Any, b: Any) -> "np.ndarray":
 
 def parse_intervention(spec: str) -> "InterventionSpec":
     """The parts of an `intervene:` spec (kind, strength, layer, subspace path, seed, base)."""
-    from evaluators.interventions.backbone import parse_intervention as parse
+    from bench.core.intervention_specs import parse_intervention as parse
 
     return parse(spec)
 

@@ -7,19 +7,21 @@ The options are comma-separated `key=value`; the base spec is everything after t
 that follows the options, so `intervene:shuffle=0.5,layer=2,subspace=s.npz:zoo:conjunctions` has
 base `zoo:conjunctions`. A subspace path holding `,` or `:` cannot be written in it.
 
-LEAD: the interventions core (`evaluators.interventions.backbone`) owns this grammar by the
-contract; either it imports these names from here (torch-free, so the board needs no torch), or
-the readers (leaderboards.compare, .board, .ablation, .site, bench.studies.sweeps) import its
-`parse_intervention` instead and this module goes.
+It lives in the core, torch-free, because the board, compare, the ablation plot and a study's plan
+read specs without building a network; `evaluators.interventions.backbone` builds one from it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+from typing import Any
+
 from bench.core.errors import BenchError
 
 INTERVENE_PREFIX = "intervene:"
+GRAMMAR = "intervene:<kind>=<strength>,layer=<L>,subspace=<file.npz>[,seed=<S>]:<base spec>"
 #: What an intervention does to the subspace component (`evaluators.interventions.intervene`).
 INTERVENTION_KINDS = ("shuffle", "inject", "remove")
 #: The strength at which each kind changes nothing (remove's 0 blends none of the mean in).
@@ -35,7 +37,7 @@ class InterventionSpec:
     kind: str
     strength: float
     layer: int
-    subspace: str
+    subspace: str  # the subspace file
     seed: int
     base: str
 
@@ -46,14 +48,13 @@ class InterventionSpec:
 
 
 def is_intervened(spec: str) -> bool:
-    """Whether `spec` names an intervened backbone."""
-    return spec.startswith(INTERVENE_PREFIX)
+    """Whether a spec names an intervened backbone."""
+    return spec.strip().startswith(INTERVENE_PREFIX)
 
 
 def reads_ground_truth(spec: str) -> bool:
-    """Whether the backbone reads the scene's ground truth (`inject` uses its instance masks), so
-    its rows are shown marked and never ranked, as control rows are. A spec that does not parse
-    reads none."""
+    """Whether an intervened backbone reads the dataset's instance masks (`inject`): its rows are
+    marked and never ranked, as control rows are. A malformed spec reads as False."""
     if not is_intervened(spec):
         return False
     try:
@@ -63,31 +64,43 @@ def reads_ground_truth(spec: str) -> bool:
 
 
 def parse_intervention(spec: str) -> InterventionSpec:
-    """The parts of an `intervene:` spec; a malformed one is a one-line BenchError."""
+    """The parts of `intervene:...:<base>`; one line (BenchError) for anything malformed."""
+    spec = spec.strip()
     if not is_intervened(spec):
-        raise BenchError(f"backbone: {spec!r} is not an intervened spec ({INTERVENE_PREFIX}...)")
+        raise BenchError(f"model: {spec}: not an intervention; expected {GRAMMAR}")
     options, sep, base = spec[len(INTERVENE_PREFIX):].partition(":")
-    if not sep or not base:
-        raise BenchError(f"backbone: {spec!r} names no base backbone after its options ({INTERVENE_PREFIX}"
-                         "KIND=S,layer=L,subspace=PATH:BASE)")
-    parts: dict[str, str] = {}
+    if not sep or not base.strip():
+        raise BenchError(f"model: {spec}: no base backbone; expected {GRAMMAR}")
+    found: dict[str, str] = {}
     for item in options.split(","):
-        key, eq, value = item.partition("=")
-        if not eq or key in parts:
-            raise BenchError(f"backbone: {spec!r}: option {item!r} is not key=value or is given twice")
-        parts[key] = value
-    kinds = [k for k in parts if k in INTERVENTION_KINDS]
-    unknown = sorted(set(parts) - {*INTERVENTION_KINDS, "layer", "subspace", "seed"})
-    if len(kinds) != 1 or unknown or "layer" not in parts or "subspace" not in parts:
-        raise BenchError(f"backbone: {spec!r}: give one of {', '.join(INTERVENTION_KINDS)} with layer= and subspace= "
-                         f"(and seed=){'; unknown ' + ', '.join(unknown) if unknown else ''}")
+        key, eq, value = (p.strip() for p in item.partition("="))
+        if not eq or not value:
+            raise BenchError(f"model: {spec}: option {item!r} is not key=value (a subspace path may hold neither "
+                             f"',' nor ':'); expected {GRAMMAR}")
+        if key in found or (key in INTERVENTION_KINDS and set(found) & set(INTERVENTION_KINDS)):
+            raise BenchError(f"model: {spec}: {key} given twice (one kind, one of each option)")
+        if key not in (*INTERVENTION_KINDS, "layer", "subspace", "seed"):
+            raise BenchError(f"model: {spec}: unknown option {key!r}; allowed: {', '.join(INTERVENTION_KINDS)}, "
+                             "layer, subspace, seed")
+        found[key] = value
+    kinds = [k for k in INTERVENTION_KINDS if k in found]
+    missing = [k for k in ("layer", "subspace") if k not in found] + ([] if kinds else ["a kind"])
+    if missing:
+        raise BenchError(f"model: {spec}: names no {', '.join(missing)}; expected {GRAMMAR}")
+    kind = kinds[0]
+    strength = _number(spec, kind, found[kind], float)
+    if not (math.isfinite(strength) and 0.0 <= strength <= 1.0):
+        raise BenchError(f"model: {spec}: {kind} strength must be in [0, 1], got {found[kind]}")
+    return InterventionSpec(kind, strength, _number(spec, "layer", found["layer"], int), found["subspace"],
+                            _number(spec, "seed", found.get("seed", "0"), int), base.strip())
+
+
+def _number(spec: str, name: str, text: str, kind: type) -> Any:
     try:
-        strength, layer, seed = float(parts[kinds[0]]), int(parts["layer"]), int(parts.get("seed", "0"))
+        return kind(text)
     except ValueError:
-        raise BenchError(f"backbone: {spec!r}: strength must be a number, layer and seed integers") from None
-    if not 0.0 <= strength <= 1.0:
-        raise BenchError(f"backbone: {spec!r}: strength {strength:g} outside [0, 1]")
-    return InterventionSpec(kinds[0], strength, layer, parts["subspace"], seed, base)
+        raise BenchError(f"model: {spec}: {name} must be {'an integer' if kind is int else 'a number'}, "
+                         f"got {text!r}") from None
 
 
 def intervention_spec(kind: str, strength: float, layer: int, subspace: str, base: str, *, seed: int = 0) -> str:

@@ -29,7 +29,8 @@ from bench.core.environ import environment
 from bench.core.errors import BenchError
 from bench.studies.planning import (LOCK, MANIFEST, DatasetStep, StudyPlan, check_folder, check_run, generator_config,
                                     plan_study)
-from bench.studies.spec import EvaluateBlock, Study
+from bench.studies.spec import BackboneEntry, EvaluateBlock, Study
+from bench.studies.sweeps import fit_subspaces, sweep_plan
 
 
 @dataclass(frozen=True)
@@ -170,13 +171,26 @@ def _work(study: Study, plan: StudyPlan) -> list[tuple[EvaluateBlock, DatasetSte
 
 def _evaluate(study: Study, block: EvaluateBlock, step: DatasetStep, backbones: tuple, results: Path, executor: str,
               address: str | None, progress: bool, command: str | None, skipped: list[int]) -> list[Path]:
-    """One `run_evaluation` of a block's backbones (sharing input settings) on one dataset."""
+    """One `run_evaluation` of a block's backbones (sharing input settings) on one dataset, then,
+    when the block sweeps interventions, its subspaces fitted (once, into the study folder) and a
+    second of the intervened backbones they name."""
     from evaluators.runner.run import run_evaluation
 
-    plan = block.request(backbones, step.target, results_dir=results, executor=executor, address=address,
-                         threads=study.threads, command=command)
-    path = run_evaluation(plan, progress=progress, on_skipped=skipped.append)
-    return [] if path is None else [path]
+    def run(entries: Sequence[BackboneEntry]) -> list[Path]:
+        plan = block.request(entries, step.target, results_dir=results, executor=executor, address=address,
+                             threads=study.threads, command=command)
+        path = run_evaluation(plan, progress=progress, on_skipped=skipped.append)
+        return [] if path is None else [path]
+
+    written = run(backbones)
+    if block.interventions is None:
+        return written
+    sweep = sweep_plan(block.interventions, backbones, step.entry.name, results.parent)
+    fit_subspaces(sweep, step.target, device=block.options.get("device", "auto"), limit=block.options.get("limit"),
+                  progress=progress, say=_stderr)
+    first = backbones[0]
+    return written + run([BackboneEntry(name, spec, first.image_size, first.mean, first.std, first.key)
+                          for name, spec in sweep.backbones])
 
 
 def _make_dataset(step: DatasetStep, executor: str, address: str | None, progress: bool,

@@ -142,24 +142,27 @@ def sweep_plan(sweep: Interventions, backbones: Sequence[Any], dataset: str, fol
     return SweepPlan(tuple(fits), tuple(out))
 
 
-def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", progress: bool = True,
-                  say: Callable[[str], None] | None = None) -> list[Path]:
+def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", limit: int | None = None,
+                  progress: bool = True, say: Callable[[str], None] | None = None) -> list[Path]:
     """Fit every subspace of `plan` not yet in its file, on the dataset folder `dataset`; returns
-    the files written. LEAD: the core's `fit_subspace`/`save_subspace` (contract names), imported
-    here only; wire this before the block's intervened backbones are evaluated (runner)."""
-    from evaluators.interventions.subspace import fit_subspace, save_subspace  # type: ignore[import-not-found]
-
+    the files written. A backbone's swept subspace is fitted first and its controls at its rank
+    (the rank its energy cut kept, not the probe's): a control is "a subspace of the same rank"."""
     from bench.core.dataset import Dataset
+    from evaluators.interventions import fit_subspace, load_subspace, save_subspace
 
     written = []
+    ranks: dict[tuple[str, int], int] = {}  # (backbone, layer) -> the swept subspace's rank
     for fit in plan.fits:
-        if fit.path.is_file():
-            continue
-        if say is not None:
-            say(f"fitting the {fit.kind} subspace of {fit.backbone} at layer {fit.layer} on {fit.dataset}")
-        sub = fit_subspace(fit.spec, Dataset(dataset), fit.layer, kind=fit.kind, rank=fit.rank, seed=fit.seed,
-                           device=device, progress=progress)
-        fit.path.parent.mkdir(parents=True, exist_ok=True)
-        save_subspace(sub, fit.path)
-        written.append(fit.path)
+        swept = (fit.backbone, fit.layer) not in ranks
+        if not fit.path.is_file():
+            if say is not None:
+                say(f"fitting the {fit.kind} subspace of {fit.backbone} at layer {fit.layer} on {fit.dataset}")
+            rank = fit.rank if swept else ranks[(fit.backbone, fit.layer)]
+            sub = fit_subspace(fit.spec, Dataset(dataset), fit.layer, kind=fit.kind, rank=rank, seed=fit.seed,
+                               device=device, limit=limit, progress=progress)
+            fit.path.parent.mkdir(parents=True, exist_ok=True)
+            save_subspace(sub, fit.path)
+            written.append(fit.path)
+        if swept:
+            ranks[(fit.backbone, fit.layer)] = load_subspace(fit.path).rank
     return written

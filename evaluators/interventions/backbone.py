@@ -16,9 +16,6 @@ the recorded state): a forward hook on `blocks()[L-1]` for L ≥ 1, a forward pr
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -28,84 +25,9 @@ from bench.core.dataset import Dataset, decode_mask
 from bench.core.errors import BenchError
 from bench.core.hashing import derive_seed, sha256_hex, stable_json
 from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo
-from evaluators.interventions.intervene import INTERVENTION_KINDS, Intervention, apply_intervention
+from bench.core.intervention_specs import InterventionSpec, parse_intervention
+from evaluators.interventions.intervene import Intervention, apply_intervention
 from evaluators.interventions.subspace import Subspace, load_subspace
-
-INTERVENE_PREFIX = "intervene:"
-GRAMMAR = "intervene:<kind>=<strength>,layer=<L>,subspace=<file.npz>[,seed=<S>]:<base spec>"
-
-
-@dataclass(frozen=True)
-class InterventionSpec:
-    """The parts of an `intervene:` spec."""
-
-    kind: str
-    strength: float
-    layer: int
-    subspace: Path
-    seed: int
-    base: str
-
-    @property
-    def intervention(self) -> Intervention:
-        return Intervention(self.kind, self.strength, self.seed)
-
-
-def is_intervened(spec: str) -> bool:
-    """Whether a spec names an intervened backbone."""
-    return spec.strip().startswith(INTERVENE_PREFIX)
-
-
-def reads_ground_truth(spec: str) -> bool:
-    """Whether an intervened backbone reads the dataset's instance masks (`inject`): its rows are
-    marked and never ranked, as control rows are. A malformed spec reads as False."""
-    if not is_intervened(spec):
-        return False
-    try:
-        return parse_intervention(spec).kind == "inject"
-    except BenchError:
-        return False
-
-
-def parse_intervention(spec: str) -> InterventionSpec:
-    """The parts of `intervene:...:<base>`; one line (BenchError) for anything malformed."""
-    spec = spec.strip()
-    if not is_intervened(spec):
-        raise BenchError(f"model: {spec}: not an intervention; expected {GRAMMAR}")
-    options, sep, base = spec[len(INTERVENE_PREFIX):].partition(":")
-    if not sep or not base.strip():
-        raise BenchError(f"model: {spec}: no base backbone; expected {GRAMMAR}")
-    found: dict[str, str] = {}
-    for item in options.split(","):
-        key, eq, value = (p.strip() for p in item.partition("="))
-        if not eq or not value:
-            raise BenchError(f"model: {spec}: option {item!r} is not key=value (a subspace path may hold neither "
-                             f"',' nor ':'); expected {GRAMMAR}")
-        if key in found or (key in INTERVENTION_KINDS and set(found) & set(INTERVENTION_KINDS)):
-            raise BenchError(f"model: {spec}: {key} given twice (one kind, one of each option)")
-        if key not in (*INTERVENTION_KINDS, "layer", "subspace", "seed"):
-            raise BenchError(f"model: {spec}: unknown option {key!r}; allowed: {', '.join(INTERVENTION_KINDS)}, "
-                             "layer, subspace, seed")
-        found[key] = value
-    kinds = [k for k in INTERVENTION_KINDS if k in found]
-    missing = [k for k in ("layer", "subspace") if k not in found] + ([] if kinds else ["a kind"])
-    if missing:
-        raise BenchError(f"model: {spec}: names no {', '.join(missing)}; expected {GRAMMAR}")
-    kind = kinds[0]
-    strength = _number(spec, kind, found[kind], float)
-    if not (math.isfinite(strength) and 0.0 <= strength <= 1.0):
-        raise BenchError(f"model: {spec}: {kind} strength must be in [0, 1], got {found[kind]}")
-    return InterventionSpec(kind, strength, _number(spec, "layer", found["layer"], int), Path(found["subspace"]),
-                            _number(spec, "seed", found.get("seed", "0"), int), base.strip())
-
-
-def _number(spec: str, name: str, text: str, kind: type) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        raise BenchError(f"model: {spec}: {name} must be {'an integer' if kind is int else 'a number'}, "
-                         f"got {text!r}") from None
-
 
 def intervened_revision(base_revision: str, parsed: InterventionSpec, subspace_fingerprint: str) -> str:
     """The weights fingerprint of an intervened backbone's rows: every part of what was done."""
@@ -125,7 +47,7 @@ class IntervenedBackbone(Backbone):
 
     def __init__(self, spec: str, parsed: InterventionSpec, base: Backbone, subspace: Subspace) -> None:
         self.base, self.parsed, self.subspace = base, parsed, subspace
-        self.intervention = parsed.intervention
+        self.intervention = Intervention(parsed.kind, parsed.strength, parsed.seed)
         info = base.info
         if not callable(getattr(base, "blocks", None)):
             raise BenchError(f"model: {spec}: {info.spec} has no transformer blocks to hook (pixels and oracles "

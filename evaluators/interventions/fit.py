@@ -28,7 +28,8 @@ def fit_subspace(spec_or_backbone: Any, dataset: str | os.PathLike[str] | Datase
     """Fit one subspace of hidden state `layer` on a dataset's train split (val: the probe's early
     stopping). `binding`: the IsSameObject quadratic pair probe (probe rank `rank`, the pairs and
     seeds its rows use) and its `energy` cut; `shuffled-labels`: the same on permuted pair labels;
-    `feature`: the top-`rank` directions per-patch feature probes read; `random`: `rank` seeded
+    `feature`: the top-`rank` directions per-patch feature probes read (all of them when they read
+    fewer: the subspace's `rank` says how many); `random`: `rank` seeded
     directions. Tokens come from `extract_activations` (cached)."""
     from evaluators.backbones import resolve_backbone
     from evaluators.cache.extract import extract_activations
@@ -114,6 +115,4 @@ def _feature_basis(ds: Dataset, tokens: dict[str, np.ndarray], grid: tuple[int, 
     targets = targets - targets.mean(0)
     w = np.linalg.solve(z.T @ z + FEATURE_RIDGE * len(z) * np.eye(z.shape[1]), z.T @ targets)  # (D, classes)
     _, _, vt = np.linalg.svd((w / sd[:, None]).T, full_matrices=False)  # weight rows in raw space
-    if rank > vt.shape[0]:
-        raise BenchError(f"rank: the feature probes read at most {vt.shape[0]} directions, asked for {rank}")
-    return vt[:rank].T
+    return vt[:rank].T  # fewer when the probes read fewer directions (2 colours x 2 shapes read 2): its rank says

@@ -21,8 +21,7 @@ from typing import Sequence
 import torch
 
 from bench.core.errors import BenchError
-
-INTERVENTION_KINDS = ("shuffle", "inject", "remove")
+from bench.core.intervention_specs import INTERVENTION_KINDS
 
 
 @dataclass(frozen=True)

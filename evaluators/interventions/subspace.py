@@ -28,8 +28,7 @@ import numpy as np
 
 from bench.core.errors import BenchError
 from bench.core.hashing import derive_seed, sha256_hex, stable_json
-
-SUBSPACE_KINDS = ("binding", "random", "feature", "shuffled-labels")
+from bench.core.intervention_specs import SUBSPACE_KINDS
 
 
 @dataclass(frozen=True)
