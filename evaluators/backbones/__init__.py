@@ -21,8 +21,8 @@ from bench.core.errors import BenchError
 from bench.core.registry import Registry
 from evaluators.backbones.hub import Download, hub_download
 from evaluators.backbones.info import DEFAULT_PIXEL_PATCH, ORACLE_KINDS, BackboneInfo, ground_truth_spec_info
-from evaluators.backbones.presets import (LIBRARY_PRESETS, PREPROCESSING, PRESETS, LibraryPreset, Preset,
-                                         checked_preprocessing)
+from evaluators.backbones.metadata import cached_revision, cached_weights, folder_info, library_info, preset_info
+from evaluators.backbones.presets import LIBRARY_PRESETS, PREPROCESSING, PRESETS, checked_preprocessing
 
 if TYPE_CHECKING:  # model code (torch) loads when a backbone is built, not when a run plans its rows
     from evaluators.backbones.base import Backbone
@@ -126,7 +126,7 @@ def _is_library(spec: str) -> bool:
 
 
 @backbone_source("preset", "preset names (Hugging Face hub)", lambda s: s in PRESETS,
-                 lambda: [_preset_info(n, p, _cached_revision(p.hub_id)) for n, p in PRESETS.items()],
+                 lambda: [preset_info(n, p, cached_revision(p.hub_id)) for n, p in PRESETS.items()],
                  check=lambda s: hub_download(PRESETS[s].hub_id))
 def _preset(spec: str, seed: int) -> Backbone:
     from evaluators.backbones.hf import load_hub
@@ -135,15 +135,15 @@ def _preset(spec: str, seed: int) -> Backbone:
 
 
 @backbone_source("library", "timm:<name>, open_clip:<arch>@<tag or file>, library presets", _is_library,
-                 lambda: [_library_info(n, p, _cached_weights(p)) for n, p in LIBRARY_PRESETS.items()],
+                 lambda: [library_info(n, p, cached_weights(p)) for n, p in LIBRARY_PRESETS.items()],
                  check=lambda s: _check_library(s, s, seeded=False))
 def _library(spec: str, seed: int) -> Backbone:
     return _load_library(spec, spec, None)
 
 
 @backbone_source("random", "random:<preset> (random-init controls)", lambda s: s.startswith("random:"),
-                 lambda: [*(_preset_info(f"random:{n}", p, "seed=0") for n, p in PRESETS.items()),
-                          *(_library_info(f"random:{n}", p, "seed=0") for n, p in LIBRARY_PRESETS.items())],
+                 lambda: [*(preset_info(f"random:{n}", p, "seed=0") for n, p in PRESETS.items()),
+                          *(library_info(f"random:{n}", p, "seed=0") for n, p in LIBRARY_PRESETS.items())],
                  check=lambda s: _check_random(s))
 def _random(spec: str, seed: int) -> Backbone:
     name = spec.split(":", 1)[1]
@@ -367,16 +367,16 @@ def backbone_metadata(spec: str) -> BackboneInfo | None:
     by_hub = {p.hub_id: (n, p) for n, p in PRESETS.items()}
     if name == "preset" or (name == "hub" and spec in by_hub):
         preset = PRESETS[spec] if spec in PRESETS else by_hub[spec][1]
-        return _preset_info(spec, preset, _cached_revision(preset.hub_id))
+        return preset_info(spec, preset, cached_revision(preset.hub_id))
     if name == "library":
-        return _library_info(spec, LIBRARY_PRESETS[spec], _cached_weights(LIBRARY_PRESETS[spec])) \
+        return library_info(spec, LIBRARY_PRESETS[spec], cached_weights(LIBRARY_PRESETS[spec])) \
             if spec in LIBRARY_PRESETS else None
     if name == "random":
         inner = spec.split(":", 1)[1]
         if inner in PRESETS:
-            return _preset_info(spec, PRESETS[inner], "seed=0")
+            return preset_info(spec, PRESETS[inner], "seed=0")
         if inner in LIBRARY_PRESETS:
-            return _library_info(spec, LIBRARY_PRESETS[inner], "seed=0")
+            return library_info(spec, LIBRARY_PRESETS[inner], "seed=0")
         if _is_library(inner):
             return None
         raise _unknown(spec, [f"random:{p}" for p in PRESETS])
@@ -388,7 +388,7 @@ def backbone_metadata(spec: str) -> BackboneInfo | None:
             raise _unknown(spec, list(infos))
         return infos[spec]
     if name == "folder":
-        return _folder_info(spec, Path(spec).expanduser())
+        return folder_info(spec, Path(spec).expanduser())
     if name == "intervene":
         from evaluators.interventions.backbone import intervened_metadata
 
@@ -408,57 +408,3 @@ def check_loadable(spec: str) -> Download | None:
     if name == "unknown":
         raise _unknown(spec, known_specs())
     return SOURCES.get(name).check(spec)
-
-
-def _folder_info(spec: str, path: Path) -> BackboneInfo | None:
-    """A checkpoint folder's metadata from its config.json (CLIP: its vision tower's), None when
-    the config does not say (the folder is checked when it loads)."""
-    import json
-
-    from evaluators.backbones.hf import WEIGHT_PATTERNS
-    from evaluators.backbones.weights import files_hash
-
-    try:
-        config = json.loads((path / "config.json").read_text())
-        vision = config.get("vision_config", config) if config.get("model_type") == "clip" else config
-        n_layers, width, patch = (int(vision[k]) for k in ("num_hidden_layers", "hidden_size", "patch_size"))
-        side = int(vision.get("image_size", 224))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    registers = int(vision.get("num_register_tokens", 0) or 0)
-    weights = files_hash(sorted(f for pattern in WEIGHT_PATTERNS for f in path.glob(pattern)))
-    return BackboneInfo(spec=spec, family=str(config.get("model_type", "hf")), revision=f"sha256:{weights[:12]}",
-                        n_params=0, patch_size=patch, input_size=side, n_layers=n_layers, width=width,
-                        n_prefix=1 + registers, cls_index=0, register_indices=tuple(range(1, 1 + registers)))
-
-
-def _cached_revision(hub_id: str) -> str:
-    from evaluators.backbones.hub import cached_snapshot
-
-    path = cached_snapshot(hub_id)
-    return path.name if path else "not cached"
-
-
-def _preset_info(spec: str, preset: Preset, revision: str) -> BackboneInfo:
-    n_reg = int(preset.config.get("num_register_tokens", 0))
-    return BackboneInfo(
-        spec=spec, family=preset.family, revision=revision, n_params=preset.n_params,
-        patch_size=int(preset.config["patch_size"]), input_size=preset.input_size,
-        n_layers=int(preset.config["num_hidden_layers"]), width=int(preset.config["hidden_size"]),
-        n_prefix=1 + n_reg, cls_index=0, register_indices=tuple(range(1, 1 + n_reg)),
-    )
-
-
-def _cached_weights(preset: LibraryPreset) -> str:
-    from evaluators.backbones.hub_weights import cached_hub_file
-
-    return "cached" if cached_hub_file(preset.weights_repo, preset.weights_files) else "not cached"
-
-
-def _library_info(spec: str, preset: LibraryPreset, revision: str) -> BackboneInfo:
-    cls = int(preset.has_cls)
-    return BackboneInfo(
-        spec=spec, family=preset.family, revision=revision, n_params=preset.n_params, patch_size=preset.patch_size,
-        input_size=preset.input_size, n_layers=preset.n_layers, width=preset.width, n_prefix=preset.n_prefix,
-        cls_index=0 if cls else None, register_indices=tuple(range(cls, preset.n_prefix)),
-    )
