@@ -107,7 +107,8 @@ class Task:
 
 
 #: The built-in tasks, in order: each name and where its own package keeps its record.
-BUILTIN_TASKS = {"binding": "evaluators.tasks.binding:TASK", "issameobject": "evaluators.tasks.issameobject:TASK"}
+BUILTIN_TASKS = {"binding": "evaluators.tasks.binding:TASK", "issameobject": "evaluators.tasks.issameobject:TASK",
+                 "segmentation": "evaluators.tasks.segmentation:TASK"}
 
 
 def _register_builtins() -> None:
