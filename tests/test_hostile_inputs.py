@@ -1021,6 +1021,8 @@ class Block(torch.nn.Module):
 #: The columns of a row that are its measurement (not its run, time or provenance).
 _MEASURED = {"binding": ("probe", "tokens", "status", "error", "B_star", "beta_star", "L_F", "L_O_given_F", "checks"),
              "issameobject": ("probe", "status", "error", "accuracy", "balanced_accuracy", "auroc", "val_accuracy",
+                              "best_epoch"),
+             "segmentation": ("probe", "status", "error", "semantic_miou", "instance_miou", "instance_ari",
                               "best_epoch")}
 
 
@@ -1034,7 +1036,8 @@ def _rows_by_layer(results: Path, task: str) -> dict[int, list[tuple]]:
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf"])
-@pytest.mark.parametrize("task,probes", [("binding", "linear"), ("issameobject", "cosine,majority,linear")])
+@pytest.mark.parametrize("task,probes", [("binding", "linear"), ("issameobject", "cosine,majority,linear"),
+                                         ("segmentation", "semantic,instance")])
 def test_a_layer_holding_nan_or_inf_is_its_own_error_rows(ds, tmp_path, capsys, monkeypatch, bad, task, probes):
     """Layer 2 of the backbone adds NaN (or inf) to every value, layer 1 is clean. IsSameObject made
     every row of the backbone, layer 1's too, an error row saying `Optimization bounds must be finite
@@ -1511,13 +1514,13 @@ def test_a_second_run_of_a_study_folder_is_refused_naming_the_running_one(ds, tm
 def test_an_unknown_task_is_one_line_listing_the_tasks(capsys, tmp_path):
     """`--task` and a study block's `task` are names of the task registry (bench/core/tasks.py):
     an unknown one is refused before anything is read, in one line that lists every task."""
-    line = refused(["evaluate", "-m", "pixels", "-d", tmp_path, "--task", "segmentation"], capsys, tmp_path)
-    assert line == "bench: error: task: unknown 'segmentation'; allowed: binding, issameobject, objective", line
+    line = refused(["evaluate", "-m", "pixels", "-d", tmp_path, "--task", "depth"], capsys, tmp_path)
+    assert line == "bench: error: task: unknown 'depth'; allowed: binding, issameobject, objective, segmentation", line
     study = tmp_path / "s.toml"
     study.write_text("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\n"
-                     "task = 'segmentation'\n")
+                     "task = 'depth'\n")
     line = refused(["run", study, "--dry-run"], capsys)
-    assert line.endswith("evaluate[1].task: unknown task 'segmentation'; allowed: binding, issameobject, objective"), line
+    assert line.endswith("evaluate[1].task: unknown task 'depth'; allowed: binding, issameobject, objective, segmentation"), line
 
 
 @pytest.mark.parametrize("model, extra, message", [
@@ -1624,3 +1627,13 @@ def test_subspace_command_refusals(hooked_toy, ds, tmp_path, capsys):
     assert "unknown subspace kind" in refused(["subspace", ds, "--model", spec, "--layer", "1", "--kind", "nope",
                                                "--out", tmp_path / "s.npz"], capsys, tmp_path)
     assert "not a subspace file" in refused(["subspace", "angles", sub, foreign], capsys, tmp_path)
+
+
+def test_segmentation_without_a_patch_grid_or_with_pooled_tokens_is_one_line(ds, tmp_path, capsys):
+    """The segmentation task labels every patch: a backbone with no patch grid, or a pooled tokens
+    choice, is refused in one line, no rows written."""
+    run = ["evaluate", "--task", "segmentation", "--dataset", ds, "--results", tmp_path / "r", "--threads", "1"]
+    assert "no spatial tokens" in failed([*run, "--model", "oracle:objects"], capsys)
+    assert "use --tokens all" in refused([*run, "--model", "pixels", "--tokens", "cls"], capsys)
+    assert "unknown 'linear'" in refused([*run, "--model", "pixels", "--probes", "linear"], capsys)
+    assert not list((tmp_path / "r").glob("*.parquet"))

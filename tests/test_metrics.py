@@ -166,7 +166,7 @@ def test_intervals_are_the_same_bytes_whatever_numpy_blas_threads():
     products run on one thread, so a row's intervals do not depend on the machine's cores (nor
     on whether a worker process or the run's own fitted it)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from evaluators.tasks.binding.metrics import _bootstrap_means, _group_draws
+    from evaluators.tasks.binding.metrics import bootstrap_means, _group_draws
 
     blas = threadpoolctl.ThreadpoolController()
     if max((lib["num_threads"] for lib in blas.info() if lib["user_api"] == "blas"), default=1) < 2:
@@ -177,6 +177,6 @@ def test_intervals_are_the_same_bytes_whatever_numpy_blas_threads():
         one = weights @ bits
     with blas.limit(limits=2, user_api="blas"):
         assert not np.array_equal(weights @ bits, one)  # the rounding this test is about
-        two = _bootstrap_means(bits, 1000, 0)
+        two = bootstrap_means(bits, 1000, 0)
     with blas.limit(limits=1, user_api="blas"):
-        assert np.array_equal(_bootstrap_means(bits, 1000, 0), two)
+        assert np.array_equal(bootstrap_means(bits, 1000, 0), two)

@@ -203,7 +203,7 @@ MALFORMED = [
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels', 'random:dinov3']", "evaluate[1].backbones[2]"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\nprobes = ['linear', 'mlp']", "evaluate[1].probes[2]: unknown probe 'mlp'"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\ntokens = 'patches'", "evaluate[1].tokens: unknown tokens"),
-    ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\ntask = 'binding'\n[[evaluate]]\nbackbones = ['pixels']\ntask = 'segmentation'", "evaluate[2].task: unknown task"),
+    ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\ntask = 'binding'\n[[evaluate]]\nbackbones = ['pixels']\ntask = 'depth'", "evaluate[2].task: unknown task"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\ndatasets = ['b']", "evaluate[1].datasets[1]: no dataset 'b'"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\nseeds = [0, 'one']", "evaluate[1].seeds[2]: expected an integer"),
     ("[datasets.a]\ngenerator = 'colorshape'\n[[evaluate]]\nbackbones = ['pixels']\n[leaderboard]\nmetrics = ['beta']", "leaderboard.metrics[1]: unknown metric"),

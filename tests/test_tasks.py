@@ -63,4 +63,4 @@ def test_rows_of_a_task_no_longer_registered_are_set_aside_in_one_phrase(tmp_pat
     for selection in (load_selected(tmp_path), load_folders([tmp_path])):
         assert [r["task"] for r in selection.rows] == ["binding"]
         assert selection.note == ("set aside: 1 rows of task norm, which no installed task registers "
-                                  "(registered: binding, issameobject, objective)")
+                                  "(registered: binding, issameobject, objective, segmentation)")

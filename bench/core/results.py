@@ -63,6 +63,8 @@ _METRICS = [
     "accuracy", "balanced_accuracy", "auroc", "majority_accuracy",
     # objective task: a zoo model's own training loss on val (lower is better)
     "objective_loss",
+    # segmentation task (evaluators.tasks.segmentation): ratios in [0, 1], intervals over test images
+    "semantic_miou", "instance_miou", "instance_ari",
 ]
 
 RESULT_SCHEMA = pa.schema(
@@ -94,7 +96,7 @@ RESULT_SCHEMA = pa.schema(
         ("layer", pa.int32()),  # 0 = embeddings, L = last block
         ("n_layers", pa.int32()),
         ("tokens", pa.string()),  # cls | mean | all | cls+mean
-        ("task", pa.string()),  # binding | issameobject | objective
+        ("task", pa.string()),  # a registered task (bench/core/tasks.py): binding, issameobject, ...
         ("probe", pa.string()),
         ("seed", pa.int64()),
         ("config_hash", pa.string()),
@@ -123,6 +125,8 @@ RESULT_SCHEMA = pa.schema(
                             "val_H_O_given_F", "val_L_F_se", "val_L_O_given_F_se")],
         # issameobject, validation pairs: the numbers `--layer best` chooses a layer on (point values)
         *[(f"val_{m}", _F) for m in ("accuracy", "balanced_accuracy", "auroc")],
+        # segmentation, validation images: likewise
+        *[(f"val_{m}", _F) for m in ("semantic_miou", "instance_miou", "instance_ari")],
         *[(m, _F) for m in _METRICS],
         *[(f"{m}_lo", _F) for m in _METRICS],
         *[(f"{m}_hi", _F) for m in _METRICS],
@@ -223,8 +227,19 @@ def read_results(results_dir: str | os.PathLike, older: list[str] | None = None)
                 f"this BindingBench reads {RESULTS_SCHEMA_VERSION}; re-run `bench evaluate` into a new results directory"
             )
         _refuse_null_keys(t, f, d)
-        tables.append(t)
+        tables.append(with_schema_columns(t))
     return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
+
+
+def with_schema_columns(t: pa.Table) -> pa.Table:
+    """A run file's table in this schema's columns and order: a nullable column that joined the schema
+    after the file was written (a new task's metrics) reads as null, so files written before and
+    after it read together (their union needs one schema); a column this schema lacks is dropped."""
+    if t.schema.names == RESULT_SCHEMA.names:
+        return t
+    columns = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+               for f in RESULT_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=RESULT_SCHEMA)
 
 
 #: Key columns every row this BindingBench writes fills (the others, such as `limit` and

@@ -109,7 +109,8 @@ class Task:
 
 #: The built-in tasks, in order: each name and where its own package keeps its record.
 BUILTIN_TASKS = {"binding": "evaluators.tasks.binding:TASK", "issameobject": "evaluators.tasks.issameobject:TASK",
-                 "objective": "evaluators.tasks.objective:TASK"}
+                 "objective": "evaluators.tasks.objective:TASK",
+                 "segmentation": "evaluators.tasks.segmentation:TASK"}
 
 
 def _register_builtins() -> None:

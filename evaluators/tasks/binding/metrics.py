@@ -129,7 +129,7 @@ def binding_metrics(
         raise ValueError("binding_metrics needs at least one probe's per-scene bits")
     matrix = np.stack([np.asarray(per_scene[k], dtype=np.float64) for k in present], axis=1)
     point = _derived(priors, _columns(matrix.mean(axis=0), present))
-    boot = _derived(priors, _columns(_bootstrap_means(matrix, n_boot, seed, groups), present))
+    boot = _derived(priors, _columns(bootstrap_means(matrix, n_boot, seed, groups), present))
     tail = (1 - level) / 2 * 100
     # every metric's bounds in one call: one np.percentile per metric and side was 3,276 calls
     # (0.16 s) of a 26-row-set fit's host work
@@ -170,7 +170,7 @@ def paired_difference(a: Mapping[str, np.ndarray | None], b: Mapping[str, np.nda
         raise ValueError(f"paired_difference: {left.shape[0]} and {right.shape[0]} scenes; pairs need the same scenes")
     both = np.concatenate([left, right], axis=1)
     point = _columns(both.mean(axis=0), names + [f"b:{k}" for k in names])
-    boot = _columns(_bootstrap_means(both, n_boot, seed, groups), names + [f"b:{k}" for k in names])
+    boot = _columns(bootstrap_means(both, n_boot, seed, groups), names + [f"b:{k}" for k in names])
     fallback = Priors(math.nan, math.nan, math.nan)
 
     def value(means: Mapping[str, Any], side: str) -> np.ndarray | None:
@@ -279,9 +279,11 @@ def _columns(means: np.ndarray, present: list[str]) -> dict[str, np.ndarray | No
     return out
 
 
-def _bootstrap_means(matrix: np.ndarray, n_boot: int, seed: int, groups: np.ndarray | None = None,
-                     chunk: int = 256) -> np.ndarray:
-    """n_boot x m means of scenes resampled with replacement (multinomial weights).
+def bootstrap_means(matrix: np.ndarray, n_boot: int, seed: int, groups: np.ndarray | None = None,
+                    chunk: int = 256) -> np.ndarray:
+    """n_boot x m means of scenes resampled with replacement (multinomial weights): the one
+    resampling of test scenes every task's intervals use (binding's bits, segmentation's per-image
+    counts and scores), so their intervals are drawn alike.
 
     With `groups` (one label per scene) whole groups are resampled: test scenes that share
     an F code are not independent draws (every probe meets that code for the first time),
