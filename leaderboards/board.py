@@ -255,12 +255,15 @@ def _add_references(board: Leaderboard, probes: Sequence[str], tokens: Sequence[
 
 
 def _pick_task(rows: list[dict], task: str | None) -> str:
-    """`task`, checked (an unknown one is one line listing the tasks), else the default task when
-    the rows hold it or nothing, else the first task present."""
+    """`task`, checked (an unknown one is one line listing the tasks; one the rows do not hold, one
+    line naming those they do), else the default task when the rows hold it or nothing, else the
+    first task present."""
+    present = {r["task"] for r in rows}
     if task is not None:
         TASKS.get(task)
+        if present and task not in present:
+            raise BenchError(f"task: no results for {task!r}; present: {', '.join(sorted(present))}")
         return task
-    present = {r["task"] for r in rows}
     return DEFAULT_TASK if DEFAULT_TASK in present or not present else sorted(present)[0]
 
 

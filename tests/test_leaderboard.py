@@ -387,7 +387,8 @@ def test_filters_metrics_and_tasks(tmp_path, capsys):
     (["--metric", "loss"], "metric: unknown 'loss'"),
     (["--metric", "beta_star_cond"], "metric: unknown 'beta_star_cond'"),  # replaced by the anchored β*
     (["--metric", "accuracy"], "metric: 'accuracy' belongs to task 'issameobject'"),
-    (["--task", "segmentation"], "task: unknown 'segmentation'"),
+    (["--task", "depth"], "task: unknown 'depth'"),
+    (["--task", "segmentation"], "task: no results for 'segmentation'; present: binding"),
     (["--layer", "deep"], "layer: expected best, last or a layer index"),
     (["--probe", "mlp"], "probe: no results for 'mlp'; present: dnn, linear"),
     (["--dataset", "nope"], "dataset: no results for 'nope'; present: cs"),

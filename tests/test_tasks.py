@@ -14,8 +14,10 @@ from bench.core.tasks import TASKS
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bench", "evaluators", "leaderboards", "benchmarks")
 #: Words that name a task and, in these places, something else: a zoo recipe's (and card's) `objective`
-#: field, what its model was trained for, which the `objective` task is named after.
-NAMESAKES = {"objective": ("evaluators/zoo/", "bench/commands/zoo.py")}
+#: field, what its model was trained for, which the `objective` task is named after; the `binding`
+#: subspace kind of an intervention (the subspace the binding probe reads).
+NAMESAKES = {"objective": ("evaluators/zoo/", "bench/commands/zoo.py"),
+             "binding": ("evaluators/interventions/", "bench/core/intervention_specs.py", "bench/commands/subspace.py")}
 
 
 def task_literals(root: Path, names: tuple[str, ...]) -> list[str]:

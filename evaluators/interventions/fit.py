@@ -69,7 +69,7 @@ def fit_subspace(spec_or_backbone: Any, dataset: str | os.PathLike[str] | Datase
 def _binding_basis(ds: Dataset, tokens: dict[str, np.ndarray], grid: tuple[int, int], rank: int, energy: float,
                    seed: int, device: str, shuffle_labels: bool, limit: int | None) -> np.ndarray:
     """The IsSameObject quadratic probe's subspace, fitted as its rows fit it (same pairs, seeds)."""
-    from evaluators.tasks.issameobject.evaluate import layer_data, pair_configs
+    from evaluators.tasks.issameobject.evaluate import layer_data, pair_configs, pair_seed
     from evaluators.tasks.issameobject.pairs import sample_pairs
     from evaluators.tasks.issameobject.patch_labels import split_patch_labels
     from evaluators.tasks.issameobject.scorers import PairTrainConfig, fit_scorer
@@ -78,7 +78,7 @@ def _binding_basis(ds: Dataset, tokens: dict[str, np.ndarray], grid: tuple[int, 
     data = {}
     for s, t in tokens.items():
         labels = split_patch_labels(ds, s, grid, pc.min_share, limit)
-        u, ix, iy, same = layer_data(t, sample_pairs(labels, pc, derive_seed(seed, "issameobject", s)))
+        u, ix, iy, same = layer_data(t, sample_pairs(labels, pc, pair_seed(seed, s)))
         if shuffle_labels:
             same = np.random.default_rng(derive_seed(seed, "shuffled-labels", s)).permutation(same)
         data[s] = (u, ix, iy, same)

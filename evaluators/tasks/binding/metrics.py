@@ -192,7 +192,7 @@ def paired_mean_difference(a: np.ndarray, b: np.ndarray, *, groups: np.ndarray |
     `paired_difference` gives binding metrics (the same resampling, whole `groups` at a time): what
     `bench compare` pairs a task's rows on when its metric is a mean over test scenes."""
     both = np.stack([np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)], axis=1)
-    means = _bootstrap_means(both, n_boot, seed, groups)
+    means = bootstrap_means(both, n_boot, seed, groups)
     d = means[:, 0] - means[:, 1]
     tail = (1 - level) / 2 * 100
     return float(both[:, 0].mean() - both[:, 1].mean()), float(np.percentile(d, tail)), float(np.percentile(d, 100 - tail))

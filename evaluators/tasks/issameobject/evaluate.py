@@ -239,7 +239,7 @@ def evaluate_activations(
     total = sum(len(layer_probes(probes, layer, info.n_layers)) for layer in test.layers) * len(seeds)
     with maybe_progress(progress, f"issameobject {info.spec}", total) as bar:
         for seed in seeds:
-            pairs = {s: sample_pairs(labels[s], pair_config, derive_seed(seed, "issameobject", s)) for s in labels}
+            pairs = {s: sample_pairs(labels[s], pair_config, pair_seed(seed, s)) for s in labels}
             config = replace(train_config, seed=int(seed))
             for layer in test.layers:
                 here = layer_probes(probes, layer, info.n_layers)
@@ -262,6 +262,12 @@ def evaluate_activations(
                         "config": json.dumps(cfg, sort_keys=True), "config_hash": config_hash(cfg), **r,
                     })
     return rows
+
+
+def pair_seed(seed: int, split: str) -> int:
+    """The seed of a split's pair draw for a row seed: the binding subspace is fitted on the very
+    pairs the quadratic probe's rows are (`evaluators.interventions.fit`)."""
+    return derive_seed(seed, "issameobject", split)
 
 
 def _reading_block(attention_qk: Callable[[int], AttentionQK | None] | None, layer: int, n_layers: int,
