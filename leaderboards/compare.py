@@ -2,7 +2,9 @@
 with its bootstrap interval over the test scenes both were measured on. Every task whose record
 names what compare reports (`Task.compare_metrics`, bench/core/tasks.py) is paired, each on its
 own rows. A task with per-scene bits (`Task.per_scene`, binding) pairs on them; any other pairs
-on its rows' per-scene values of the metric (`scene_column`), whose mean is the metric.
+on its rows' per-scene values of the metric (`scene_column`), whose mean is the metric, or, for a
+metric that is no such mean (a ratio of sums: segmentation's semantic mIoU), through the hook its
+record names (`Task.paired`), which resamples the same scenes for both and recomputes each metric.
 
 An intervened backbone (`intervene:...`, bench.core.intervention_specs) compared with nothing
 named is compared with its base backbone."""
@@ -114,8 +116,10 @@ def _task_records(rows: list[dict[str, Any]], task: str, metric: str, a: str, b:
             ca, cb = mine[a].cells[col], mine[b].cells[col]
             if ca is None or cb is None or ca.status != "ok" or cb.status != "ok":
                 continue
-            paired = paired_cells(ca, cb, board.metric) if TASKS.get(task).per_scene else _paired_scenes(
-                ca, cb, board.metric)
+            record = TASKS.get(task)
+            hook = record.pairing(board.metric.name)
+            paired = (paired_cells(ca, cb, board.metric) if record.per_scene
+                      else hook(ca.rows, cb.rows) if hook is not None else _paired_scenes(ca, cb, board.metric))
             if paired is None:
                 raise BenchError(f"compare: {a} and {b} on {ds} ({task}) were not measured on the same test scenes "
                                  "with per-scene values (results from before this BindingBench, or different data)")

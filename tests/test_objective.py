@@ -152,3 +152,34 @@ def test_bench_evaluate_task_objective_end_to_end(zoo, zoo_scenes, tmp_path, cap
         assert f"{row['objective_loss']:.3f} ± " in out  # as is, not as a percentage
     assert main(args) == 0
     assert "nothing to do" in capsys.readouterr().err
+
+
+def test_compare_pairs_objective_rows_on_their_val_scenes(zoo, zoo_scenes, tmp_path, capsys):
+    """Rows carry each val scene's loss and the elements it averages (Σ loss·count / Σ count is the row's
+    loss). `bench compare` of a model with its twin gives 0 with interval [0, 0]; of two zoo models the
+    difference of their rows' losses inside its interval; rows without the per-scene columns are refused."""
+    from bench.core.errors import BenchError
+    from leaderboards.compare import compare_backbones
+    from leaderboards.store import load_results
+
+    results = tmp_path / "results"
+    assert main(["evaluate", "--task", "objective", "--model", "zoo:masked", "--model", "twin=zoo:masked", "--model",
+                 "zoo:conjunctions", "--model", "zoo:features", "--dataset", str(zoo_scenes), "--results",
+                 str(results)]) == 0
+    capsys.readouterr()
+    rows = load_results(results)
+    by = {r["backbone"]: r for r in rows}
+    for row in rows:
+        loss_, count = row["scene_objective_loss"], row["scene_objective_count"]
+        assert len(loss_) == len(count) == Dataset(zoo_scenes).num_rows("val")
+        assert (loss_ * count).sum() / count.sum() == pytest.approx(row["objective_loss"], rel=1e-6)
+    assert len(set(by["zoo:masked"]["scene_objective_count"])) > 1  # a ratio of sums, not a mean over scenes
+    (same,) = compare_backbones(rows, "zoo:masked", "twin")
+    assert (same["metric"], same["difference"], same["lo"], same["hi"]) == ("objective_loss", 0, 0, 0)
+    (r,) = compare_backbones(rows, "zoo:conjunctions", "zoo:features")
+    assert r["difference"] == pytest.approx(by["zoo:conjunctions"]["objective_loss"] -
+                                            by["zoo:features"]["objective_loss"], rel=1e-6)
+    assert r["lo"] <= r["difference"] <= r["hi"]
+    old = [{k: v for k, v in row.items() if not k.startswith("scene_")} for row in rows]
+    with pytest.raises(BenchError, match=r"\(objective\) were not measured on the same test scenes"):
+        compare_backbones(old, "zoo:conjunctions", "zoo:features")

@@ -201,3 +201,50 @@ def test_results_written_before_the_segmentation_columns_read_beside_new_ones(tm
     got = {r["task"]: r for r in read_results(tmp_path).to_pylist()}
     assert got["issameobject"]["accuracy"] == 0.7 and got["issameobject"]["semantic_miou"] is None
     assert got["segmentation"]["semantic_miou"] == 0.5
+
+
+def test_compare_pairs_segmentation_rows_on_their_test_images(scenes, tmp_path, capsys):
+    """Rows carry per-image values: instance scores per image holding an object, the semantic class
+    counts per test image. `bench compare` of a backbone with its twin gives 0 with interval [0, 0];
+    of pixels with oracle:patches the difference of the rows' values (semantic mIoU exactly, recomputed
+    from the counts) inside its interval; rows written before the per-image columns: one line, exit 2."""
+    from bench.cli import main
+    from leaderboards.compare import compare_backbones
+    from leaderboards.store import load_results
+
+    results = tmp_path / "results"
+    assert main(["evaluate", "--task", "segmentation", "--dataset", str(scenes), "--model", "pixels", "--model",
+                 "twin=pixels", "--model", "oracle:patches", "--epochs", "2", "--device", "cpu", "--results",
+                 str(results)]) == 0
+    capsys.readouterr()
+    rows = load_results(results)
+    ds = Dataset(scenes)
+    instances, _ = split_labels(ds, "test", GRID)
+    with_object = int(sum((i != 0).any() for i in instances))
+    by = {(r["backbone"], r["probe"]): r for r in rows}
+    for backbone in ("pixels", "oracle:patches"):
+        sem, ins = by[(backbone, "semantic")], by[(backbone, "instance")]
+        assert len(ins["scene_instance_miou"]) == len(ins["scene_instance_ari"]) == with_object
+        assert np.mean(ins["scene_instance_miou"]) == pytest.approx(ins["instance_miou"], abs=1e-6)
+        n_classes = len(class_names(ds))
+        assert sem["n_classes"] == n_classes and len(sem["scene_semantic_union"]) == 8 * n_classes
+    records = {r["metric"]: r for r in compare_backbones(rows, "pixels", "twin")}
+    assert set(records) == {"semantic_miou", "instance_miou", "instance_ari"}
+    assert all((r["difference"], r["lo"], r["hi"]) == (0, 0, 0) for r in records.values())
+    records = {r["metric"]: r for r in compare_backbones(rows, "oracle:patches", "pixels")}
+    for metric, r in records.items():
+        a, b = by[("oracle:patches", metric.split("_")[0])], by[("pixels", metric.split("_")[0])]
+        assert r["difference"] == pytest.approx(a[metric] - b[metric], abs=1e-6)
+        assert r["lo"] <= r["difference"] <= r["hi"]
+    assert records["semantic_miou"]["difference"] == by[("oracle:patches", "semantic")]["semantic_miou"] - by[
+        ("pixels", "semantic")]["semantic_miou"]
+    old = read_results(results)
+    old = old.drop_columns([c for c in old.column_names if c.startswith("scene_")])
+    import pyarrow.parquet as pq
+
+    for f in results.glob("*.parquet"):
+        f.unlink()
+    pq.write_table(old, results / "old.parquet")
+    assert main(["compare", "oracle:patches", "pixels", "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench: error: ") and len(err.strip().splitlines()) == 1 and "same test scenes" in err

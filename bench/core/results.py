@@ -106,6 +106,7 @@ RESULT_SCHEMA = pa.schema(
         ("wall_time_s", _F),
         ("n_train", pa.int64()),
         ("n_test", pa.int64()),
+        ("n_classes", pa.int64()),  # segmentation: the classes its semantic counts hold (background one)
         ("best_epoch", pa.int32()),
         # binding: "exact" (probes anchored on the generator's exact priors), "none" (--unanchored) or
         # "empirical" (imported real images: B* against a blind reference probe given F alone)
@@ -143,6 +144,15 @@ RESULT_SCHEMA = pa.schema(
         ("scene_groups", pa.list_(pa.int32())),
         ("scene_ref_F", pa.list_(pa.float32())),
         ("scene_ref_O_given_F", pa.list_(pa.float32())),
+        # per scene, what `bench compare` pairs the other tasks on (`Task.paired`): objective, per val scene
+        # its loss and the elements it averages (`objective_loss` = Σ loss·count / Σ count); segmentation,
+        # per test image holding an object its instance scores (their means are the metrics), and per test
+        # image the per-class patch counts behind `semantic_miou` (N × `n_classes`, flattened row-major)
+        ("scene_objective_loss", pa.list_(pa.float32())),
+        ("scene_objective_count", pa.list_(pa.int32())),
+        ("scene_instance_miou", pa.list_(pa.float32())),
+        ("scene_instance_ari", pa.list_(pa.float32())),
+        *[(f"scene_semantic_{c}", pa.list_(pa.int32())) for c in ("intersection", "union", "truth")],
     ],
     metadata={b"bindingbench_results_schema_version": str(RESULTS_SCHEMA_VERSION).encode()},
 )

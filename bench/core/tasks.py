@@ -62,7 +62,10 @@ class Task:
     `metrics` (the leaderboard's, the headline `metric` among them), `board_metrics` (the site's
     boards, the headline first); `per_scene`: its rows carry per-scene bits over test F codes, so
     cells pair (the site's matrices) and boards note each dataset's `n_F_eff`; `compare_metrics`:
-    what `bench compare` reports of it by default (none: compare does not pair it);
+    what `bench compare` reports of it by default (none: compare does not pair it), each paired on its
+    rows' per-scene values (`scene_<metric>`, whose mean is the metric) unless `paired` names a hook
+    for it: (metric, `hook(a_rows, b_rows) -> (difference, lo, hi) | None`) for a metric that is no
+    mean over scenes (a ratio of sums), pairing two cells' rows (one per seed) on the same scenes;
     `report_section` fills its section of `bench report` (`leaderboards.report`), None: no section.
     """
 
@@ -93,6 +96,7 @@ class Task:
     board_metrics: tuple[str, ...] = ()
     compare_metrics: tuple[str, ...] = ()
     per_scene: bool = False
+    paired: tuple[tuple[str, Any], ...] = ()
     title: str = ""
     report_section: Any = None
 
@@ -100,6 +104,11 @@ class Task:
     def probe_registry(self) -> Registry[Any]:
         """The registry its probes are named in."""
         return load_ref(self.probes)
+
+    def pairing(self, metric: str) -> Callable[..., Any] | None:
+        """The hook `paired` names for `metric`, imported now; None when it pairs on `scene_<metric>`."""
+        ref = dict(self.paired).get(metric)
+        return None if ref is None else load_ref(ref)
 
     def hook(self, name: str) -> Callable[..., Any] | None:
         """The hook `name` (an attribute naming a function), imported now; None when it has none."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -196,6 +196,31 @@ def paired_mean_difference(a: np.ndarray, b: np.ndarray, *, groups: np.ndarray |
     d = means[:, 0] - means[:, 1]
     tail = (1 - level) / 2 * 100
     return float(both[:, 0].mean() - both[:, 1].mean()), float(np.percentile(d, tail)), float(np.percentile(d, 100 - tail))
+
+
+def paired_ratio_difference(a: Sequence[np.ndarray], b: Sequence[np.ndarray],
+                            statistic: Callable[[np.ndarray], np.ndarray], *, n_boot: int = 1000, seed: int = 0,
+                            level: float = 0.95) -> tuple[float, float, float] | None:
+    """statistic(a) − statistic(b) of two measurements on the same N scenes whose metric is no mean of
+    per-scene values but a function of per-scene sums (a ratio of sums: mIoU, a loss per element),
+    with the paired bootstrap interval: every replicate draws the same scenes for both
+    (`bootstrap_means`) and recomputes each side's metric on them. `a` and `b` hold one (N, k)
+    matrix per seed (a side's metric is the mean over its seeds'); `statistic` maps column sums,
+    (..., k), to the metric and must not change when they are scaled (the point is its value on the
+    sums, each replicate's on the drawn scenes' means). None when no replicate has a finite difference."""
+    mats = [np.asarray(m, dtype=np.float64) for m in (*a, *b)]
+    cuts = np.cumsum([m.shape[1] for m in mats])[:-1]
+    parts = np.split(bootstrap_means(np.concatenate(mats, axis=1), n_boot, seed), cuts, axis=1)
+    points = [float(statistic(m.sum(0))) for m in mats]
+    replicates = [statistic(p) for p in parts]
+    n = len(a)
+    diff = float(np.mean(points[:n]) - np.mean(points[n:]))
+    d = np.mean(replicates[:n], axis=0) - np.mean(replicates[n:], axis=0)
+    d = d[np.isfinite(d)]
+    if not np.isfinite(diff) or not len(d):
+        return None
+    tail = (1 - level) / 2 * 100
+    return diff, float(np.percentile(d, tail)), float(np.percentile(d, 100 - tail))
 
 
 def metric_checks(m: Mapping[str, Any], metric: str = "beta_star") -> list[str]:

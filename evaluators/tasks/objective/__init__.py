@@ -15,7 +15,9 @@ One row per backbone: layer = the last hidden state (the head's input), probe "h
 (lower is better; nats per O or F value, or squared error per pixel) with a percentile bootstrap
 interval over val scenes (`objective_loss_lo`/`_hi`; the masked loss is a ratio: squared error
 summed over the drawn scenes' hidden patches over their count). The row's seed seeds the bootstrap
-only. A backbone without a published head (a zoo folder trained before heads were published, a
+only. Each val scene's loss and element count (`scene_objective_loss`, `scene_objective_count`) come
+with the row, so `bench compare` resamples two backbones' scenes together
+(`evaluators.tasks.objective.pairing`). A backbone without a published head (a zoo folder trained before heads were published, a
 hub model, pixels, oracles) is refused in one line, as is `zoo:untrained`, which has no objective.
 
 Its `Task` record (`TASK`, registered by bench/core/tasks.py under "objective") and the registry
@@ -50,5 +52,7 @@ TASK = Task(
     short_metrics=(("loss", "objective_loss"),),
     short_keys=("backbone", "layer", "probe"),
     board_metrics=("objective_loss",),
+    compare_metrics=("objective_loss",),
+    paired=(("objective_loss", "evaluators.tasks.objective.pairing:paired_objective_loss"),),
     title="Objective",
 )

@@ -17,6 +17,7 @@ from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.run import local_threads, run_start
 from evaluators.tasks.binding.rows import common_columns, extraction_failure
 from evaluators.tasks.objective.loss import ratio_interval, scene_losses
+from evaluators.tasks.objective.pairing import scene_columns
 
 #: The split the objective is measured on (`TASK.split`).
 SPLIT = "val"
@@ -54,10 +55,12 @@ def run_objective(request: EvaluationRequest, ds: Dataset, progress: bool,
                 sums, counts = scene_losses(one.backbone, ds, SPLIT, limit=limit, device=device, dtype=request.dtype,
                                             progress=progress)
                 done_in = time.perf_counter() - start
+                per_scene = scene_columns(sums, counts)
                 measured = {w.seed: ratio_interval(sums, counts, seed=w.seed) for w in one.todo}
                 new = [{"layer": w.layer, "probe": family, "seed": w.seed, "status": "ok", "error": None,
                         "objective_loss": measured[w.seed][0], "objective_loss_lo": measured[w.seed][1],
-                        "objective_loss_hi": measured[w.seed][2], "n_test": len(sums), "wall_time_s": done_in}
+                        "objective_loss_hi": measured[w.seed][2], "n_test": len(sums), "wall_time_s": done_in,
+                        **per_scene}
                        for w in one.todo for family in w.families]
             except BenchError:
                 raise

@@ -78,5 +78,6 @@ TASK = Task(
     short_keys=("backbone", "layer", "probe", "seed"),
     board_metrics=("semantic_miou", "instance_miou", "instance_ari"),
     compare_metrics=("semantic_miou", "instance_miou", "instance_ari"),
+    paired=(("semantic_miou", "evaluators.tasks.segmentation.metrics:paired_semantic_miou"),),
     title="Segmentation",
 )

@@ -6,10 +6,12 @@ the resampling every task's intervals use). numpy and scipy only."""
 
 from __future__ import annotations
 
+from typing import Any, Mapping, Sequence
+
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from evaluators.tasks.binding.metrics import bootstrap_means
+from evaluators.tasks.binding.metrics import bootstrap_means, paired_ratio_difference
 from evaluators.tasks.issameobject.patch_labels import BACKGROUND
 
 
@@ -39,17 +41,52 @@ def mean_iou(intersection: np.ndarray, union: np.ndarray, present: np.ndarray) -
 
 
 def semantic_scores(pred: np.ndarray, true: np.ndarray, n_classes: int, *, n_boot: int = 1000, seed: int = 0,
-                    level: float = 0.95) -> dict[str, float | None]:
+                    level: float = 0.95) -> dict[str, Any]:
     """`semantic_miou` with `_lo`/`_hi`: per class the IoU of its patches summed over all test
     images, averaged over the classes present in the test ground truth. A class absent from
     test is left out of the mean (it has no IoU to measure), but a patch predicted as it still
-    costs the union of the patch's true class. Intervals resample images."""
+    costs the union of the patch's true class. Intervals resample images. The per-image class counts
+    behind it (intersection, union, ground truth; N x `n_classes` each, flattened row-major) come
+    with it, so `bench compare` can resample two backbones' images together (`paired_semantic_miou`)."""
     inter, union = class_counts(pred, true, n_classes)
     present = np.flatnonzero(np.bincount(true.ravel(), minlength=n_classes) > 0)
     point = mean_iou(inter.sum(0).astype(np.float64), union.sum(0).astype(np.float64), present)
     boot = bootstrap_means(np.concatenate([inter, union], axis=1).astype(np.float64), n_boot, seed)
     replicates = mean_iou(boot[:, :n_classes], boot[:, n_classes:], present)
-    return interval("semantic_miou", float(point), replicates, level)
+    truth = np.zeros_like(inter)
+    np.add.at(truth, (np.repeat(np.arange(len(true)), true.shape[1]), true.ravel()), 1)
+    scenes = {f"scene_semantic_{k}": v.astype(np.int32).ravel().tolist()
+              for k, v in (("intersection", inter), ("union", union), ("truth", truth))}
+    return {**interval("semantic_miou", float(point), replicates, level), **scenes, "n_classes": n_classes}
+
+
+def paired_semantic_miou(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]
+                         ) -> tuple[float, float, float] | None:
+    """`semantic_miou`(a) − `semantic_miou`(b) of two backbones' rows (one per seed) on the same test
+    images, with the paired bootstrap interval (`paired_ratio_difference`): each replicate draws the
+    same images for both and recomputes each one's mIoU from their per-image class counts
+    (`semantic_scores`' own `mean_iou` over the classes present in test). None when a row lacks
+    the counts or the two were not measured on the same images (their ground-truth counts differ).
+    The task's `Task.paired` hook for `semantic_miou` (`bench compare`)."""
+    sides, truth = [], None
+    for rows in (a, b):
+        mats = []
+        for r in rows:
+            inter, union, true, c = (r.get("scene_semantic_intersection"), r.get("scene_semantic_union"),
+                                     r.get("scene_semantic_truth"), r.get("n_classes"))
+            if inter is None or union is None or true is None or not c:
+                return None
+            t = np.asarray(true).reshape(-1, c)
+            if truth is not None and not np.array_equal(t, truth):
+                return None
+            truth = t
+            mats.append(np.concatenate([np.asarray(inter).reshape(-1, c), np.asarray(union).reshape(-1, c)], axis=1))
+        if not mats:
+            return None
+        sides.append(mats)
+    present = np.flatnonzero(truth.sum(0) > 0)
+    c = truth.shape[1]
+    return paired_ratio_difference(sides[0], sides[1], lambda m: mean_iou(m[..., :c], m[..., c:], present))
 
 
 def hungarian_iou(pred: np.ndarray, true: np.ndarray) -> float:
@@ -96,10 +133,12 @@ def adjusted_rand_index(true: np.ndarray, pred: np.ndarray) -> float:
 
 
 def instance_scores(pred: np.ndarray, true: np.ndarray, *, n_boot: int = 1000, seed: int = 0,
-                    level: float = 0.95) -> dict[str, float | None]:
+                    level: float = 0.95) -> dict[str, Any]:
     """`instance_miou` (`hungarian_iou`) and `instance_ari` (`adjusted_rand_index` over the image's
     foreground patches), each the mean over test images that hold a foreground instance, with
-    `_lo`/`_hi` from one resampling of those images."""
+    `_lo`/`_hi` from one resampling of those images, and those images' values in order
+    (`scene_instance_miou`, `scene_instance_ari`: which images count depends on the ground truth
+    alone, so two backbones' lists align and `bench compare` pairs on them)."""
     per_image = [(hungarian_iou(p, t), adjusted_rand_index(t[t != BACKGROUND], p[t != BACKGROUND]))
                  for p, t in zip(pred, true) if (t != BACKGROUND).any()]
     if not per_image:
@@ -107,7 +146,8 @@ def instance_scores(pred: np.ndarray, true: np.ndarray, *, n_boot: int = 1000, s
     matrix = np.asarray(per_image, np.float64)
     boot = bootstrap_means(matrix, n_boot, seed)
     return {**interval("instance_miou", float(matrix[:, 0].mean()), boot[:, 0], level),
-            **interval("instance_ari", float(matrix[:, 1].mean()), boot[:, 1], level)}
+            **interval("instance_ari", float(matrix[:, 1].mean()), boot[:, 1], level),
+            "scene_instance_miou": matrix[:, 0].tolist(), "scene_instance_ari": matrix[:, 1].tolist()}
 
 
 def interval(name: str, point: float, replicates: np.ndarray, level: float) -> dict[str, float | None]:
