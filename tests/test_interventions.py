@@ -5,6 +5,7 @@ every intervention is its own backbone in the row key."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +175,40 @@ def test_planted_binding_subspace_is_recovered(tmp_path):
     assert principal_angles(random_basis(128, 4, 0), S_BASIS).max() < 0.9  # a random one is not
     zeroed = resolve_backbone(f"py:{PLANTED}:planted_zeroed")
     assert zeroed.info.revision != resolve_backbone(f"py:{PLANTED}:planted").info.revision
+
+
+@pytest.mark.slow
+def test_planted_binding_interventions_on_instance_segmentation(tmp_path):
+    """The planted network's instance segmentation (its last hidden state) under interventions at
+    hidden state 3: removing or shuffling all of S reads within 2 points of the S-zeroed twin; a
+    random subspace of the fitted one's rank leaves it inside the base's interval; injecting the
+    objects' means (α = 0) does not lower it; the fitted subspace takes most of it away.
+
+    Measured (80/30/40 scenes): base 0.969 [0.948, 0.987], zeroed twin 0.031, remove 1 of S 0.031,
+    shuffle 1 of S 0.038, random remove 1 0.963, inject 0 0.988; remove 1 of the fitted subspace
+    (cosines with S 0.99 … 0.96) 0.23: the small part of S outside it is still read."""
+    from evaluators.tasks.segmentation.run import evaluate_segmentation
+
+    ds = make_dataset(tmp_path / "planted", n_train=80, n_val=30, n_test=40, **PLANTED_SCENES)
+    base = f"py:{PLANTED}:planted"
+    fitted = api.fit_subspace(base, ds, 3, kind="binding", rank=4, progress=False)
+    files = {"fitted": fitted,
+             "S": dataclasses.replace(fitted, basis=S_BASIS.astype(np.float64)),
+             "random": api.fit_subspace(base, ds, 3, kind="random", rank=fitted.rank, progress=False)}
+    paths = {name: save_subspace(sub, tmp_path / f"{name}.npz") for name, sub in files.items()}
+
+    def instance(spec: str) -> tuple[float, float, float]:
+        row = evaluate_segmentation(spec, ds, heads=("instance",), progress=False)[0]
+        return row["instance_miou"], row["instance_miou_lo"], row["instance_miou_hi"]
+
+    def intervened(kind: str, subspace: str) -> str:
+        return f"intervene:{kind},layer=3,subspace={paths[subspace]}:{base}"
+
+    value, lo, hi = instance(base)
+    zeroed = instance(f"py:{PLANTED}:planted_zeroed")[0]
+    assert value - zeroed > 0.5, (value, zeroed)  # the base reads instances through S
+    for kind in ("remove=1", "shuffle=1"):
+        assert abs(instance(intervened(kind, "S"))[0] - zeroed) <= 0.02, kind
+    assert lo <= instance(intervened("remove=1", "random"))[0] <= hi
+    assert instance(intervened("inject=0", "fitted"))[0] >= value
+    assert instance(intervened("remove=1", "fitted"))[0] < zeroed + 0.5 * (value - zeroed)
