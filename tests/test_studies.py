@@ -421,12 +421,8 @@ def test_the_shipped_ablation_studies_load_and_plan_their_sweeps(name, sweeps, t
     feature subspaces, shuffle 0.5/1 and inject 0.5/0 beside the unchanged network, on the zoo's
     scenes and the toys; obv-ablation: DINOv2-L at layer 18 on ADE20K (needs downloads: loaded, not run)."""
     from bench import api
-    from bench.core.tasks import TASKS
     from bench.studies.sweeps import sweep_plan
 
-    missing = sorted({"segmentation", "objective"} - set(TASKS.names()))
-    if missing:  # LEAD: remove once the segmentation and objective tasks are merged
-        pytest.skip(f"tasks {', '.join(missing)} are not in this branch")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
     study = api.load_study(name, allow_unset=True)
