@@ -69,7 +69,11 @@ def main() -> None:
 
     for what, timed in (("extraction", extraction), ("forward", forward)):
         timed("base", -1), timed("intervened", -1)  # warm-up: first-call costs out of the comparison
-        best = {name: min(timed(name, r) for r in range(args.repeats)) for name in backbones}
+        times: dict[str, list[float]] = {name: [] for name in backbones}
+        for r in range(args.repeats):  # interleaved, so a burst of load on a shared machine hits both alike
+            for name in backbones:
+                times[name].append(timed(name, r))
+        best = {name: min(t) for name, t in times.items()}
         print(f"{what:10s} {args.model} layer {layer}: base {best['base']:.3f} s, intervened "
               f"{best['intervened']:.3f} s, ratio {best['intervened'] / best['base']:.3f}")
 

@@ -437,3 +437,15 @@ def test_the_shipped_ablation_studies_load_and_plan_their_sweeps(name, sweeps, t
 def test_the_ablation_studies_are_listed_among_the_shipped_ones(capsys):
     code, out, _ = run(capsys, "studies", "--format", "json")
     assert code == 0 and {"zoo-ablation", "obv-ablation"} <= set(out.replace('"', " ").split())
+
+
+def test_a_sweeping_block_says_what_its_sweep_adds_in_the_plan(tmp_path, monkeypatch):
+    """`bench run --dry-run` names, per sweeping block, the intervened backbones and subspace fits
+    its sweep adds after the block's own rows (they are not in the plan's row sets)."""
+    from bench import api
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    lines = api.plan_study(api.load_study("zoo-ablation"), tmp_path / "out").lines()
+    assert "  evaluate[3] objective then sweeps 36 intervened backbones (9 subspaces to fit); not in the row sets " \
+           "or the estimate above" in lines, lines

@@ -25,6 +25,7 @@ from bench.core.errors import BenchError
 from bench.core.paths import output_path
 from bench.core.tasks import TASKS
 from bench.studies.spec import BackboneEntry, DatasetEntry, EvaluateBlock, Study
+from bench.studies.sweeps import sweep_notes
 
 if TYPE_CHECKING:
     from evaluators.backbones import Download
@@ -171,8 +172,8 @@ def plan_study(study: Study, out: str | Path | None = None, cwd: Path | None = N
     for b in study.backbones.values():
         first.setdefault(b.spec, b)  # each spec once, under the key path that names it first
     downloads = tuple((b, need) for b in first.values() if (need := check_loadable(b.spec)) is not None)
-    notes = (f"not in the local cache, downloaded when it runs: {', '.join(n.what for _, n in downloads)}",) \
-        if downloads else ()
+    notes = ((f"not in the local cache, downloaded when it runs: {', '.join(n.what for _, n in downloads)}",)
+             if downloads else ()) + tuple(sweep_notes(study.blocks, folder))
     return StudyPlan(study, folder, note, steps, units, sum(u.held for u in units), seconds, how,
                      _activation_bytes(units, by_name), notes, downloads)
 

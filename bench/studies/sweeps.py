@@ -142,6 +142,20 @@ def sweep_plan(sweep: Interventions, backbones: Sequence[Any], dataset: str, fol
     return SweepPlan(tuple(fits), tuple(out))
 
 
+def sweep_notes(blocks: Sequence[Any], folder: Path) -> list[str]:
+    """A plan line per block that sweeps interventions: what its sweep adds after the block's own
+    rows (the subspaces to fit, the intervened backbones), which the plan's row sets and estimate
+    leave out (an intervened backbone's layers are known once its subspace is)."""
+    out = []
+    for block in blocks:
+        if block.interventions is not None:
+            plans = [sweep_plan(block.interventions, block.backbones, d, folder) for d in block.datasets]
+            fits = sum(not f.path.is_file() for p in plans for f in p.fits)
+            out.append(f"  {block.key} {block.task} then sweeps {sum(len(p.backbones) for p in plans)} intervened "
+                       f"backbones ({fits} subspaces to fit); not in the row sets or the estimate above")
+    return out
+
+
 def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", limit: int | None = None,
                   progress: bool = True, say: Callable[[str], None] | None = None) -> list[Path]:
     """Fit every subspace of `plan` not yet in its file, on the dataset folder `dataset`; returns
