@@ -16,14 +16,15 @@ from bench.core.paths import output_path
 
 def register(app: typer.Typer) -> None:
     tokens_help = api.tokens_filter_help
-    app.command("leaderboard", cls=registry_help({"metric": api.metrics_help, "tokens": tokens_help}))(leaderboard)
+    app.command("leaderboard", cls=registry_help({"metric": api.metrics_help, "tokens": tokens_help,
+                                                  "task": api.tasks_help}))(leaderboard)
     app.command("compare", cls=registry_help({"tokens": tokens_help}))(compare)
     app.command("plot", cls=registry_help({"tokens": tokens_help}))(plot)
 
 
 _RESULTS = typer.Argument(Path("results"), help="Results directory (every *.parquet in it).")
 _DATASET = typer.Option(None, "--dataset", help="Only this dataset (name as in the results).")
-_TASK = typer.Option(None, "--task", help="binding | issameobject (default: binding when present).")
+_TASK = typer.Option(None, "--task", help="A registered task (default: binding when present).")
 _METRIC = typer.Option(
     None, "--metric",
     help="Metric (listed by `--help` from the registry).")
