@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import bench
 from bench.core.dataset import write_parquet_atomic
 from bench.core.errors import BenchError
+from bench.core.hashing import config_hash
 from bench.core.versions import package_versions
 
 #: 2: the chain-rule estimator on prior-anchored probes (β* = 1 - L_O|F / H(O|F)) is the
@@ -40,6 +41,17 @@ RESULTS_SCHEMA_VERSION = 5
 KEY_COLUMNS = ("backbone", "dataset", "dataset_fingerprint", "limit", "control", "split", "layer", "tokens", "task",
                "probe", "seed", "weights_fingerprint", "probe_fingerprint")
 
+
+
+def layer_row(info: Any, dataset: Any, *, task: str, layer: int, seed: int, cfg: Mapping[str, Any],
+              **values: Any) -> dict[str, Any]:
+    """A per-layer task's result row on a dataset's test split (patch tokens, "all"): who measured
+    what where (`info` a BackboneInfo, `dataset` a Dataset), its settings `cfg` with their hash, and
+    the metrics `values`; provenance is the caller's."""
+    return {"backbone": info.spec, "backbone_family": info.family, "backbone_revision": info.revision,
+            "dataset": dataset.name, "dataset_fingerprint": dataset.fingerprint("test"), "split": "test",
+            "layer": int(layer), "n_layers": int(info.n_layers), "tokens": "all", "task": task, "seed": int(seed),
+            "config": json.dumps(cfg, sort_keys=True), "config_hash": config_hash(cfg), **values}
 
 
 def row_key(row: Mapping[str, Any]) -> tuple:

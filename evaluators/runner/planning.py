@@ -159,7 +159,7 @@ def held_by_metadata(request: EvaluationRequest, dataset: str, *, test_fp: str, 
                                                        limit=limit, done=done, probe_fps=probe_fps)
         except BenchError:
             return None
-        if owed is None or owed.todo:
+        if owed is None or owed.todo or not owed.skipped:  # nothing planned at all: the backbone's checks say why
             return None
         skipped += owed.skipped
     return skipped

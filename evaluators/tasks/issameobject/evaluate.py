@@ -3,7 +3,6 @@ result row per (layer, probe, seed) (package docstring, `evaluators.tasks.issame
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, replace
@@ -15,7 +14,8 @@ import numpy as np
 from bench.core.console import progress_bar
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
-from bench.core.hashing import config_hash, derive_seed
+from bench.core.hashing import derive_seed
+from bench.core.results import layer_row
 from evaluators.backbones.base import AttentionQK
 from evaluators.probes.families import ISSAMEOBJECT_PROBES, pair_probe_names
 from evaluators.tasks.issameobject.attention import attention_correlation, pair_attention
@@ -254,13 +254,7 @@ def evaluate_activations(
                         "pairs": asdict(pair_config), "train": {k: v for k, v in asdict(config).items() if k != "device"},
                         "limit": limit, **(extra_config or {}),
                     }
-                    rows.append({
-                        "backbone": info.spec, "backbone_family": info.family, "backbone_revision": info.revision,
-                        "dataset": ds.name, "dataset_fingerprint": ds.fingerprint("test"), "split": "test",
-                        "layer": int(layer), "n_layers": int(info.n_layers), "tokens": "all",
-                        "task": "issameobject", "seed": int(seed),
-                        "config": json.dumps(cfg, sort_keys=True), "config_hash": config_hash(cfg), **r,
-                    })
+                    rows.append(layer_row(info, ds, task="issameobject", layer=layer, seed=seed, cfg=cfg, **r))
     return rows
 
 

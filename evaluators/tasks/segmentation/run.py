@@ -5,7 +5,6 @@ its tokens through `extract_activations` unchanged)."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -15,8 +14,7 @@ import numpy as np
 
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
-from bench.core.hashing import config_hash
-from bench.core.results import write_run
+from bench.core.results import layer_row, write_run
 from evaluators.fitting import resolve_device
 from evaluators.runner.planning import BackbonePlan, backbone_plans, check_cache, effective_limit
 from evaluators.runner.request import EvaluationRequest
@@ -101,13 +99,7 @@ def evaluate_activations(acts: dict[str, Any], ds: Dataset, *, heads: Sequence[s
                     cfg = {"task": "segmentation", "probe": r["probe"], "layer": int(layer), "seed": int(seed),
                            "train": {k: v for k, v in asdict(cfg_seed).items() if k != "device"},
                            "classes": n_classes, "limit": limit, **(extra_config or {})}
-                    rows.append({
-                        "backbone": info.spec, "backbone_family": info.family, "backbone_revision": info.revision,
-                        "dataset": ds.name, "dataset_fingerprint": ds.fingerprint("test"), "split": "test",
-                        "layer": int(layer), "n_layers": int(info.n_layers), "tokens": "all",
-                        "task": "segmentation", "seed": int(seed),
-                        "config": json.dumps(cfg, sort_keys=True), "config_hash": config_hash(cfg), **r,
-                    })
+                    rows.append(layer_row(info, ds, task="segmentation", layer=layer, seed=seed, cfg=cfg, **r))
                 if bar:
                     bar.advance(1)
     return rows
