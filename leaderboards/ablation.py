@@ -67,38 +67,44 @@ def ablation_series(rows: Sequence[dict[str, Any]], *, layer: str | int = "last"
 @drawn_as_written
 def ablation_curves(board: Leaderboard, series: dict[SeriesKey, list[Point]], out: str | os.PathLike,
                     formats: Sequence[str] = FORMATS) -> list[Path]:
-    """`ablation_series`' lines drawn: metric vs intervention strength, one panel per probe column,
-    one line per base backbone, kind and subspace kind with its interval band (PNG and SVG, or
-    the `formats` given)."""
+    """`ablation_series`' lines drawn: metric vs intervention strength, a panel per base backbone
+    (rows), dataset and probe column (columns), in it a line per kind (its dash) and subspace kind
+    (its colour, the same in every panel) with its interval band (PNG and SVG, or the `formats`
+    given). One panel a base keeps a study of many backbones legible."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     scale = 100.0 if board.metric.unit == "%" else 1.0
-    columns = [c for c in board.columns if any(k[4] == c for k in series)]
-    fig, axes = plt.subplots(1, len(columns), figsize=(3.8 * len(columns), 3.2), squeeze=False, sharey=True)
-    lines = sorted({k[:4] for k in series})
+    bases = sorted({k[1] for k in series})
+    columns = [(ds, c) for ds in sorted({k[0] for k in series}) for c in board.columns
+               if any(k[0] == ds and k[4] == c for k in series)]  # (dataset, probe column)
+    fig, axes = plt.subplots(len(bases), len(columns), figsize=(3.6 * len(columns), 2.6 * len(bases)),
+                             squeeze=False, sharex=True)
+    subspaces = sorted({k[3] for k in series})
     cmap = plt.get_cmap("tab10")
     styles = {"shuffle": "-", "inject": "--", "remove": ":"}
-    for ax, col in zip(axes.flat, columns):
-        for i, line in enumerate(lines):
-            points = series.get((*line, col))
-            if not points:
-                continue
-            ds, base, kind, sub = line
-            x = np.array([p[0] for p in points])
-            label = f"{base} · {kind} · {sub} subspace" + (f" ({ds})" if len(board.datasets) > 1 else "")
-            ax.plot(x, np.array([p[1] for p in points]) * scale, marker="o", ms=3, ls=styles.get(kind, "-."),
-                    color=cmap(i % 10), label=label)
-            if all(p[2] is not None and p[3] is not None for p in points):
-                ax.fill_between(x, [p[2] * scale for p in points], [p[3] * scale for p in points], color=cmap(i % 10),
-                                alpha=0.15, lw=0)
-        ax.set_title(column_name(col))
-        ax.set_xlabel("strength (shuffle: share of patches; inject: α)")
-        ax.set_xlim(-0.05, 1.05)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"{board.metric.label} ({'%' if board.metric.unit == '%' else board.metric.unit})")
-    fig.suptitle(f"{board.metric.label} under ablation — {', '.join(board.datasets)}")
-    fig.tight_layout()
+    for r, base in enumerate(bases):
+        for c, (ds, col) in enumerate(columns):
+            ax = axes[r][c]
+            for (d, b, kind, sub, cl), points in series.items():
+                if (d, b, cl) != (ds, base, col):
+                    continue
+                x = np.array([p[0] for p in points])
+                color = cmap(subspaces.index(sub) % 10)
+                ax.plot(x, np.array([p[1] for p in points]) * scale, marker="o", ms=3, ls=styles.get(kind, "-."),
+                        color=color, label=f"{kind} · {sub} subspace")
+                if all(p[2] is not None and p[3] is not None for p in points):
+                    ax.fill_between(x, [p[2] * scale for p in points], [p[3] * scale for p in points], color=color,
+                                    alpha=0.12, lw=0)
+            ax.set_title(f"{base} · {ds}" + (f" · {column_name(col)}" if len(board.columns) > 1 else ""), fontsize=9)
+            ax.set_xlim(-0.05, 1.05)
+            ax.grid(alpha=0.3)
+        axes[r][0].set_ylabel(f"{board.metric.label} ({'%' if board.metric.unit == '%' else board.metric.unit})",
+                              fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("strength (shuffle: share of patches; inject: α)", fontsize=8)
+    fig.suptitle(f"{board.metric.label} under ablation")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     entries: dict[str, Any] = {}  # one legend for all panels (a line may be missing from some)
     for ax in axes.flat:
         entries.update({lb: h for h, lb in zip(*ax.get_legend_handles_labels()) if lb not in entries})
