@@ -10,8 +10,8 @@ import torch
 
 from bench.core.errors import BenchError
 from evaluators.probes.base import scene_bits
-from evaluators.probes.build import build_probe, check_family, probe_optim
-from evaluators.probes.families import BINDING_PROBES
+from evaluators.probes.build import build_probe, probe_optim
+from evaluators.probes.families import BINDING_PROBES, check_family
 from evaluators.probes.pooled import conjunction_factors, MadeProbe
 from evaluators.fitting import FitResult, ProbeJob, RowReader, TrainConfig, feature_stats, fit_probes
 

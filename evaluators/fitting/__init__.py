@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from evaluators.fitting.data import (STAGE_PREFIX, FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size,
-                                     feature_stats, modules_to_device, resolve_device, row_set_bytes,
-                                     row_sets_per_stack, stack_budget, stacks_row_sets, stage_label)
+                                     feature_stats, modules_to_device, row_set_bytes, row_sets_per_stack, stack_budget,
+                                     stacks_row_sets, stage_label)
+from evaluators.probes.training import resolve_device
 from evaluators.fitting.gradient import has_linear, has_nonlinear, warm_start_from
 from evaluators.fitting.linear import linear_stage
 from evaluators.fitting.moments import moment_stage, class_directions

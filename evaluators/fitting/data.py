@@ -14,7 +14,7 @@ import torch
 
 from evaluators.probes.base import Probe
 from evaluators.probes.families import ProbeOptim
-from evaluators.probes.training import TrainConfig, resolve_device
+from evaluators.probes.training import TrainConfig
 
 #: The CPU's memory budget for what one fit holds at once (`stack_budget`): the moment stage's chunks.
 STACK_BYTES = 1 << 30

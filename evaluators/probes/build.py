@@ -15,7 +15,7 @@ import torch
 
 from evaluators.fitting import RowReader, feature_stats
 from evaluators.probes.base import Probe
-from evaluators.probes.families import BINDING_PROBES, OPTIM_KEYS, ProbeFamily, ProbeOptim, check_family
+from evaluators.probes.families import BINDING_PROBES, OPTIM_KEYS, ProbeFamily, ProbeOptim
 
 LR_WIDTH = 64
 
