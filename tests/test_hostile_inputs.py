@@ -1627,6 +1627,14 @@ def test_subspace_command_refusals(hooked_toy, ds, tmp_path, capsys):
     assert "unknown subspace kind" in refused(["subspace", ds, "--model", spec, "--layer", "1", "--kind", "nope",
                                                "--out", tmp_path / "s.npz"], capsys, tmp_path)
     assert "not a subspace file" in refused(["subspace", "angles", sub, foreign], capsys, tmp_path)
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(Path(sub).read_bytes()[:300])
+    assert "is not a subspace file (BadZipFile" in refused(["subspace", "angles", truncated, sub], capsys, tmp_path)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("mine")
+    assert "is not a writable folder" in refused(["subspace", ds, "--model", spec, "--layer", "1", "--out",
+                                                  blocked / "s.npz"], capsys, tmp_path)  # said before any fit
+    assert blocked.read_text() == "mine"
 
 
 def test_segmentation_without_a_patch_grid_or_with_pooled_tokens_is_one_line(ds, tmp_path, capsys):

@@ -79,6 +79,9 @@ def write_subspace(dataset: str | os.PathLike[str], *, model: str, layer: int, o
             raise BenchError(f"out: {target} exists; pass --overwrite to replace it")
     if target.suffix != ".npz":
         raise BenchError(f"out: {target} must end in .npz")
+    folder = next((p for p in target.parents if p.exists()), Path("."))
+    if not folder.is_dir() or not os.access(folder, os.W_OK):  # said before the fit, not after it
+        raise BenchError(f"out: cannot write {target}: {folder} is not a writable folder")
     sub = fit_subspace(model, dataset, layer, **options)
     save_subspace(sub, target)
     return sub

@@ -16,16 +16,16 @@ this module, which an intervened backbone loads, stays free of the backbone regi
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import tempfile
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.core.dataset import replacing
 from bench.core.errors import BenchError
 from bench.core.hashing import derive_seed, sha256_hex, stable_json
 from bench.core.intervention_specs import SUBSPACE_KINDS
@@ -71,18 +71,10 @@ class Subspace:
 def save_subspace(sub: Subspace, path: str | os.PathLike[str]) -> Path:
     """Write one `.npz` (basis, mean, metadata JSON), atomically: a reader never sees half a file."""
     path = Path(path)
-    buffer = io.BytesIO()
-    np.savez(buffer, basis=np.asarray(sub.basis, np.float64), mean=np.asarray(sub.mean, np.float64),
-             metadata=np.array(json.dumps(sub.metadata(), sort_keys=True)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buffer.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, basis=np.asarray(sub.basis, np.float64), mean=np.asarray(sub.mean, np.float64),
+                 metadata=np.array(json.dumps(sub.metadata(), sort_keys=True)))
     return path
 
 
@@ -95,7 +87,7 @@ def load_subspace(path: str | os.PathLike[str]) -> Subspace:
         with np.load(path, allow_pickle=False) as z:
             basis, mean, meta = z["basis"], z["mean"], json.loads(str(z["metadata"]))
         sub = Subspace(basis=basis, mean=mean, **meta)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as e:  # truncated: BadZipFile
         raise BenchError(f"subspace: {path} is not a subspace file ({type(e).__name__}: {e})") from None
     if basis.ndim != 2 or mean.shape != (basis.shape[0],) or sub.kind not in SUBSPACE_KINDS:
         raise BenchError(f"subspace: {path} is not a subspace file (basis {basis.shape}, mean {mean.shape})")
