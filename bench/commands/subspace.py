@@ -11,6 +11,7 @@ import typer
 from bench import api
 from bench.commands.common import echo, stderr
 from bench.core.errors import BenchError
+from bench.core.intervention_specs import SUBSPACE_KINDS
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +23,8 @@ def subspace(
                                      help="The dataset to fit on, or `angles` and two subspace files."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Backbone spec (fitting)."),
     layer: Optional[int] = typer.Option(None, help="Hidden state (0 = embeddings) to fit at."),
-    kind: str = typer.Option("binding", help="binding, or a control: random, feature, shuffled-labels."),
+    kind: str = typer.Option("binding", help=f"One of {', '.join(SUBSPACE_KINDS)} (the first is the binding "
+                                             "subspace, the others its controls)."),
     rank: int = typer.Option(16, help="Probe rank (binding, shuffled-labels) or directions (random, feature)."),
     energy: float = typer.Option(0.95, help="Share of the probe form's squared Frobenius norm kept (binding)."),
     seed: int = typer.Option(0, help="Seed of pairs, probe and random directions."),
