@@ -20,6 +20,7 @@ from bench.core.errors import BenchError
 from bench.core.intervention_specs import IDENTITY_STRENGTH, SUBSPACE_KINDS, is_intervened, parse_intervention
 from bench.core.labels import drawn_as_written
 from leaderboards.board import Leaderboard, build_leaderboard
+from leaderboards.compare import name_of
 from leaderboards.plots import FORMATS, Point, save_figure
 from leaderboards.render import column_name
 
@@ -50,7 +51,7 @@ def ablation_series(rows: Sequence[dict[str, Any]], *, layer: str | int = "last"
         if not is_intervened(specs[name]):
             continue
         spec = parse_intervention(specs[name])
-        base = next((n for n, s in specs.items() if spec.base in (n, s) and not is_intervened(s)), spec.base)
+        base = name_of(specs, spec.base) or spec.base
         for col, c in row_cells.items():
             if c is not None and c.status == "ok":
                 key = (ds, base, spec.kind, subspace_kind(spec.subspace), col)

@@ -11,7 +11,7 @@ named is compared with its base backbone."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,10 +40,17 @@ def base_backbone(rows: Sequence[dict[str, Any]], a: str) -> str:
         raise BenchError(f"b: name the backbone to compare {a!r} with (only an intervened backbone has a default: its "
                          "base)")
     base = parse_intervention(spec).base
-    names = sorted({r["backbone"] for r in rows if base in (r["backbone"], r.get("spec"))})
-    if not names:
+    name = name_of({r["backbone"]: r.get("spec") or r["backbone"] for r in rows}, base)
+    if name is None:
         raise BenchError(f"b: no results for {a!r}'s base backbone {base!r}; evaluate it on the same data")
-    return base if base in names else names[0]
+    return name
+
+
+def name_of(specs: Mapping[str, str], spec: str) -> str | None:
+    """The rows' name (`specs`: name -> spec) of the backbone `spec`: itself when rows carry it as
+    their name, else the first name given to it (`-m NAME=SPEC`); None when no rows are its."""
+    names = sorted(n for n, s in specs.items() if spec in (n, s))
+    return spec if spec in names else (names[0] if names else None)
 
 
 def compare_backbones(rows: Iterable[dict[str, Any]], a: str, b: str | None = None, *, metrics: Sequence[str] = (),
