@@ -60,9 +60,9 @@ def bounded_row_sets(row_sets: Sequence[tuple[Any, dict[str, "RowReader"]]], con
                 need, shape = max(rows * r.read_row_bytes, STATS_VALUE_BYTES * r.values), r.row_shape
     if reads < need:
         least = need if not holds else 2 * need
-        raise BenchError(f"memory budget: {_mib(budget)} cannot read one batch of rows ({rows} rows of "
+        raise BenchError(f"memory budget: {_size(budget)} cannot read one batch of rows ({rows} rows of "
                          f"{' x '.join(map(str, shape))} values{', half the budget held' if holds else ''}); "
-                         f"give at least {_mib(least)}")
+                         f"give at least {_size(least)}")
     for _, inputs in row_sets:
         for r in inputs.values():
             r.read_bytes = reads
@@ -74,9 +74,11 @@ def held_bytes(config: TrainConfig) -> int:
     return memory_budget(config) // 2
 
 
-def _mib(n: int) -> str:
-    """Bytes as the budget's messages show them."""
-    return f"{n / 2**20:,.1f} MiB"
+def _size(n: int) -> str:
+    """Bytes as the budget's messages show them, in the largest binary unit under them."""
+    units = ["bytes", "KiB", "MiB", "GiB", "TiB"]
+    k = min(max(int(math.log(max(n, 1), 1024)), 0), len(units) - 1)
+    return f"{n} bytes" if k == 0 else f"{n / 1024 ** k:,.1f} {units[k]}"
 
 
 def read_spans(n: int, chunk: int, cap: int | None) -> Iterator[tuple[int, int]]:
