@@ -1645,3 +1645,17 @@ def test_segmentation_without_a_patch_grid_or_with_pooled_tokens_is_one_line(ds,
     assert "use --tokens all" in refused([*run, "--model", "pixels", "--tokens", "cls"], capsys)
     assert "unknown 'linear'" in refused([*run, "--model", "pixels", "--probes", "linear"], capsys)
     assert not list((tmp_path / "r").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("size, message", [("1 GiB of it", "expected bytes or a size such as 512MiB or 1GiB"),
+                                           ("0", "must be at least one byte"), ("-1GiB", "expected bytes")])
+def test_a_bad_memory_budget_is_one_line(tmp_path, capsys, size, message):
+    line = refused(["evaluate", "-m", "pixels", "-d", tmp_path, "--memory-budget", size], capsys, tmp_path)
+    assert line.startswith("bench: error: memory budget: ") and message in line, line
+
+
+def test_a_memory_budget_below_one_batch_of_rows_is_one_line(balanced_small, tmp_path, capsys):
+    line = failed(["evaluate", "-m", "pixels:8", "-d", balanced_small, "--probes", "linear", "--device", "cpu",
+                   "--epochs", "1", "--results", tmp_path / "r", "--memory-budget", "1KiB"], capsys)
+    assert line == ("bench: error: memory budget: 1.0 KiB cannot read one batch of rows (32 rows of 192 values); "
+                    "give at least 36.0 KiB"), line

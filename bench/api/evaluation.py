@@ -51,6 +51,7 @@ def evaluate_run(
     address: str | None = None,
     gpus_per_task: float | None = None,
     threads: int | None = None,
+    memory_budget: int | None = None,
     image_size: int | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
@@ -68,7 +69,7 @@ def evaluate_run(
                                 results_dir=results, overwrite=overwrite, unanchored=unanchored, control=control,
                                 exclude_background=exclude_background, executor=executor, address=address,
                                 gpus_per_task=gpus_per_task, threads=threads, image_size=image_size, mean=mean, std=std,
-                                command=command)
+                                memory_budget=memory_budget, command=command)
     skipped: list[int] = []
     path = run_evaluation(request, progress=progress, on_skipped=skipped.append)
     rows: list[dict[str, Any]] = []
@@ -101,6 +102,7 @@ def evaluate(
     address: str | None = None,
     gpus_per_task: float | None = None,
     threads: int | None = None,
+    memory_budget: int | None = None,
     image_size: int | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
@@ -125,12 +127,15 @@ def evaluate(
 
     `image_size`, `mean` and `std` (R, G, B) replace the input side and normalisation of every
     spec (Hugging Face models, e.g. a `save_pretrained` folder without preprocessor_config.json,
-    and `py:` modules; other sources refuse them), as `bench evaluate --image-size --mean --std`."""
+    and `py:` modules; other sources refuse them), as `bench evaluate --image-size --mean --std`.
+    `memory_budget`: the host bytes a fit may hold of activation rows at once (`bench evaluate
+    --memory-budget`; `bench.core.resources.parse_size` reads "1GiB"; None: half the available memory)."""
     done = evaluate_run(models, dataset, task=task, layers=layers, tokens=tokens, probes=probes, seeds=seeds,
                         device=device, dtype=dtype, epochs=epochs, limit=limit, results=results, overwrite=overwrite,
                         unanchored=unanchored, control=control, exclude_background=exclude_background,
                         executor=executor, address=address, gpus_per_task=gpus_per_task, threads=threads,
-                        image_size=image_size, mean=mean, std=std, command=command, progress=progress)
+                        memory_budget=memory_budget, image_size=image_size, mean=mean, std=std, command=command,
+                        progress=progress)
     request = done.request
     frame = load_results(results)
     mine = frame[frame["backbone"].isin([m.name for m in request.models]) & (frame["task"] == task)

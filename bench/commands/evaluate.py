@@ -70,6 +70,7 @@ def evaluate(
     address: Optional[str] = typer.Option(None, help="--executor ray: the cluster, auto or ray://HOST:PORT [a local Ray on this machine]."),
     gpus_per_task: Optional[float] = typer.Option(None, help="--executor ray: GPUs per task, fractions allowed [1 on CUDA, 0 on CPU]."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Torch threads for extraction and probe training [auto: the usable cores other work leaves free, measured when the work starts, at least 1; Ray tasks run 1]."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", metavar="SIZE", help="Host memory a probe fit may hold of activation rows at once, e.g. 1GiB, 512MiB or bytes; reads in pieces, same numbers [half the available memory]."),
     image_size: Optional[int] = typer.Option(None, help="Input side in px in place of each model's own (Hugging Face models and ModuleAdapter modules, e.g. a save_pretrained folder without preprocessor_config.json)."),
     mean: Optional[str] = typer.Option(None, help="Normalisation mean R,G,B in place of each model's own (as --image-size)."),
     std: Optional[str] = typer.Option(None, help="Normalisation std R,G,B in place of each model's own (as --image-size)."),
@@ -78,6 +79,7 @@ def evaluate(
 ) -> None:
     """Measure binding (B, β, β*) or IsSameObject accuracy of backbones; write results/<run_id>.parquet."""
     from bench.core.errors import BenchError
+    from bench.core.resources import parse_size
 
     try:
         seed_values = [int(s) for s in _split(seeds)]
@@ -91,6 +93,7 @@ def evaluate(
         results=results, overwrite=overwrite, limit=limit, exclude_background=exclude_background,
         unanchored=unanchored, executor=executor, address=address, gpus_per_task=gpus_per_task, control=control,
         command=(ctx.obj or {}).get("command"), threads=threads, image_size=image_size,
+        memory_budget=None if memory_budget is None else parse_size(memory_budget, "memory budget"),
         mean=parse_floats(mean, "mean"), std=parse_floats(std, "std"), progress=True,
     )
     if done.skipped:

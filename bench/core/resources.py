@@ -12,9 +12,12 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Callable
+
+from bench.core.errors import BenchError
 
 #: Bytes of memory an image pixel needs at least while a scene is made: the RGB image (3)
 #: and its 8-bit instance mask (1), before any copy a renderer or an encoder makes.
@@ -64,6 +67,25 @@ def largest_side(budget: int, bytes_of: Callable[[int], int]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+#: The units `parse_size` reads, in bytes: binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB).
+SIZE_UNITS = {"": 1, "b": 1, **{p + "ib": 1024 ** (k + 1) for k, p in enumerate("kmgt")},
+              **{p + "b": 1000 ** (k + 1) for k, p in enumerate("kmgt")}}
+
+
+def parse_size(text: str, what: str = "memory budget") -> int:
+    """Bytes of a size a user typed: plain bytes (`1073741824`) or a number and a unit (`1GiB`,
+    `512MiB`, `1.5GB`; `SIZE_UNITS`, any case). Anything else, or a size under one byte, is a
+    `BenchError` naming `what`, so that `--memory-budget 1 GiB` fails in one line, not a traceback."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match and match.group(2).lower()
+    if not match or unit not in SIZE_UNITS:
+        raise BenchError(f"{what}: expected bytes or a size such as 512MiB or 1GiB, got {text!r}")
+    size = int(float(match.group(1)) * SIZE_UNITS[unit])
+    if size < 1:
+        raise BenchError(f"{what}: must be at least one byte, got {text!r}")
+    return size
 
 
 def gib(n: float) -> str:

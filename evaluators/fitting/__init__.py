@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from evaluators.fitting.data import (STAGE_PREFIX, FitResult, ProbeJob, RowReader, TrainConfig, auto_batch_size,
-                                     feature_stats, modules_to_device, row_set_bytes, row_sets_per_stack, stack_budget,
-                                     stacks_row_sets, stage_label)
+                                     bounded_row_sets, feature_stats, held_bytes, memory_budget, modules_to_device,
+                                     row_set_bytes, row_sets_per_stack, stack_budget, stacks_row_sets, stage_label)
 from evaluators.probes.training import resolve_device
 from evaluators.fitting.gradient import has_linear, has_nonlinear, warm_start_from
 from evaluators.fitting.linear import linear_stage
@@ -131,9 +131,11 @@ def _fit_stages(row_sets: Sequence[tuple[Sequence[ProbeJob], dict[str, RowReader
     every = [j for jobs, _ in row_sets for j in jobs]
     sized_for = device if all(j.optim.device_batches for j in every) else "cpu"
     steps = max((j.optim.cpu_steps for j in every), default=ProbeOptim.cpu_steps)
-    config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for, steps))
+    config = replace(config, batch_size=config.batch_size or auto_batch_size(n_train, sized_for, steps),
+                     memory_budget=memory_budget(config))  # resolved once: MemAvailable moves
+    row_sets = bounded_row_sets(row_sets, config, trains_stacked(device))
     if trains_stacked(device):
-        row_sets = _read_once(row_sets, stack_budget(config, "cpu"))
+        row_sets = _read_once(row_sets, min(stack_budget(config, "cpu"), held_bytes(config)))
     with stage_label("start"):
         states = [_RowSet(jobs, inputs, device) for jobs, inputs in row_sets]
         for one, scored in zip(states, score_sets([(one.jobs, one.inputs["val"]) for one in states], "val", device,
@@ -228,13 +230,15 @@ class _RowSet:
 
 def _read_once(row_sets: Sequence[tuple[Sequence[ProbeJob], dict[str, RowReader]]], budget: int
                ) -> list[tuple[Sequence[ProbeJob], dict[str, RowReader]]]:
-    """The row sets with their training rows read into memory once (float32), where all of them fit
-    `budget` bytes; else as given. The stages read a row set's training split some 25 times
-    (statistics, the linear stage, the moment stage's passes per target, the gradient stage), each
-    time from its file and from float16: 0.6 s of an H200's 26-row-set fit, on its host."""
-    if sum(len(inputs["train"]) * inputs["train"].float_row_bytes for _, inputs in row_sets) > budget:
+    """The row sets with their training rows read into memory once, as stored (float16: half the
+    bytes of float32, upcast exactly by each read), where all of them fit `budget` bytes; else as
+    given. The stages read a row set's training split some 25 times (statistics, the linear stage,
+    the moment stage's passes per target, the gradient stage), each time from its file: 0.6 s of an
+    H200's 26-row-set fit, on its host."""
+    if sum(len(inputs["train"]) * inputs["train"].row_bytes for _, inputs in row_sets) > budget:
         return list(row_sets)
-    return [(jobs, {**inputs, "train": RowReader(inputs["train"].read_all())})
+    return [(jobs, {**inputs, "train": RowReader(inputs["train"].read_all(dtype=None),
+                                                 read_bytes=inputs["train"].read_bytes)})
             for jobs, inputs in row_sets]
 
 

@@ -12,12 +12,85 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from bench.core.errors import BenchError
+from bench.core.resources import available_memory
 from evaluators.probes.base import Probe
 from evaluators.probes.families import ProbeOptim
 from evaluators.probes.training import TrainConfig
 
 #: The CPU's memory budget for what one fit holds at once (`stack_budget`): the moment stage's chunks.
 STACK_BYTES = 1 << 30
+
+#: The share of the machine's available memory (MemAvailable) a fit's rows may take when
+#: `TrainConfig.memory_budget` is not given (`memory_budget`).
+MEMORY_SHARE = 0.5
+
+#: The fewest rows a bounded read splits a chunk into (`read_spans`): on a CPU a matrix product of
+#: fewer than 16 rows takes another kernel (MKL's), whose rows differ in the last bits from those of
+#: the same rows among more; pieces of at least 16 rows give each row the bits of the whole chunk.
+LEAST_ROWS = 16
+
+#: Bytes a value costs while `feature_stats` reads it: as stored (float16: 2), as float32 (4), as
+#: float64 (8) and squared (8).
+STATS_VALUE_BYTES = 22
+
+
+def memory_budget(config: TrainConfig) -> int:
+    """The host bytes one fit may hold of activation rows at once: `config.memory_budget`, else
+    `MEMORY_SHARE` of the memory available now (`bench.core.resources.available_memory`). A fit
+    resolves it once, when it starts (`fit_row_sets`)."""
+    if config.memory_budget is not None:
+        return config.memory_budget
+    return int(available_memory() * MEMORY_SHARE)
+
+
+def bounded_row_sets(row_sets: Sequence[tuple[Any, dict[str, "RowReader"]]], config: TrainConfig, holds: bool
+                     ) -> list[tuple[Any, dict[str, "RowReader"]]]:
+    """The row sets, their readers' `read_bytes` set so that their bulk reads keep `config.memory_budget`
+    (resolved, `memory_budget`; the same readers: a fit sets them at its start): all of it, or, where the fit `holds` splits in host memory for the stage (CUDA, `_read_once`),
+    what half of it leaves. A budget whose reads cannot hold one training batch of rows (at least
+    2 x `LEAST_ROWS`), or one row as `feature_stats` reads it, is a `BenchError`."""
+    budget = memory_budget(config)
+    reads = budget - budget // 2 if holds else budget
+    rows = max(config.batch_size or 0, 2 * LEAST_ROWS)
+    need, shape = 0, ()
+    for _, inputs in row_sets:
+        for r in inputs.values():
+            if max(rows * r.read_row_bytes, STATS_VALUE_BYTES * r.values) > need:
+                need, shape = max(rows * r.read_row_bytes, STATS_VALUE_BYTES * r.values), r.row_shape
+    if reads < need:
+        least = need if not holds else 2 * need
+        raise BenchError(f"memory budget: {_size(budget)} cannot read one batch of rows ({rows} rows of "
+                         f"{' x '.join(map(str, shape))} values{', half the budget held' if holds else ''}); "
+                         f"give at least {_size(least)}")
+    for _, inputs in row_sets:
+        for r in inputs.values():
+            r.read_bytes = reads
+    return list(row_sets)
+
+
+def held_bytes(config: TrainConfig) -> int:
+    """The host bytes a fit may keep its splits in for a stage (`bounded_row_sets`: half the budget)."""
+    return memory_budget(config) // 2
+
+
+def _size(n: int) -> str:
+    """Bytes as the budget's messages show them, in the largest binary unit under them."""
+    units = ["bytes", "KiB", "MiB", "GiB", "TiB"]
+    k = min(max(int(math.log(max(n, 1), 1024)), 0), len(units) - 1)
+    return f"{n} bytes" if k == 0 else f"{n / 1024 ** k:,.1f} {units[k]}"
+
+
+def read_spans(n: int, chunk: int, cap: int | None) -> Iterator[tuple[int, int]]:
+    """[start, stop) of rows 0..n in chunks of `chunk` rows, each split into even pieces of at most
+    `cap` rows (`cap` ≥ 2 x `LEAST_ROWS`, or None: unsplit) and of at least `LEAST_ROWS`: a chunk
+    scored in pieces gives each row the bits it gets scored whole, so that a fit's numbers do not
+    depend on its memory budget (a chunk of fewer rows stays whole)."""
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        pieces = 1 if cap is None or stop - start <= cap else -(-(stop - start) // cap)
+        bounds = np.linspace(start, stop, pieces + 1).round().astype(int)
+        yield from zip(bounds[:-1].tolist(), bounds[1:].tolist())
 
 
 def stack_budget(config: TrainConfig, device: str) -> int:
@@ -74,20 +147,25 @@ def auto_batch_size(n_train: int, device: str = "cpu", steps: int = ProbeOptim.c
 
 
 class RowReader:
-    """Rows of an N x ... array by index, as float32, without mapping the file into RSS.
+    """Rows of an N x ... array by index, as float32 (or as stored), without mapping the file into RSS.
 
     A C-contiguous np.memmap is read with os.pread (runs of consecutive rows coalesced);
     anything else (an in-memory array) is indexed directly. `n` limits the rows used.
+    `read_bytes`: the host bytes one bounded read may take (`chunks`, `feature_stats`; None: any).
     """
 
-    def __init__(self, array: np.ndarray, n: int | None = None) -> None:
+    def __init__(self, array: np.ndarray, n: int | None = None, read_bytes: int | None = None) -> None:
         self.array = array
         self.n = len(array) if n is None else min(n, len(array))
+        self.read_bytes = read_bytes
         self.row_shape = tuple(array.shape[1:])
         self.dtype = array.dtype
-        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * array.dtype.itemsize
+        self.values = int(np.prod(self.row_shape, dtype=np.int64))
+        self.row_bytes = self.values * array.dtype.itemsize
         #: A row's bytes once read (as float32), what it takes in memory on the fitting device.
-        self.float_row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * 4
+        self.float_row_bytes = self.values * 4
+        #: A row's host bytes while it is read as float32: as read (stored) and as float32.
+        self.read_row_bytes = self.row_bytes + self.float_row_bytes
         filename = getattr(array, "filename", None)
         self._fd = None
         if isinstance(array, np.memmap) and filename and array.flags.c_contiguous:
@@ -100,11 +178,18 @@ class RowReader:
     def __len__(self) -> int:
         return self.n
 
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        """Rows `idx` (sorted ascending for speed) as a float32 array."""
+    def rows_per_read(self, row_cost: int, share: int = 1) -> int | None:
+        """The rows one read may hold where a row costs `row_cost` bytes and `share` readers read
+        at once (None: unbounded)."""
+        return None if self.read_bytes is None else max(1, self.read_bytes // max(share * row_cost, 1))
+
+    def take(self, idx: np.ndarray, dtype: np.dtype | type | None = np.float32) -> np.ndarray:
+        """Rows `idx` (sorted ascending for speed) as a `dtype` array (None: as stored, e.g. float16,
+        which upcasts to float32 exactly wherever it is used)."""
         idx = np.asarray(idx, dtype=np.int64)
+        dtype = self.dtype if dtype is None else dtype
         if self._fd is None:
-            return np.asarray(self.array[idx], dtype=np.float32)
+            return np.asarray(self.array[idx], dtype=dtype)
         buf = bytearray(len(idx) * self.row_bytes)
         view = memoryview(buf)
         breaks = np.flatnonzero(np.diff(idx) != 1) + 1
@@ -115,16 +200,20 @@ class RowReader:
             if got != size:
                 raise OSError(f"short read from {self.array.filename}: {got} of {size} bytes")
             pos += size
-        return np.frombuffer(buf, dtype=self.dtype).reshape(len(idx), *self.row_shape).astype(np.float32)
+        rows = np.frombuffer(buf, dtype=self.dtype).reshape(len(idx), *self.row_shape)
+        return rows if rows.dtype == dtype else rows.astype(dtype)
 
-    def read_all(self) -> np.ndarray:
-        """Every row (the first `n`) as one float32 array."""
-        return self.take(np.arange(self.n))
+    def read_all(self, dtype: np.dtype | type | None = np.float32) -> np.ndarray:
+        """Every row (the first `n`) as one `dtype` array (None: as stored)."""
+        return self.take(np.arange(self.n), dtype)
 
-    def chunks(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(indices, rows) in order, `size` rows at a time."""
-        for start in range(0, self.n, size):
-            idx = np.arange(start, min(start + size, self.n))
+    def chunks(self, size: int, bounded: bool = False, share: int = 1) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(indices, float32 rows) in order, `size` rows at a time; `bounded`: each chunk read in
+        pieces that keep `read_bytes` with `share` readers reading at once (`read_spans`: each row's
+        bits as in its whole chunk, for per-row work such as scoring, not for sums over a chunk)."""
+        cap = self.rows_per_read(self.read_row_bytes, share) if bounded else None
+        for start, stop in read_spans(self.n, size, None if cap is None else max(cap, 2 * LEAST_ROWS)):
+            idx = np.arange(start, stop)
             yield idx, self.take(idx)
 
 
@@ -174,17 +263,29 @@ def modules_to_device(modules: Sequence[torch.nn.Module], device: str | torch.de
 
 
 def feature_stats(reader: RowReader, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Per-dimension mean and std over all rows (and tokens), streamed in float64.
+    """Per-dimension mean and std over all rows (and tokens), streamed in float64: a sum per
+    `chunk` rows, each added in order, whatever the reader's `read_bytes` (a chunk read in pieces
+    goes on with its running sum, row after row, as numpy adds a whole chunk's rows: the same
+    bits under any memory budget).
 
     Rows holding inf give NaN statistics without numpy's RuntimeWarning: the linear stage refuses
     such a row set in one line that its row names, where the warning was an unnamed extra line."""
     d = reader.row_shape[-1]
     total, sq, count = np.zeros(d), np.zeros(d), 0
-    for _, rows in reader.chunks(chunk):
-        flat = rows.reshape(-1, d).astype(np.float64)
-        total += flat.sum(0)
-        sq += np.square(flat).sum(0)
-        count += len(flat)
+    piece = reader.rows_per_read(STATS_VALUE_BYTES * reader.values) or chunk
+    for start in range(0, reader.n, chunk):
+        part_sum = part_sq = None
+        for at in range(start, min(start + chunk, reader.n), piece):
+            flat = reader.take(np.arange(at, min(at + piece, start + chunk, reader.n))).reshape(-1, d)
+            flat = flat.astype(np.float64)
+            squares = np.square(flat)
+            if part_sum is not None:  # (running sum + first row) + the next rows: the whole chunk's order
+                flat[0] += part_sum
+                squares[0] += part_sq
+            part_sum, part_sq = flat.sum(0), squares.sum(0)
+            count += len(flat)
+        total += part_sum
+        sq += part_sq
     mean = total / max(count, 1)
     with np.errstate(invalid="ignore"):
         return mean, np.sqrt(np.maximum(sq / max(count, 1) - mean**2, 0.0))

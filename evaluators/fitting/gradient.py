@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from evaluators.fitting.early_stopping import Plateau, WeightAverage
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, held_bytes, stack_budget
 from evaluators.fitting.linear import bias_ids
 from evaluators.fitting.scoring import HeldCodes, batch_bits, record_failure, score_jobs
 
@@ -226,7 +226,7 @@ def gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], confi
             idx = np.sort(perm[start : start + config.batch_size])
             if rows is not None:
                 index = torch.from_numpy(idx).to(device, non_blocking=True)
-                x = rows[index]
+                x = rows[index].float()  # held as stored (float16): upcast exactly, batch by batch
             else:
                 index, x = idx, torch.from_numpy(inputs["train"].take(idx)).to(device)
             losses = {}
@@ -272,15 +272,16 @@ def gradient_stage(jobs: Sequence[ProbeJob], inputs: dict[str, RowReader], confi
 
 def _held_on_device(jobs: Sequence[ProbeJob], train: RowReader, device: str, config: TrainConfig
                     ) -> tuple[torch.Tensor | None, HeldCodes | None]:
-    """On CUDA, the training split's rows (where they fit the stack's memory budget) and every job's
-    codes, moved to the device once for the stage: a step then indexes them there instead of
-    waiting for copies from the host. On a CPU (None, None): the rows are read batch by batch, so
-    that resident memory stays at a few batches whatever the split's size."""
+    """On CUDA, the training split's rows as stored (float16: half the bytes; where they fit the stack's
+    memory budget on the device and the fit's on the host, `held_bytes`) and every job's codes,
+    moved to the device once for the stage: a step then indexes them there instead of waiting for
+    copies from the host. On a CPU (None, None): the rows are read batch by batch, so that resident
+    memory stays at a few batches whatever the split's size."""
     if not device.startswith("cuda"):
         return None, None
-    budget = stack_budget(config, device)
-    fits = len(train) * train.float_row_bytes <= budget
-    rows = torch.from_numpy(train.read_all()).to(device) if fits else None
+    size = len(train) * train.row_bytes
+    fits = size <= stack_budget(config, device) and size <= held_bytes(config)
+    rows = torch.from_numpy(train.read_all(dtype=None)).to(device) if fits else None
     return rows, HeldCodes(jobs, "train", device)
 
 

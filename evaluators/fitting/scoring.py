@@ -99,21 +99,23 @@ class HeldSplit:
 
     def __init__(self, reader: RowReader, codes: HeldCodes) -> None:
         self.n, self.row_shape, self.float_row_bytes = reader.n, reader.row_shape, reader.float_row_bytes
-        self.rows = torch.from_numpy(reader.read_all()).to(codes.device)
+        self.rows = torch.from_numpy(reader.read_all(dtype=None)).to(codes.device)  # as stored: float16, half the bytes
         self.codes = codes
 
     def __len__(self) -> int:
         return self.n
 
-    def chunks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(indices on the device, rows) in order, `size` rows at a time."""
+    def chunks(self, size: int, bounded: bool = False, share: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(indices on the device, float32 rows, upcast exactly) in order, `size` rows at a time (held
+        on the device: nothing is read, whatever `bounded` and `share` say, `RowReader.chunks`)."""
         for start in range(0, self.n, size):
             stop = min(start + size, self.n)
-            yield torch.arange(start, stop, device=self.rows.device), self.rows[start:stop]
+            yield torch.arange(start, stop, device=self.rows.device), self.rows[start:stop].float()
 
 
 #: Input bytes per chunk when a split is scored: no gradient is kept, so a pooled view's split is
-#: scored in one pass, a spatial view's in chunks of this size.
+#: scored in one pass, a spatial view's in chunks of this size (read in pieces where the fit's memory
+#: budget holds less, `RowReader.chunks`: the same bits).
 SCORE_BYTES = 64 * 2**20
 
 
@@ -139,7 +141,7 @@ def score_row_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader]], split: 
         if not jobs:
             continue
         chunk = max(batch, SCORE_BYTES // max(reader.float_row_bytes, 1))
-        for idx, rows in reader.chunks(chunk):
+        for idx, rows in reader.chunks(chunk, bounded=True):  # pieces within the fit's memory budget
             x = torch.from_numpy(rows).to(device)
             for j in jobs:
                 if isinstance(mine[j.name], Exception):

@@ -109,9 +109,10 @@ def on_host(parts: Sequence[torch.Tensor | Exception]) -> list[np.ndarray | Exce
 def stacked_chunks(readers: Sequence[RowReader | HeldSplit], batch: int, device: str
                     ) -> Iterator[tuple[np.ndarray | torch.Tensor, torch.Tensor]]:
     """(indices, rows of every reader stacked: readers x chunk x ...) over a split, in chunks of
-    `SCORE_BYTES` of input at most (at least `batch` rows)."""
+    `SCORE_BYTES` of input at most (at least `batch` rows), each read in pieces within the fit's memory
+    budget (`RowReader.chunks`)."""
     size = max(batch, SCORE_BYTES // max(len(readers) * readers[0].float_row_bytes, 1))
-    for parts in zip(*(r.chunks(size) for r in readers)):
+    for parts in zip(*(r.chunks(size, bounded=True, share=len(readers)) for r in readers)):
         idx = parts[0][0]
         rows = [x if isinstance(x, torch.Tensor) else to_device(x, device) for _, x in parts]
         yield idx, torch.stack(rows)

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from evaluators.fitting.cuda_graphs import SideStreams
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader, TrainConfig, stack_budget, stage_label, to_device
+from evaluators.fitting.data import (FitResult, ProbeJob, RowReader, TrainConfig, held_bytes, stack_budget, stage_label,
+                                     to_device)
 from evaluators.fitting.gradient import gradient_stage, load_states, optim_settings
 from evaluators.fitting.scoring import HeldCodes, HeldSplit, job_codes, record_failure, score_row_sets
 from evaluators.fitting.stack import Stack
@@ -229,32 +230,35 @@ class _TrainRows:
         self.picks: dict[tuple[int, ...], torch.Tensor] = {}  # per subset of the row sets, their positions
 
     def batch(self, sets: tuple[int, ...], index: torch.Tensor) -> torch.Tensor:
-        """Rows `index` of row sets `sets` (len(sets) x len(index) x ...)."""
+        """Rows `index` of row sets `sets` (len(sets) x len(index) x ...), as float32 (held as stored,
+        float16: half the bytes, upcast exactly here, batch by batch)."""
         if self.block is None:
-            return torch.stack([self.each[i][index] for i in sets])
+            return torch.stack([self.each[i][index] for i in sets]).float()
         positions = [self.position[i] for i in sets]
         if positions == list(range(len(self.position))):
-            return self.block[:, index]
+            return self.block[:, index].float()
         if sets not in self.picks:
             self.picks[sets] = to_device(torch.tensor(positions), self.block.device)
-        return self.block[self.picks[sets][:, None], index[None, :]]
+        return self.block[self.picks[sets][:, None], index[None, :]].float()
 
 
 def _held_rows(stacks: list[Stack], inputs: Sequence[dict[str, RowReader]], device: str, config: TrainConfig
                ) -> tuple[_TrainRows | None, HeldCodes | None, list[RowReader | HeldSplit]]:
-    """Every row set's training rows and validation split (`HeldSplit`; where all of them fit the
-    stack's memory budget, the validation split counted twice as `stack_bits` stacks it once more,
-    else validation reads its readers) and the stacked jobs' training codes, on the device for the
+    """Every row set's training rows and validation split (`HeldSplit`, both as stored: float16; where
+    all of them fit the stack's memory budget on the device, the validation split counted again as
+    float32 as `stack_bits` stacks it once more, and the training rows the fit's on the host,
+    `held_bytes`; else validation reads its readers) and the stacked jobs' training codes, on the device for the
     whole stage (`gradient._held_on_device`)."""
     readers = [one["val"] for one in inputs]
     sets = sorted({i for s in stacks for i in s.sets})
-    size = sum((len(inputs[i]["train"]) + 2 * len(inputs[i]["val"])) * inputs[i]["train"].float_row_bytes
-               for i in sets)
+    train = sum(len(inputs[i]["train"]) * inputs[i]["train"].row_bytes for i in sets)
+    size = train + sum(len(inputs[i]["val"]) * inputs[i]["val"].read_row_bytes for i in sets)
     jobs = [s.jobs[0] for s in stacks]
     held = HeldCodes(jobs, "train", device)
-    if size > stack_budget(config, device):
+    # on the host the training rows are read, then stacked (twice their bytes), before they move
+    if size > stack_budget(config, device) or 2 * train > held_bytes(config):
         return None, held, readers
-    rows = _TrainRows({i: inputs[i]["train"].read_all() for i in sets}, device)
+    rows = _TrainRows({i: inputs[i]["train"].read_all(dtype=None) for i in sets}, device)
     codes = HeldCodes(jobs, "val", device)
     val = [HeldSplit(reader, codes) if i in sets else reader for i, reader in enumerate(readers)]
     return rows, held, val

@@ -8,6 +8,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+#: The `TrainConfig` fields that are the machine's, not the result's: how much memory a fit may take
+#: changes how it reads its rows, never its numbers, so they join neither a row's key nor its config.
+MACHINE_FIELDS = ("stack_bytes", "memory_budget")
+
 #: Device files without which no GPU build of torch finds a device (NVIDIA's driver, ROCm's kernel driver).
 GPU_NODES = ("/dev/nvidiactl", "/dev/kfd")
 
@@ -80,3 +84,9 @@ class TrainConfig:
     #: stack on a CPU, a quarter of the GPU's free memory on CUDA. Also the host memory in which a
     #: stacked fit keeps its row sets' training rows read once (None: `STACK_BYTES`).
     stack_bytes: int | None = None
+    #: Host bytes one fit may hold of activation rows at once (`evaluators.fitting.data.memory_budget`):
+    #: the rows it reads in bulk (statistics, scoring and validation chunks, training batches) and the
+    #: splits a fit on CUDA keeps in memory. None: `MEMORY_SHARE` of the machine's available memory when
+    #: the fit starts. Bounds what is read at once, never what is computed: a fit's numbers are the same
+    #: under any budget; one below a training batch of rows is refused.
+    memory_budget: int | None = None

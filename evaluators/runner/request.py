@@ -161,7 +161,9 @@ class EvaluationRequest:
     dataset without exact priors; `control` (one of the task's `controls`) evaluates a control
     null instead of the real O. `executor` "ray" runs the same units as Ray tasks (on the
     cluster at `address`, `gpus_per_task` GPUs a task); `threads`: torch threads of the
-    in-process work (None: the usable cores other work leaves free). `command`, the command
+    in-process work (None: the usable cores other work leaves free); `memory_budget`: the host
+    bytes a binding fit may hold of activation rows at once (`TrainConfig.memory_budget`; None:
+    half of the available memory). `command`, the command
     line that asked for the run, goes into every row's provenance. `image_size`, `mean` and
     `std` (R, G, B) replace the input side and normalisation of every spec given (as
     `resolve_backbone` does; a source without them refuses in one line), e.g. for a
@@ -190,6 +192,7 @@ class EvaluationRequest:
     address: str | None = None
     gpus_per_task: float | None = None
     threads: int | None = None
+    memory_budget: int | None = None
     command: str | None = None
     image_size: int | None = None
     mean: Sequence[float] | None = None
@@ -251,7 +254,7 @@ class EvaluationRequest:
         if not self.seeds or not all(0 <= s < 2**32 for s in self.seeds) or len(self.seeds) > MAX_SEEDS:
             raise BenchError(f"seeds: 1 to {MAX_SEEDS} integers in [0, 2^32), got "
                              f"{', '.join(map(str, self.seeds)) or 'none'}")
-        for name in ("epochs", "limit"):
+        for name in ("epochs", "limit", "memory_budget"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BenchError(f"{name}: must be ≥ 1, got {value}")

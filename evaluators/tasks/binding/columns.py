@@ -14,6 +14,7 @@ from bench.core.groups import group_labels, mean_se
 from bench.core.hashing import config_hash
 from evaluators.fitting import FitResult, ProbeJob, RowReader, TrainConfig, fit_row_sets
 from evaluators.probes.families import family_defaults
+from evaluators.probes.training import MACHINE_FIELDS
 from evaluators.tasks.binding.jobs import binding_jobs
 from evaluators.tasks.binding.metrics import TARGET_STATS, binding_metrics, row_checks
 from evaluators.tasks.binding.task import BindingTask
@@ -149,8 +150,8 @@ _OUTCOME_KEYS = ("best_epochs", "chosen")
 def result_columns(r: BindingResult, cfg: TrainConfig, wall: float, dtype: str, limit: int | None,
                     task: BindingTask) -> dict[str, Any]:
     fits = r.fits or {}
-    # the memory a stack may take is the machine's, not the result's (`TrainConfig.stack_bytes`)
-    train = {k: v for k, v in asdict(cfg).items() if k != "stack_bytes"}
+    # the memory a fit may take is the machine's, not the result's (`MACHINE_FIELDS`)
+    train = {k: v for k, v in asdict(cfg).items() if k not in MACHINE_FIELDS}
     config = {"probe": r.family, "hparams": family_defaults(r.family), "train": train, "dtype": dtype,
               "resolution": "native", "limit": limit, "control": task.control,
               "best_epochs": {t: f.best_epoch for t, f in fits.items()},

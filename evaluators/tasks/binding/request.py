@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from evaluators.probes.families import check_family
-from evaluators.probes.training import TrainConfig, resolve_device
+from evaluators.probes.training import MACHINE_FIELDS, TrainConfig, resolve_device
 
 if TYPE_CHECKING:
     from evaluators.runner.request import EvaluationRequest
@@ -32,6 +32,6 @@ def request_fields(request: EvaluationRequest) -> dict[str, Any]:
     # says so) and in batches of its own size (`auto_batch_size`): its rows hold other numbers
     # than a CPU's, so they never share a key
     precision = {"precision": "cuda-family-amp", "batches": "cuda"} if resolve_device(request.device) == "cuda" else {}
-    # nor does the memory a stack of row sets may take (`TrainConfig.stack_bytes`): its rows are the same
-    return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device", "stack_bytes")},
+    # nor does the memory a fit may take (`MACHINE_FIELDS`): its rows are the same
+    return {"train": {k: v for k, v in asdict(train).items() if k not in ("seed", "device", *MACHINE_FIELDS)},
             "unanchored": request.unanchored, **precision}

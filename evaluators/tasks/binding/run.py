@@ -47,6 +47,8 @@ def run_binding(request: EvaluationRequest, ds: Dataset, progress: bool,
     base_train = replace(request.train or TrainConfig(), device=resolve_device(request.device))
     if request.epochs is not None:
         base_train = replace(base_train, epochs=request.epochs)
+    if request.memory_budget is not None:
+        base_train = replace(base_train, memory_budget=request.memory_budget)
     check_priors(ds, request.unanchored)
     check_control(ds, request.control, request.unanchored)
     task_data: BindingTask | None = None  # built when the first row needs training
