@@ -5,8 +5,10 @@ each split), each in its own process: (1) the run that fills the results folder 
 fits), (2) the same command again, every row held: it plans from the registry's metadata and the
 results' keys and stops before any model code loads, (3) the same with `--overwrite` on the now warm
 activation cache: one run end to end against its fit (the rows' `wall_time_s`). Each line gives
-the wall time, the peak RSS of that process, and whether it imported torch. Target (issue 59): the
-no-op at most 3 s and 400 MB; end to end at most 1.5x the fit.
+the wall time, the peak RSS of that process, and whether it imported torch. Then `bench run` of a small
+study (the oracle and pixels on the same scenes) twice: with work, then with every row held, which
+plans from metadata, keeps the site built from the same results and loads no torch. Target (issue
+59): a no-op at most 3 s and 400 MB; end to end at most 1.5x the fit.
 
     .venv/bin/python benchmarks/noop.py [--model pixels --model random:dinov2-small] [--layers 0,6]
 """
@@ -76,6 +78,13 @@ def main() -> None:
                     fit = sum(r["wall_time_s"] for r in rows if r["run_id"] == last)
                     line += f"; its fit {fit:.2f} s, end to end {wall / fit:.1f}x"
                 print(line, flush=True)
+        study = Path(tmp) / "study.toml"
+        study.write_text(f'threads = 1\n[datasets.ds]\npath = "{tmp}/ds"\n[[evaluate]]\n'
+                         f'backbones = ["oracle:objects", "pixels"]\nprobes = ["linear"]\nepochs = 2\nlimit = {opts.limit}\n')
+        for what in ("with work", "nothing to do"):
+            wall, rss, loaded = timed(["run", str(study), "--out", f"{tmp}/study"], env)
+            print(f"{'bench run (2 backbones)':22s} {what:26s} {wall:6.2f} s {rss:7.0f} MB  "
+                  f"imports: {', '.join(loaded) or 'no torch'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -196,3 +196,44 @@ def test_a_one_class_test_set_is_named_not_left_blank(tmp_path, cache_dir, capsy
     assert "hold one class only" in err and "--exclude-background drops every background pair" in err
     rows = read_results(tmp_path / "r").to_pylist()
     assert rows and all(r["status"] == "ok" and r["auroc"] is None for r in rows)
+
+
+#: A `bench` process that says, last on stdout, which heavy modules it imported; the zoo recipe it is
+#: given (JSON, argv[1]) replaces the one of that name, as the in-process run saw it.
+RERUN = ("import json, sys\nfrom evaluators.zoo import RECIPES, Recipe\nrecipe = Recipe(**json.loads(sys.argv[1]))\n"
+         "RECIPES[recipe.name] = recipe\nfrom bench.cli import main\ncode = main(sys.argv[2:])\n"
+         "print(json.dumps([m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]))\n"
+         "sys.exit(code)")
+
+
+@pytest.mark.slow
+def test_a_rerun_of_a_finished_study_imports_no_torch(tiny, tmp_path, cache_dir, capsys, monkeypatch):
+    """Every row held: `bench run` plans from the registry's metadata (a zoo model's from its recipe
+    and card) and the results' keys, writes nothing and keeps the site built from the same results,
+    so neither model code (torch, transformers) nor the plotting library loads."""
+    import os
+    import subprocess
+    import sys
+
+    from test_zoo import use_tiny_zoo
+
+    from evaluators.zoo import RECIPES
+
+    use_tiny_zoo(cache_dir, monkeypatch)
+    study = tmp_path / "small.toml"
+    study.write_text(f'threads = 1\n[datasets.tiny]\npath = "{tiny}"\n[[evaluate]]\n'
+                     'backbones = ["oracle:objects", "pixels", "zoo:untrained"]\nprobes = ["linear"]\nepochs = 1\n')
+    out = tmp_path / "study"
+    code, _, err = run(capsys, "run", study, "--out", out)
+    assert code == 0, err
+    files, index = sorted((out / "results").glob("*.parquet")), out / "site" / "index.html"
+    assert len(read_results(out / "results")) == 3 and index.is_file()
+    built = index.stat().st_mtime_ns
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", RERUN, json.dumps(RECIPES["untrained"].to_dict()), "run", str(study),
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "nothing to fit" in done.stderr and done.stderr.count("1/1 rows held (done)") == 3, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+    assert "oracle:objects" in done.stdout  # the leaderboard is printed all the same
+    assert sorted((out / "results").glob("*.parquet")) == files and index.stat().st_mtime_ns == built

@@ -66,3 +66,23 @@ def test_rows_of_a_task_no_longer_registered_are_set_aside_in_one_phrase(tmp_pat
         assert [r["task"] for r in selection.rows] == ["binding"]
         assert selection.note == ("set aside: 1 rows of task norm, which no installed task registers "
                                   "(registered: binding, issameobject, objective, segmentation)")
+
+
+def test_the_hooks_a_run_plans_with_import_no_torch():
+    """What a run with nothing to do calls before it knows a row is owed — every built-in task's request
+    check, probe-fingerprint fields, per-layer probes and a study's dataset check — lives in modules
+    without torch (a backbone's own checks run only once it is loaded)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom bench.core.tasks import BUILTIN_TASKS, TASKS\n"
+            "hooks = {n: [h for h in ('check', 'request', 'layer_probes', 'check_dataset') if TASKS.get(n).hook(h)]"
+            " for n in BUILTIN_TASKS}\n"
+            "print(json.dumps([hooks, [m for m in ('torch', 'transformers') if m in sys.modules]]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    hooks, loaded = json.loads(done.stdout)
+    assert hooks == {"binding": ["check", "request", "check_dataset"], "issameobject": ["request", "layer_probes"],
+                     "objective": ["check"], "segmentation": ["request"]}
+    assert loaded == []

@@ -13,7 +13,8 @@ from bench.cli import main
 from bench.core.errors import BenchError
 from evaluators.backbones import resolve_backbone
 from evaluators.zoo import RECIPES, ZOO_ENV, training
-from evaluators.zoo.training import CARD_NAME, partial_dir, train_recipe
+from evaluators.zoo.cards import CARD_NAME, partial_dir
+from evaluators.zoo.training import train_recipe
 
 TINY_ARCH = dict(RECIPES["features"].architecture, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=64)
@@ -227,3 +228,18 @@ def test_a_damaged_model_is_listed_refused_and_trained_again(zoo_cache, balanced
     assert code == 2 and "is damaged" in err and len(err.strip().splitlines()) == 1, err
     assert main(["zoo", "train", "untrained"]) == 0 and Path(capsys.readouterr().out.strip()) == path
     assert weights(path) == good and json.loads((path / CARD_NAME).read_text())["files"] == card["files"]
+
+
+@pytest.mark.parametrize("changes", [{}, dict(qkv_bias=False), dict(image_size=96, hidden_size=32, num_hidden_layers=2,
+                                                                     intermediate_size=100)])
+def test_a_zoo_architectures_parameter_count_is_the_built_models(changes):
+    """`bench models` and a study's plan count a zoo model's parameters from its config, without torch:
+    the count is that of the `ViTModel` the zoo builds (on the meta device here)."""
+    from transformers import ViTConfig, ViTModel
+
+    from evaluators.zoo.listing import vit_parameters
+
+    architecture = {**RECIPES["features"].architecture, **changes}
+    with torch.device("meta"):
+        model = ViTModel(ViTConfig(**architecture), add_pooling_layer=False)
+    assert vit_parameters(architecture) == sum(p.numel() for p in model.parameters())

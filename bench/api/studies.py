@@ -68,9 +68,18 @@ def run_study(study: Study, out: PathLike | None = None, *, executor: str = "loc
 def study_site(done: StudyRun, say: Say = None) -> list[Path]:
     """Build a finished study run's static site (`bench site`: its boards, a page per backbone and
     per dataset, with each dataset's preview) into the run's folder, `site/`; returns the files
-    written, `index.html` first. `done`: what `run_study` returned."""
+    written, `index.html` first. `done`: what `run_study` returned. A site built from the same results
+    and datasets is kept as it is (`runner.site_is_current`), so a rerun with nothing to do draws nothing."""
+    from bench.studies.runner import site_inputs, site_is_current, stamp_site
+
     datasets = [step.target for step in done.plan.datasets if (step.target / "dataset.json").exists()]
-    return site(done.results, done.out / "site", datasets=datasets, say=say)
+    inputs = site_inputs(done, datasets)
+    kept = site_is_current(done, inputs)
+    if kept is not None:
+        return kept
+    pages = site(done.results, done.out / "site", datasets=datasets, say=say)
+    stamp_site(done, inputs)
+    return pages
 
 
 def study_report(study: Study, results: PathLike, fmt: str = "table") -> tuple[str, str | None]:

@@ -94,7 +94,7 @@ class StudyPlan:
 
     def lines(self) -> list[str]:
         """The plan as printed by `bench run` (and `--dry-run`), one fact a line."""
-        from evaluators.cache.extract import gib
+        from evaluators.cache.keys import gib
 
         s = self.study
         out = [f"study {s.name} ({s.source}) → {self.out} ({self.out_note})"]

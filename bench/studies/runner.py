@@ -18,6 +18,7 @@ other backbones are evaluated (the demo's two cores: one trains, one evaluates).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import time
@@ -31,6 +32,9 @@ from bench.studies.planning import (LOCK, MANIFEST, DatasetStep, StudyPlan, chec
                                     plan_study)
 from bench.studies.spec import BackboneEntry, EvaluateBlock, Study
 from bench.studies.sweeps import fit_subspaces, sweep_plan
+
+#: What the study's site was last built from (`site_inputs`): a rerun that wrote nothing keeps that site.
+SITE_STAMP = ".bench-site.json"
 
 
 @dataclass(frozen=True)
@@ -274,6 +278,47 @@ def study_report(study: Study, results: Path, fmt: Any) -> tuple[str, str | None
                                           metric=metric, layer=study.leaderboard_layer)
                 boards += [board] if board.has_values else []
     return render_leaderboards(boards, fmt, TABLE_WIDTH if fmt == Format.table else None), selected.note
+
+
+def site_inputs(done: StudyRun, datasets: Sequence[Path]) -> dict[str, Any]:
+    """What a study's site is built from, as the file system stamps it: every file of its results
+    folder and the card of every dataset shown (name, size, mtime), and the bench version drawing
+    it. Equal stamps, equal site: a run that wrote nothing keeps the one it finds (`site_is_current`)."""
+    import bench
+
+    def stat(path: Path) -> list[Any]:
+        st = path.stat()
+        return [str(path.relative_to(done.out) if path.is_relative_to(done.out) else path), st.st_size, st.st_mtime_ns]
+
+    files = sorted(p for p in done.results.rglob("*") if p.is_file()) if done.results.is_dir() else []
+    return {"bench_version": bench.__version__, "results": [stat(p) for p in files],
+            "datasets": [stat(d / "dataset.json") for d in datasets]}
+
+
+def site_is_current(done: StudyRun, inputs: dict[str, Any]) -> list[Path] | None:
+    """The study's site files (`index.html` first) when the last site built into its folder was
+    built from `inputs` (its stamp, `SITE_STAMP`, written once that build had finished) and every
+    file it wrote is still there; None when it must be built."""
+    from bench.core.outdir import WrittenFiles
+
+    try:
+        stamp = json.loads((done.out / SITE_STAMP).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    index = done.out / "site" / "index.html"
+    listed = WrittenFiles(index, "out")
+    pages = [index, *(index.parent / n for n in sorted(listed.listed - {index.name}))]
+    if stamp != inputs or listed.damaged or not all(p.is_file() for p in pages):
+        return None
+    return pages
+
+
+def stamp_site(done: StudyRun, inputs: dict[str, Any]) -> None:
+    """Record that the study's site was built from `inputs` (after the build: a build cut short leaves the
+    previous stamp, which no longer matches)."""
+    from bench.core.dataset import write_json_atomic
+
+    write_json_atomic(inputs, done.out / SITE_STAMP)
 
 
 def next_commands(study: Study, out: Path) -> list[str]:

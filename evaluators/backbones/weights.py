@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Sequence
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 from bench.core.dataset import write_json_atomic
 from bench.core.hashing import file_sha256
+
+if TYPE_CHECKING:  # a plan hashes weight files (`files_hash`) before any model code loads
+    import torch
 
 MEMO_MIN_BYTES = 64 << 20
 MEMO_NAME = "weight-hashes.json"
@@ -46,6 +47,8 @@ def files_hash(paths: Sequence[Path]) -> str:
 
 def state_dict_hash(model: torch.nn.Module) -> str:
     """sha256 over a model's parameters and buffers (names, shapes, dtypes, bytes)."""
+    import torch
+
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()

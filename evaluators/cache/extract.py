@@ -28,7 +28,7 @@ from bench.core.errors import BenchError
 from bench.core.results import check_writable
 from evaluators.backbones import Backbone, BackboneInfo, resolve_backbone
 from evaluators.cache import entries
-from evaluators.cache.keys import check_device, check_dtype, parse_layers, parse_tokens, split_fingerprint
+from evaluators.cache.keys import check_device, check_dtype, gib, parse_layers, parse_tokens, split_fingerprint
 from evaluators.probes.families import TOKEN_CHOICES
 
 #: Images a model sees at once (every executor: the same batches give the same bits).
@@ -146,13 +146,6 @@ def check_cache_space(needed: int, cache_dir: Path | None = None, say: Callable[
     if say is not None:
         say(f"{where}: this run adds ~{gib(needed)} ({gib(free)} free)")
 
-
-def gib(n: int) -> str:
-    """A byte count for a message, in decimal units like `df -H`: kB, MB or GB."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 1e3:.0f} kB"
 
 
 def extract_activations(

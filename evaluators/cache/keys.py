@@ -1,7 +1,7 @@
 """What names a request's data and its choices, without torch: the layers and tokens asked for,
 the dtypes and devices known, and a split's fingerprint (part of every row's key). A run works out
 from them which rows it owes before it loads any model code (`evaluators.cache.extract`, which
-extracts, re-exports them)."""
+extracts, re-exports them); a plan prints its cache bytes with `gib`."""
 
 from __future__ import annotations
 
@@ -78,3 +78,11 @@ def split_fingerprint(dataset: Dataset, split: str, limit: int | None = None) ->
     if limit is None or limit >= dataset.num_rows(split):
         return dataset.fingerprint(split)
     return fingerprint(dataset.table(split, ["content_hash"])["content_hash"].to_pylist()[:limit])
+
+
+def gib(n: int) -> str:
+    """A byte count for a message, in decimal units like `df -H`: kB, MB or GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1e3:.0f} kB"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.core.errors import BenchError
+from evaluators.zoo.cards import damage, partial_dir, read_card
 from evaluators.zoo.recipes import RECIPES, Recipe
-from evaluators.zoo.training import damage, partial_dir, read_card, train_recipe
 
 ZOO_ENV = "BINDINGBENCH_ZOO"
 __all__ = ["RECIPES", "Recipe", "zoo_root", "get_recipe", "model_path", "train", "status", "inventory"]
@@ -60,6 +60,8 @@ def train(name: str, *, seed: int | None = None, steps: int | None = None,
     recipe = recipe.with_(seed=recipe.seed if seed is None else seed, steps=recipe.steps if steps is None else steps)
     if recipe.steps < 0:
         raise BenchError(f"steps: must be ≥ 0, got {recipe.steps}")
+    from evaluators.zoo.training import train_recipe  # torch: only to train
+
     return train_recipe(recipe, zoo_root(), progress=progress, on_start=on_start)
 
 

@@ -20,6 +20,7 @@ Verification. The card records the sha256 of the files a model loads from (`WEIG
 `damage` checks them before the model is used or listed, so a truncated, replaced or deleted
 weights file, or a card of the wrong shape, marks the model damaged rather than loading (or
 half-loading) it. A card written before hashes were recorded gains them once its files load.
+The card, its checks and the partial folder's name live in `evaluators.zoo.cards` (no torch).
 """
 
 from __future__ import annotations
@@ -40,69 +41,17 @@ from bench.core.dataset import Dataset, decode_image, replacing, write_json_atom
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash, derive_seed, file_sha256, sha256_hex
 from bench.core.resources import disk_full
+from evaluators.zoo.cards import CARD_NAME, WEIGHT_FILES, damage, partial_dir, read_card
 from evaluators.zoo.heads import LOSS_BATCH, save_head, val_mask_seed
 from evaluators.zoo.recipes import Recipe
 
-CARD_NAME = "zoo_card.json"
 STATE_NAME = "state.pt"
 RUN_NAME = "run.json"
 CHECKPOINT_EVERY = 20
-#: The files a published model loads from, hashed into its card (`files`).
-WEIGHT_FILES = ("model.safetensors", "config.json")
 #: ViTImageProcessor's defaults, which the saved processor config records.
 MEAN, STD = 0.5, 0.5
 
 Progress = Callable[[int], None]
-
-
-def partial_dir(root: Path, recipe: Recipe) -> Path:
-    return root / f".{recipe.folder}.partial"
-
-
-def read_card(path: Path) -> dict[str, Any] | None:
-    """A finished zoo model's card (any JSON value it holds), or None when `path` has none."""
-    try:
-        return json.loads((path / CARD_NAME).read_text())
-    except (OSError, ValueError):
-        return None if not (path / CARD_NAME).exists() else {}
-
-
-def damage(path: Path) -> str | None:
-    """Why the finished model at `path` cannot be used (None: it can): a card of the wrong
-    shape, a missing weight file, or one whose hash differs from the card's. A card without
-    hashes (written before they were recorded) gains them when its files load."""
-    card = read_card(path)
-    if not isinstance(card, dict) or not isinstance(card.get("name"), str) or not isinstance(card.get("recipe"), dict):
-        return f"{CARD_NAME} is not a zoo card"
-    missing = [f for f in WEIGHT_FILES if not (path / f).is_file()]
-    if missing:
-        return f"{', '.join(missing)} missing"
-    hashes = {f: file_sha256(path / f) for f in WEIGHT_FILES}
-    recorded = card.get("files")
-    if isinstance(recorded, dict):
-        changed = [f for f in WEIGHT_FILES if recorded.get(f) != hashes[f]]
-        return f"{', '.join(changed)} differ{'s' if len(changed) == 1 else ''} from the card's hash" if changed else None
-    why = _unloadable(path)
-    if why is None:
-        write_json_atomic({**card, "files": hashes}, path / CARD_NAME)
-    return why
-
-
-def _unloadable(path: Path) -> str | None:
-    """Whether the weights and config parse (for cards that predate recorded hashes)."""
-    from safetensors import safe_open
-
-    try:
-        json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        return f"config.json does not load ({type(e).__name__})"
-    try:
-        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-            for key in f.keys():
-                f.get_tensor(key)
-    except Exception as e:  # noqa: BLE001 — safetensors raises several types for a damaged file
-        return f"model.safetensors does not load ({type(e).__name__})"
-    return None
 
 
 def train_recipe(recipe: Recipe, root: Path, *, progress: Progress | None = None,

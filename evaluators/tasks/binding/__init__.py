@@ -49,7 +49,7 @@ TASK = Task(
     check="evaluators.tasks.binding.request:check_request",
     request="evaluators.tasks.binding.request:request_fields",
     hparams=True,
-    check_dataset="evaluators.tasks.binding.run:check_dataset",
+    check_dataset="evaluators.tasks.binding.task:check_dataset",
     summary_columns=("backbone", "layer", "tokens", "probe", "seed", "status", "L_F", "L_O_given_F", "beta_O",
                      "beta_star", "beta_star_lo", "beta_star_hi", "beta_star_paper", "exact_accuracy", "best_epoch",
                      "checks", "error"),

@@ -6,15 +6,15 @@ estimator), and the paper's unanchored direct O- and F-probes (docs/explanation/
 Each (backbone, layer, tokens, probe, seed) becomes one results row; the run's file is rewritten
 atomically after every stack, so an interrupted run keeps what it finished.
 
-Also the task's dataset check before a study runs (`check_dataset`); its request hooks are in
-`evaluators.tasks.binding.request`."""
+Its request hooks are in `evaluators.tasks.binding.request`, its dataset check before a study runs
+in `evaluators.tasks.binding.task` (`check_dataset`): neither imports torch."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
@@ -30,13 +30,6 @@ from evaluators.runner.run import local_threads, run_start
 from evaluators.tasks.binding.rows import binding_common, extraction_error_rows, stack_bytes, stack_size, stacks
 from evaluators.tasks.binding.task import SPLITS, BindingTask, binding_task, check_control, check_priors
 from evaluators.tasks.binding.workers import StackWorkers
-
-
-def check_dataset(ds: Dataset, options: Mapping[str, Any]) -> None:
-    """A study's check of a dataset before any run: its priors and the control asked for."""
-    unanchored = options.get("unanchored", False)
-    check_priors(ds, unanchored)
-    check_control(ds, options.get("control"), unanchored)
 
 
 def run_binding(request: EvaluationRequest, ds: Dataset, progress: bool,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -183,6 +183,14 @@ def check_control(ds: Dataset, control: str | None, unanchored: bool) -> None:
     if control is not None and (unanchored or ds.card.get("priors") == EMPIRICAL):
         raise BenchError(f"control: {control} draws O from the generator's exact p(O|F); {ds.path} has no exact "
                          "priors")
+
+
+def check_dataset(ds: Dataset, options: Mapping[str, Any]) -> None:
+    """A study's check of a dataset before any run (the task's `check_dataset`): its priors and the
+    control asked for."""
+    unanchored = options.get("unanchored", False)
+    check_priors(ds, unanchored)
+    check_control(ds, options.get("control"), unanchored)
 
 
 def plugin_code_lengths(f: np.ndarray) -> np.ndarray:

@@ -84,10 +84,10 @@ TASK = Task(
     default_probes=DEFAULT_PROBES,
     token_choices=("all",),  # it compares patch tokens
     fixed_tokens=True,
-    request="evaluators.tasks.issameobject.run:request_fields",
+    request="evaluators.tasks.issameobject.request:request_fields",
     check_backbone="evaluators.tasks.issameobject.evaluate:check_attention_qk",
     backbone_notes="evaluators.tasks.issameobject.evaluate:unread_layer_note",
-    layer_probes="evaluators.tasks.issameobject.evaluate:layer_probes",
+    layer_probes="evaluators.tasks.issameobject.request:layer_probes",
     summary_columns=("backbone", "layer", "probe", "seed", "status", "accuracy", "accuracy_lo", "accuracy_hi",
                      "balanced_accuracy", "auroc", "majority_accuracy", "val_accuracy", "attention_r", "attention_p",
                      "error"),

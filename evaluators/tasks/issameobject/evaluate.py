@@ -22,7 +22,8 @@ from evaluators.tasks.issameobject.attention import attention_correlation, pair_
 from evaluators.tasks.issameobject.metrics import pair_metrics, validation_metrics
 from evaluators.tasks.issameobject.pairs import PairConfig, Pairs, gather_tokens, sample_pairs
 from evaluators.tasks.issameobject.patch_labels import split_patch_labels
-from evaluators.tasks.issameobject.scorers import ATTENTION_BASELINES, PairTrainConfig, fit_scorer
+from evaluators.tasks.issameobject.request import ATTENTION_BASELINES, layer_probes, read_by_a_block
+from evaluators.tasks.issameobject.scorers import PairTrainConfig, fit_scorer
 from evaluators.fitting import resolve_device
 from evaluators.tasks.issameobject import DEFAULT_PROBES
 
@@ -112,16 +113,6 @@ def check_attention_qk(backbone: Any, probes: Sequence[str]) -> None:
         raise BenchError(f"probe: attention-qk needs a backbone that exposes its blocks' query/key projections "
                          f"(ViTs from Hugging Face, timm or OpenCLIP, not rotary-position ones); {backbone.info.spec} "
                          "has none")
-
-
-def read_by_a_block(layer: int, n_layers: int) -> bool:
-    """Whether some block reads hidden state `layer` (every one but the last; pixels and oracles have none)."""
-    return 0 <= layer < n_layers
-
-
-def layer_probes(probes: Sequence[str], layer: int, n_layers: int) -> list[str]:
-    """The probes that run at `layer`: the attention baselines only where a block reads it."""
-    return [p for p in probes if p not in ATTENTION_BASELINES or read_by_a_block(layer, n_layers)]
 
 
 def unread_layer_note(spec: str, backbone: Any, layers: Sequence[int], families: Sequence[str]) -> list[str]:

@@ -1,6 +1,7 @@
 """The IsSameObject task's run (its `Task.runner`): pairwise patch probes on every layer's spatial
 tokens (`evaluators.tasks.issameobject.evaluate`), one row per (backbone, layer, probe, seed), with
-the same provenance, keys and crash safety as binding rows; and its request hooks."""
+the same provenance, keys and crash safety as binding rows. Its request hooks are in
+`evaluators.tasks.issameobject.request` (no torch)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,6 @@ from evaluators.runner.planning import BackbonePlan, backbone_plans, check_cache
 from evaluators.runner.run import local_threads, run_start
 from evaluators.tasks.binding.rows import common_columns, extraction_failure
 from evaluators.tasks.issameobject.evaluate import evaluate_issameobject
-
-
-def request_fields(request: EvaluationRequest) -> dict[str, Any]:
-    """The IsSameObject fields of a request's probe fingerprint."""
-    return {"epochs": request.epochs, "exclude_background": request.exclude_background}
 
 
 def run_issameobject(request: EvaluationRequest, ds: Dataset, progress: bool,

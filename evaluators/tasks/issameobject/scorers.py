@@ -21,9 +21,6 @@ from evaluators.probes.families import ISSAMEOBJECT_PROBES, pair_probe_names
 
 SAMPLINGS = ("balanced", "natural")
 
-#: The baselines that read the attention of the block that reads a layer: none for the last hidden state.
-ATTENTION_BASELINES = ("attention-qk",)
-
 
 @dataclass(frozen=True)
 class PairTrainConfig:

@@ -26,12 +26,26 @@ of its one "probe" (the model's own head) are here, and nothing else: no torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from bench.core.errors import BenchError
 from bench.core.registry import Registry
 from bench.core.tasks import Metric, Task
+
+if TYPE_CHECKING:
+    from evaluators.runner.request import EvaluationRequest
 
 #: What reads the objective: the model's own head, the only choice (`--probes head`).
 HEADS: Registry[str] = Registry("probe")
 HEADS.register("head", "the zoo model's own training head")
+
+def check_request(request: EvaluationRequest) -> None:
+    """The head reads the last hidden state: no other layer has an objective (here, without torch:
+    a run settles what it owes before it loads model code)."""
+    if request.layers is not None and request.layers != "last":
+        raise BenchError("layers: the objective task reads the last hidden state (its head's input); leave out "
+                         "--layers")
+
 
 #: This task's record (bench/core/tasks.py registers it under "objective").
 TASK = Task(
@@ -45,7 +59,7 @@ TASK = Task(
     token_choices=("all",),  # the forward pass reads the whole image; the head reads CLS or the patches
     fixed_tokens=True,
     split="val",
-    check="evaluators.tasks.objective.run:check_request",
+    check="evaluators.tasks.objective:check_request",
     check_backbone="evaluators.tasks.objective.loss:check_head",
     summary_columns=("backbone", "layer", "probe", "seed", "status", "objective_loss", "objective_loss_lo",
                      "objective_loss_hi", "error"),

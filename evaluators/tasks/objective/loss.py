@@ -16,7 +16,8 @@ from bench.core.errors import BenchError
 from evaluators.backbones.base import Backbone
 from evaluators.cache.extract import dataset_side
 from evaluators.zoo.heads import Head, load_head
-from evaluators.zoo.training import head_loss, hide, patchify, read_card
+from evaluators.zoo.cards import read_card
+from evaluators.zoo.training import head_loss, hide, patchify
 
 
 def zoo_model(backbone: Backbone) -> tuple[Any, Path]:

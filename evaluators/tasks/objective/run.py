@@ -1,6 +1,5 @@
 """The objective task's run (its `Task.runner`): each backbone's own training loss on val, one row
-per backbone, with the same provenance, keys and crash safety as every task's rows; and its
-request check."""
+per backbone, with the same provenance, keys and crash safety as every task's rows."""
 
 from __future__ import annotations
 
@@ -21,13 +20,6 @@ from evaluators.tasks.objective.pairing import scene_columns
 
 #: The split the objective is measured on (`TASK.split`).
 SPLIT = "val"
-
-
-def check_request(request: EvaluationRequest) -> None:
-    """The head reads the last hidden state: no other layer has an objective."""
-    if request.layers is not None and request.layers != "last":
-        raise BenchError("layers: the objective task reads the last hidden state (its head's input); leave out "
-                         "--layers")
 
 
 def run_objective(request: EvaluationRequest, ds: Dataset, progress: bool,

@@ -35,9 +35,13 @@ imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from bench.core.registry import Registry
 from bench.core.tasks import Metric, Task
+
+if TYPE_CHECKING:
+    from evaluators.runner.request import EvaluationRequest
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,12 @@ HEADS.register("instance", SegmentationHead("K slots, permutation-invariant"))
 DEFAULT_HEADS = ("semantic", "instance")
 HEAD_METRICS = {"semantic": ("semantic_miou",), "instance": ("instance_miou", "instance_ari")}
 
+def request_fields(request: EvaluationRequest) -> dict[str, Any]:
+    """The segmentation fields of a request's probe fingerprint (here, without torch: a run settles
+    what it owes before it loads model code)."""
+    return {"epochs": request.epochs}
+
+
 #: This task's record (bench/core/tasks.py registers it under "segmentation").
 TASK = Task(
     summary="per-patch segmentation heads",
@@ -69,7 +79,7 @@ TASK = Task(
     default_probes=DEFAULT_HEADS,
     token_choices=("all",),  # it labels every patch
     fixed_tokens=True,
-    request="evaluators.tasks.segmentation.run:request_fields",
+    request="evaluators.tasks.segmentation:request_fields",
     summary_columns=("backbone", "layer", "probe", "seed", "status", "semantic_miou", "semantic_miou_lo",
                      "semantic_miou_hi", "instance_miou", "instance_miou_lo", "instance_miou_hi", "instance_ari",
                      "instance_ari_lo", "instance_ari_hi", "best_epoch", "error"),

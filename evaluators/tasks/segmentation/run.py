@@ -29,11 +29,6 @@ from evaluators.tasks.segmentation.metrics import class_counts, instance_scores,
 SPLITS = ("train", "val", "test")
 
 
-def request_fields(request: EvaluationRequest) -> dict[str, Any]:
-    """The segmentation fields of a request's probe fingerprint."""
-    return {"epochs": request.epochs}
-
-
 def validation_scores(name: str, pred: np.ndarray, labels: np.ndarray, n_classes: int) -> dict[str, float | None]:
     """A head's metrics on the validation images as `val_<metric>` point values (no interval: they
     choose a layer, they are not reported)."""
