@@ -328,3 +328,31 @@ def test_a_damaged_partial_entry_starts_afresh(damage, odd_files, tmp_path):
     assert is_complete(full) and full.path == part.path
     fresh = extract(str(ckpt), odd_files, tmp_path / "fresh", **kw)
     assert np.array_equal(full.get(2, "cls"), fresh.get(2, "cls"))
+
+
+def test_a_recorded_backbone_reads_a_warm_cache_without_building_its_model(ds, tmp_path, monkeypatch):
+    """A `random:` preset built once is recorded (info, identity); the next plan of the same spec and
+    options is that record, whose cache keys are the built model's, so a warm cache is read with no
+    model built, and a miss builds it and extracts under the built model's own key."""
+    from evaluators.backbones.recorded import RecordedBackbone, planned_backbone
+
+    monkeypatch.setitem(PRESETS, "tiny", Preset("none/tiny", "dinov2", 32, {**TINY, "mlp_ratio": 2}))
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "records"))
+    built: list[dict] = []
+
+    def build(**options):
+        built.append(options)
+        return resolve_backbone("random:tiny", **options)
+
+    first = planned_backbone("random:tiny", {}, build)
+    test = extract(first, ds, tmp_path, layers="last")
+    again = planned_backbone("random:tiny", {}, build)
+    assert isinstance(first, HFBackbone) and isinstance(again, RecordedBackbone) and built == [{}]
+    assert again.info == first.info and again.identity() == first.identity()
+    hit = extract(again, ds, tmp_path, layers="last")
+    assert built == [{}] and hit.path == test.path
+    np.testing.assert_array_equal(hit.get(2, "cls"), test.get(2, "cls"))
+    missed = extract(again, ds, tmp_path, split="val", layers="last")  # a miss: the model is built to extract
+    assert built == [{}, {}] and missed.path == extract(first, ds, tmp_path, split="val", layers="last").path
+    wider = planned_backbone("random:tiny", {"image_size": 48}, lambda: build(image_size=48))  # another record
+    assert isinstance(wider, HFBackbone) and wider.info.input_size == 48 and built[-1] == {"image_size": 48}

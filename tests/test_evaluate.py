@@ -337,3 +337,33 @@ def test_a_run_with_nothing_to_do_imports_no_torch(tiny, tmp_path, capsys):
     done, loaded = run("--probes", "quadratic")  # a row owed: the model code loads to fit it
     assert done.returncode == 0, done.stderr
     assert "torch" in loaded and read_results(results).num_rows == 12
+
+
+def test_a_run_on_a_warm_cache_builds_no_model(tiny, tmp_path, monkeypatch):
+    """`--overwrite` on a warm activation cache: the first run recorded the `random:` preset it built,
+    so the second plans and reads its activations from that record and the cache, builds no model
+    (no transformers model code, no weight init) and writes the same numbers."""
+    import evaluators.backbones.hf as hf
+    from test_backbones import TINY
+
+    from evaluators.backbones import PRESETS
+    from evaluators.backbones.presets import Preset
+
+    monkeypatch.setitem(PRESETS, "tiny", Preset("none/tiny", "dinov2", 32, {**TINY, "mlp_ratio": 2}))
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "cache"))
+    results = tmp_path / "results"
+    args = ["evaluate", "--dataset", str(tiny), "--model", "random:tiny", "--probes", "linear", "--epochs", "1",
+            "--results", str(results), "--device", "cpu", "--threads", "1"]
+    assert main(args) == 0
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(hf, "build_random", no_build)
+    assert main([*args, "--overwrite"]) == 0
+    first, second = sorted((pq.read_table(f).to_pylist() for f in results.glob("*.parquet")),
+                           key=lambda rows: rows[0]["created_at"])
+    varies = {"run_id", "created_at", "command", "wall_time_s"}
+    assert [{k: v for k, v in r.items() if k not in varies} for r in second] == \
+        [{k: v for k, v in r.items() if k not in varies} for r in first]
+    assert first[0]["status"] == "ok" and first[0]["beta_star"] is not None

@@ -237,3 +237,33 @@ def test_a_rerun_of_a_finished_study_imports_no_torch(tiny, tmp_path, cache_dir,
     assert json.loads(done.stdout.splitlines()[-1]) == []
     assert "oracle:objects" in done.stdout  # the leaderboard is printed all the same
     assert sorted((out / "results").glob("*.parquet")) == files and index.stat().st_mtime_ns == built
+
+
+#: A `bench` process that says, last on stdout, whether it imported torch.
+TORCHLESS = ("import json, sys\nfrom bench.cli import main\ncode = main(sys.argv[1:])\n"
+             "print(json.dumps('torch' in sys.modules))\nsys.exit(code)")
+
+
+@pytest.mark.slow
+def test_a_rerun_of_a_finished_intervention_sweep_imports_no_torch(tiny, tiny_vit, tmp_path, cache_dir, capsys):
+    """Every row of a study with an intervention sweep held: the rerun plans the intervened
+    backbones from their subspace files, read with numpy (the interventions package loads its
+    torch modules only when a backbone runs or a subspace is fitted), and imports no torch."""
+    import os
+    import subprocess
+    import sys
+
+    study = tmp_path / "sweep.toml"
+    study.write_text(f'threads = 1\n[datasets.tiny]\npath = "{tiny}"\n[[evaluate]]\nbackbones = ["vit={tiny_vit}"]\n'
+                     'probes = ["linear"]\nepochs = 1\ninterventions = { subspace = { kind = "random", layer = 1, '
+                     'rank = 2 }, kinds = ["shuffle"], strengths = [1] }\n')
+    out = tmp_path / "study"
+    code, _, err = run(capsys, "run", study, "--out", out)
+    assert code == 0, err
+    assert len(list((out / "subspaces").glob("*.npz"))) == 1 and len(read_results(out / "results")) == 2
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", TORCHLESS, "run", str(study), "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "nothing to fit" in done.stderr, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) is False

@@ -160,9 +160,10 @@ def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", limit
                   progress: bool = True, say: Callable[[str], None] | None = None) -> list[Path]:
     """Fit every subspace of `plan` not yet in its file, on the dataset folder `dataset`; returns
     the files written. A backbone's swept subspace is fitted first and its controls at its rank
-    (the rank its energy cut kept, not the probe's): a control is "a subspace of the same rank"."""
+    (the rank its energy cut kept, not the probe's): a control is "a subspace of the same rank".
+    Files already there are read with numpy alone, so a rerun of a finished sweep imports no torch."""
     from bench.core.dataset import Dataset
-    from evaluators.interventions import fit_subspace, load_subspace, save_subspace
+    from evaluators.interventions import load_subspace, save_subspace
 
     written = []
     ranks: dict[tuple[str, int], int] = {}  # (backbone, layer) -> the swept subspace's rank
@@ -171,6 +172,8 @@ def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", limit
         if not fit.path.is_file():
             if say is not None:
                 say(f"fitting the {fit.kind} subspace of {fit.backbone} at layer {fit.layer} on {fit.dataset}")
+            from evaluators.interventions.fit import fit_subspace  # model code: only when a file is missing
+
             rank = fit.rank if swept else ranks[(fit.backbone, fit.layer)]
             sub = fit_subspace(fit.spec, Dataset(dataset), fit.layer, kind=fit.kind, rank=rank, seed=fit.seed,
                                device=device, limit=limit, progress=progress)

@@ -189,7 +189,7 @@ def _intervene(spec: str, seed: int) -> Backbone:
 
 
 def _check_intervened(spec: str) -> Download | None:
-    from evaluators.interventions.backbone import check_intervened
+    from evaluators.interventions.specs import check_intervened
 
     return check_intervened(spec, check_loadable)
 
@@ -235,7 +235,7 @@ def _folder(spec: str, seed: int) -> Backbone:
 
 
 def _check_folder(spec: str) -> Download | None:
-    from evaluators.backbones.hf import check_checkpoint
+    from evaluators.backbones.metadata import check_checkpoint
 
     return check_checkpoint(_checkpoint_dir(spec))
 
@@ -390,7 +390,7 @@ def backbone_metadata(spec: str) -> BackboneInfo | None:
     if name == "folder":
         return folder_info(spec, Path(spec).expanduser())
     if name == "intervene":
-        from evaluators.interventions.backbone import intervened_metadata
+        from evaluators.interventions.specs import intervened_metadata
 
         return intervened_metadata(spec, backbone_metadata)
     return None

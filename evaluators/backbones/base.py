@@ -90,6 +90,10 @@ class Backbone(ABC):
         reads (the last one)."""
         return None
 
+    def loaded(self) -> "Backbone":
+        """The backbone that runs: itself (a `recorded.RecordedBackbone` builds its model now)."""
+        return self
+
     def bind(self, dataset: Any) -> "Backbone":
         """Adapt to a dataset (ground-truth backbones take their width from its feature space)."""
         return self

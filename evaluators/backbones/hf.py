@@ -21,12 +21,11 @@ from bench.core.errors import BenchError
 from bench.core.hashing import stable_json
 from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo, decode_resized
 from evaluators.backbones.hub import cached_snapshot, download_snapshot
+from evaluators.backbones.metadata import check_checkpoint
 from evaluators.backbones.presets import (FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Family, Preprocess, Preset,
                                          checked_preprocessing)
-from evaluators.backbones.weights import files_hash, state_dict_hash
+from evaluators.backbones.weights import WEIGHT_PATTERNS, files_hash, state_dict_hash
 
-
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 #: Where each family keeps a block's pre-attention norm, its attention module, and the
 #: query/key projections inside it (dotted paths, first match wins; transformers 5.x
 #: names first, the nested `attention.attention.query` of 4.x ViT/DINOv2 after).
@@ -198,12 +197,6 @@ def _family(model_type: str, where: str) -> Family:
             f"model: {where} is a {model_type!r} checkpoint; supported model types: {', '.join(sorted(FAMILIES))}"
         )
     return FAMILIES[model_type]
-
-
-def check_checkpoint(path: Path) -> None:
-    """Refuse a folder that is no Hugging Face checkpoint (no config.json), in one line."""
-    if not (path / "config.json").is_file():
-        raise BenchError(f"model: {path} has no config.json (not a Hugging Face checkpoint directory)")
 
 
 def load_local(spec: str, path: Path, revision: str | None = None) -> HFBackbone:

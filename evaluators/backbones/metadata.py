@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.core.errors import BenchError
 from evaluators.backbones.info import BackboneInfo
 from evaluators.backbones.presets import LibraryPreset, Preset
 
@@ -15,8 +16,7 @@ def folder_info(spec: str, path: Path) -> BackboneInfo | None:
     the config does not say (the folder is checked when it loads)."""
     import json
 
-    from evaluators.backbones.hf import WEIGHT_PATTERNS
-    from evaluators.backbones.weights import files_hash
+    from evaluators.backbones.weights import WEIGHT_PATTERNS, files_hash
 
     try:
         config = json.loads((path / "config.json").read_text())
@@ -62,3 +62,9 @@ def library_info(spec: str, preset: LibraryPreset, revision: str) -> BackboneInf
         input_size=preset.input_size, n_layers=preset.n_layers, width=preset.width, n_prefix=preset.n_prefix,
         cls_index=0 if cls else None, register_indices=tuple(range(cls, preset.n_prefix)),
     )
+
+
+def check_checkpoint(path: Path) -> None:
+    """Refuse a folder that is no Hugging Face checkpoint (no config.json), in one line."""
+    if not (path / "config.json").is_file():
+        raise BenchError(f"model: {path} has no config.json (not a Hugging Face checkpoint directory)")

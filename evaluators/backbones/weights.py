@@ -18,6 +18,8 @@ from bench.core.hashing import file_sha256
 if TYPE_CHECKING:  # a plan hashes weight files (`files_hash`) before any model code loads
     import torch
 
+#: The files of a Hugging Face checkpoint folder that hold its weights (their hash is its fingerprint).
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 MEMO_MIN_BYTES = 64 << 20
 MEMO_NAME = "weight-hashes.json"
 

@@ -194,6 +194,11 @@ def extract_activations(
                                     layer_ids, token_list)
     key, material = _entry_key(backbone, dataset, split, side, dtype, limit)
     found = found or entries.find_complete(cache_dir, key, layer_ids, token_list)
+    if found is None and backbone.loaded() is not backbone:  # a recorded model: built to extract, keyed by itself
+        return extract_activations(backbone.loaded(), dataset, split, layers=layers, token_choices=token_choices,
+                                   device=device, dtype=dtype, batch_size=batch_size, resolution=resolution,
+                                   image_size=image_size, cache_dir=cache_dir, progress=progress, limit=limit,
+                                   rows=rows)
     n = n if limit is None else limit
     if rows is not None and not (0 <= rows[0] < rows[1] <= n and rows[0] % batch_size == 0):
         raise BenchError(f"rows: {rows[0]}..{rows[1]} is not a row shard of {split}'s {n} rows starting on a batch "

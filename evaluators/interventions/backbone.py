@@ -23,17 +23,12 @@ import torch
 
 from bench.core.dataset import Dataset, decode_mask
 from bench.core.errors import BenchError
-from bench.core.hashing import derive_seed, sha256_hex, stable_json
+from bench.core.hashing import derive_seed
 from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo
 from bench.core.intervention_specs import InterventionSpec, parse_intervention
 from evaluators.interventions.intervene import Intervention, apply_intervention
+from evaluators.interventions.specs import intervened_revision
 from evaluators.interventions.subspace import Subspace, load_subspace
-
-def intervened_revision(base_revision: str, parsed: InterventionSpec, subspace_fingerprint: str) -> str:
-    """The weights fingerprint of an intervened backbone's rows: every part of what was done."""
-    material = [base_revision, parsed.kind, parsed.strength, parsed.layer, parsed.seed, subspace_fingerprint]
-    return f"sha256:{sha256_hex(stable_json(material))[:12]}"
-
 
 def has_instance_masks(dataset: Dataset) -> bool:
     """Whether a dataset's masks are instance masks: generated ones are; an import says in its
@@ -146,8 +141,8 @@ def _first(value: Any) -> torch.Tensor:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
-# The registry (evaluators/backbones/__init__.py) hands its own functions to the three below: this
-# module is loaded by it, so it does not import it back.
+# The registry (evaluators/backbones/__init__.py) hands its own `resolve` to the one below: this
+# module is loaded by it, so it does not import it back (nor does `specs`, with its other two).
 
 
 def load_intervened(spec: str, seed: int, resolve: Callable[..., Backbone]) -> IntervenedBackbone:
@@ -155,23 +150,3 @@ def load_intervened(spec: str, seed: int, resolve: Callable[..., Backbone]) -> I
     parsed = parse_intervention(spec)
     subspace = load_subspace(parsed.subspace)
     return IntervenedBackbone(spec.strip(), parsed, resolve(parsed.base, seed=seed), subspace)
-
-
-def check_intervened(spec: str, check: Callable[[str], Any]) -> Any:
-    """What loading `spec` would refuse without building a model (the spec, the subspace file,
-    the base's own `check`); returns the base's download, if any."""
-    parsed = parse_intervention(spec)
-    load_subspace(parsed.subspace)
-    return check(parsed.base)
-
-
-def intervened_metadata(spec: str, metadata: Callable[[str], BackboneInfo | None]) -> BackboneInfo | None:
-    """`backbone_metadata` of an intervened spec: the base's (`metadata`), with this spec and its
-    fingerprint (None where the base's shape is known only by running it)."""
-    parsed = parse_intervention(spec)
-    subspace = load_subspace(parsed.subspace)
-    info = metadata(parsed.base)
-    if info is None:
-        return None
-    return dataclasses.replace(info, spec=spec.strip(),
-                               revision=intervened_revision(info.revision, parsed, subspace.fingerprint))

@@ -37,6 +37,17 @@ def build_backbone(model: Model, preprocessing: Mapping[str, object] | None = No
     return model.resolve(**(preprocessing or {}))
 
 
+def planned_model(model: Model, preprocessing: Mapping[str, object] | None = None) -> Any:
+    """`build_backbone`'s backbone as a plan holds it: where an earlier build of the same spec and
+    options was recorded (`evaluators.backbones.recorded`), its record, whose model is built only
+    when it runs, so a run on a warm activation cache builds none."""
+    if model.backbone is not None:
+        return model.backbone
+    from evaluators.backbones.recorded import planned_backbone
+
+    return planned_backbone(model.spec, preprocessing or {}, lambda: build_backbone(model, preprocessing))
+
+
 @dataclass(frozen=True)
 class Work:
     """Rows one backbone still owes at one (layer, tokens, seed): one per family in `families`."""
@@ -189,7 +200,7 @@ def backbone_plans(request: EvaluationRequest, ds: Dataset, *, done: set[tuple],
     check_backbone, backbone_notes = entry.hook("check_backbone"), entry.hook("backbone_notes")
     for model in request.models:
         name, spec = model.name, model.spec
-        backbone = build_backbone(model, preprocessing).bind(ds)
+        backbone = planned_model(model, preprocessing).bind(ds)
         if check_backbone is not None:
             check_backbone(backbone, request.families)
         check_tokens(backbone, ds, "test", request.token_choices)
