@@ -24,11 +24,12 @@ import torch
 from bench.core.dataset import Dataset, decode_mask
 from bench.core.errors import BenchError
 from bench.core.hashing import derive_seed
-from evaluators.backbones.base import AttentionQK, Backbone, BackboneInfo
+from evaluators.backbones.base import AttentionQK, Backbone
 from bench.core.intervention_specs import InterventionSpec, parse_intervention
 from evaluators.interventions.intervene import Intervention, apply_intervention
 from evaluators.interventions.specs import intervened_revision
 from evaluators.interventions.subspace import Subspace, load_subspace
+
 
 def has_instance_masks(dataset: Dataset) -> bool:
     """Whether a dataset's masks are instance masks: generated ones are; an import says in its
