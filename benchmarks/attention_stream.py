@@ -7,7 +7,7 @@ of a small backbone: 256 patch tokens x 384 values a scene, 11.6 GB of fp16 on d
 float32 the probe computes in, beside this machine's 24 GiB of RAM. The tokens are fabricated
 (seeded standard-normal values written straight to the cache's file format, no backbone run);
 the scenes' codes are the preset's own (its dataset is generated: 58,800 scenes took 15 min at
-112 px, where 18 objects barely fit and placing them is slow, and ~4 min at the preset's 256), so the fit is the binding task's: `evaluate_binding` with the attention
+112 px, where 18 objects barely fit and placing them is slow; 14,700 took 31 s at the preset's 256), so the fit is the binding task's: `evaluate_binding` with the attention
 family, on one torch thread as every CPU fit, for `--epochs` epochs (a cap: the validation
 plateau may stop it earlier; random tokens hold no binding, so the guard keeps the prior).
 
