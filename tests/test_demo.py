@@ -83,8 +83,9 @@ def test_demo_wiring_with_a_stand_in_evaluator(tmp_path, capsys, monkeypatch):
     assert {(r["value"], r["rank"]) for r in records if r["control"] == CONTROL} == {(0.9, None)}
     assert {r["value"] for r in records if r["backbone"] == CONTROL_MODEL and r["control"] is None} == {0.0}
     kept = sorted(p.name for p in (cwd / "bench-demo").iterdir())
-    assert kept == ["bench-study.json", "cache", "colorshape-demo", "results", "site"] or kept == [
-        "bench-study.json", "colorshape-demo", "results", "site"], kept
+    # .bench-site.json: what the site was built from, so that a rerun with the same results keeps it
+    assert kept == [".bench-site.json", "bench-study.json", "cache", "colorshape-demo", "results", "site"] or kept == [
+        ".bench-site.json", "bench-study.json", "colorshape-demo", "results", "site"], kept
     assert (cwd / "bench-demo" / "site" / "index.html").exists() and "site: bench-demo/site/index.html" in out.err
     # the zoo trained by the run above: the eight backbones in one evaluation, then the control
     assert len(list((cwd / "bench-demo" / "results").glob("*.parquet"))) == 2

@@ -424,3 +424,17 @@ def test_a_quadratic_family_fits_inputs_narrower_than_its_rank(family):
     res = fit_probes([ProbeJob("q", build_probe(family, 6, 9), targets)], inputs, TrainConfig(epochs=3))["q"]
     assert res.error is None
     assert res.scene_bits.mean() < _prior_bits(targets["test"]).mean() - 1.0  # it reads the six copied bits
+
+
+@pytest.mark.parametrize("df", [1, 3, 30, 3000])
+def test_the_guards_t_quantile_is_scipy_stats_to_the_ends(df):
+    """`t_quantile` stands in for scipy.stats' t.ppf (whose import costs a run 1.5 s): the same floats,
+    its ends included, where scipy.special's stdtrit alone gives +inf at p = 0 and a guard of −1e9
+    standard errors (keep every fit) reset every fit to its prior."""
+    import scipy.special
+    import scipy.stats
+
+    from evaluators.fitting.scoring import t_quantile
+
+    for z in (-1e9, -40.0, -8.0, -2.0, 0.0, 2.0, 8.0, 40.0, 1e9):
+        assert t_quantile(scipy.special.ndtr(z), df) == float(scipy.stats.t.ppf(scipy.stats.norm.cdf(z), df=df))

@@ -23,18 +23,28 @@ def guard_against_prior(job: ProbeJob, result: FitResult, prior_val: np.ndarray,
     validation scenes a two-SE guard let fits through that read β* −0.6 on test); otherwise reset
     the probe to its prior (a zero residual). The quantile is scipy.stats' t.ppf(norm.cdf(n_se))
     computed by the special functions behind it, the same floats without importing scipy.stats
-    (1.5 s of a run's start on a 2-core machine)."""
+    (1.5 s of a run's start on a 2-core machine), `t_quantile`."""
     saving, se = saving_and_se(prior_val, result.val_scene_bits, groups)
     result.val_prior_bits, result.val_saving_se = float(prior_val.mean()), se
     n_groups = int(group_labels(groups, len(prior_val)).max()) + 1 if len(prior_val) else 0
-    bar = n_se if not math.isfinite(n_se) or n_groups < 2 else \
-        float(scipy.special.stdtrit(n_groups - 1, scipy.special.ndtr(n_se)))
+    bar = n_se if not math.isfinite(n_se) or n_groups < 2 else t_quantile(scipy.special.ndtr(n_se), n_groups - 1)
     if saving > bar * se:
         result.guard = "fit"
         return
     result.guard = "prior"
     job.model.load_state_dict(prior_state)
     result.val_bits, result.val_scene_bits = float(prior_val.mean()), prior_val
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile at `p` with `df` degrees of freedom, as scipy.stats' `t.ppf`: its ends
+    are −inf and +inf (`stdtrit` alone gives +inf at p = 0, which made a guard of −1e9 standard
+    errors, "keep every fit", reset every fit to its prior)."""
+    if p <= 0:
+        return -math.inf
+    if p >= 1:
+        return math.inf
+    return float(scipy.special.stdtrit(df, p))
 
 
 def saving_and_se(reference: np.ndarray, fitted: np.ndarray, groups: np.ndarray | None = None) -> tuple[float, float]:
