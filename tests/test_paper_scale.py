@@ -26,13 +26,14 @@ def test_a_scale_outside_zero_to_one_is_one_line_and_exit_2(scale, tmp_path):
 
 
 @pytest.mark.parametrize("budget, says", [("1KiB", "cannot read one batch of rows"), ("lots", "memory budget")])
-def test_a_memory_budget_below_one_batch_or_unreadable_is_one_line_and_exit_2(budget, says, tmp_path):
+def test_a_memory_budget_below_one_batch_or_unreadable_is_one_line_and_exit_2(budget, says, tmp_path, capsys):
     """Refused before any scene is made: a budget below one training batch of the attention backbone's
     tokens (128 rows of 256 x 384 values at --scale 0.25) would fail its fit only after the extraction."""
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--scale", "0.25", "--memory-budget", budget,
-                           "--out", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and says in proc.stderr
+    with pytest.raises(SystemExit) as ended:
+        paper_scale.main(["--scale", "0.25", "--memory-budget", budget, "--out", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2
+    assert err.strip().count("\n") == 0 and says in err
     assert not (tmp_path / "w").exists()
 
 
@@ -43,9 +44,10 @@ def test_scale_scales_every_split_of_the_balanced_preset():
 
 
 @pytest.mark.slow
-def test_a_tiny_run_gives_what_bench_run_gives_on_its_study(tmp_path):
+def test_a_tiny_run_gives_what_bench_run_gives_on_its_study(tmp_path, monkeypatch):
     """Every phase runs and reports its time and memory; the headline (β* and the probe's sensitivity
-    beside it, per backbone and column) equals what `bench run study.toml` writes from scratch."""
+    beside it, per backbone and column) equals what `bench run study.toml` writes into a results folder
+    of its own (on the benchmark's activation cache: extraction's bytes are the cache tests' to check)."""
     from bench.api import load_study, run_study
 
     tiny = ["--scale", "0.0006", "--backbones", "random:dinov2-small", "--layers", "12", "--input-size", "28",
@@ -60,5 +62,6 @@ def test_a_tiny_run_gives_what_bench_run_gives_on_its_study(tmp_path):
     assert set(cells) == {f"random-dinov2-small {family} {tokens}" for family in ("linear", "quadratic", "dnn")
                           for tokens in ("cls", "mean")} | {"random-dinov2-small attention all"}
 
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "bench" / "cache"))
     done = run_study(load_study(tmp_path / "bench" / "study.toml"), tmp_path / "study")
     assert paper_scale.headline(done.results) == cells
