@@ -356,3 +356,16 @@ def test_a_recorded_backbone_reads_a_warm_cache_without_building_its_model(ds, t
     assert built == [{}, {}] and missed.path == extract(first, ds, tmp_path, split="val", layers="last").path
     wider = planned_backbone("random:tiny", {"image_size": 48}, lambda: build(image_size=48))  # another record
     assert isinstance(wider, HFBackbone) and wider.info.input_size == 48 and built[-1] == {"image_size": 48}
+
+
+def test_a_backbone_planned_on_a_cache_it_cannot_write_is_built_and_not_recorded(tmp_path, monkeypatch):
+    """The record is an optimisation: a cache root it cannot be written under (here a path below a file;
+    a read-only shared cache alike) gives the built backbone, as before records, not an OSError."""
+    from evaluators.backbones.recorded import RECORDS_DIR, planned_backbone
+
+    monkeypatch.setitem(PRESETS, "tiny", Preset("none/tiny", "dinov2", 32, {**TINY, "mlp_ratio": 2}))
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("BINDINGBENCH_CACHE", str(tmp_path / "a-file" / "cache"))
+    got = planned_backbone("random:tiny", {}, lambda: resolve_backbone("random:tiny"))
+    assert isinstance(got, HFBackbone) and got.info.width == resolve_backbone("random:tiny").info.width
+    assert not (tmp_path / "a-file" / "cache" / RECORDS_DIR).exists()

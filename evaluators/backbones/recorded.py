@@ -80,8 +80,11 @@ def planned_backbone(spec: str, options: Mapping[str, object], build: Callable[[
         pass
     backbone = build()
     if path is not None and recordable(backbone):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic({"info": backbone.info.to_dict(), "identity": backbone.identity()}, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic({"info": backbone.info.to_dict(), "identity": backbone.identity()}, path)
+        except OSError:  # a record only spares a later run the build: a cache it cannot write (read-only, shared) still serves
+            pass
     return backbone
 
 
