@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-BALANCED = {"train": 39_200, "val": 9_800, "test": 9_800}
+from paper_scale import scenes_at  # noqa: E402  (the balanced preset's splits x S, beside this script)
 
 
 def peak_rss() -> int:
@@ -82,7 +82,7 @@ def run(work: Path, opts: argparse.Namespace, budget: int | None) -> dict:
     from evaluators.tasks.binding.columns import evaluate_binding
     from evaluators.tasks.binding.task import binding_task
 
-    scenes = {s: max(8, round(n * opts.scale)) for s, n in BALANCED.items()}
+    scenes = scenes_at(opts.scale)
     t0 = time.perf_counter()
     generate("colorshape", out=work / "ds", preset="balanced", workers=os.cpu_count() or 1,
              overrides={"n_train": scenes["train"], "n_val": scenes["val"], "n_test": scenes["test"]})

@@ -49,8 +49,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-#: The balanced preset's splits (generators.colorshape's `balanced`), which `--scale` scales.
-BALANCED = {"train": 39_200, "val": 9_800, "test": 9_800}
+from generators.colorshape import ColorShapeGenerator  # noqa: E402  (after ROOT is on the path)
+
+#: The balanced preset's splits, which `--scale` scales.
+BALANCED = {split: ColorShapeGenerator.presets["balanced"][f"n_{split}"] for split in ("train", "val", "test")}
 #: The README study's backbones: the hub architectures at random initialisation (no download). On a
 #: CPU only the first by default: extracting DINOv2-B at 224 px runs ~3 images/s on 2 cores in fp32,
 #: 80 min for the 14,700 scenes of `--scale 0.25` alone.
