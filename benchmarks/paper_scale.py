@@ -26,8 +26,11 @@ The benchmark also writes `study.toml` in its folder: the same study as one file
 
 `--epochs` caps every probe's gradient stage (default 30; validation plateaus stop most fits
 earlier) and `--attention-epochs` the attention probe's (default 10): both are in the rows and
-the printout. `--device cuda` extracts in fp32 and bf16 (`--dtype`), on a CPU in fp32 only (no
-bf16 matrix units on this project's machine: bf16 there is ~7x slower).
+the printout. `--dtype` lists the extraction dtypes; the fits read the first. Default: fp32 then
+bf16 on CUDA (the fits read fp32; bf16's extraction is timed beside it); on a CPU, bf16 where the
+processor has bf16 matrix units (AMX: ~4.7x fp32's images/s on the Xeon this was measured on) and
+fp32 where it has none (bf16 there is ~7x slower than fp32). The dtype is in the rows and in
+`study.toml`.
 
 The study's measured cost at both presets is in docs/reference/measurements.md.
 """
@@ -189,6 +192,7 @@ tokens = "cls,mean"
 probes = [{", ".join(f'"{p}"' for p in POOLED_FAMILIES.split(","))}]
 epochs = {opts.epochs}
 device = "{opts.device}"
+dtype = "{opts.dtypes[0]}"
 [evaluate.backbones]
 {backbones}
 
@@ -198,6 +202,7 @@ tokens = "all"
 probes = ["attention"]
 epochs = {opts.attention_epochs}
 device = "{opts.device}"
+dtype = "{opts.dtypes[0]}"
 [evaluate.backbones]
 {label(opts.backbones[0])} = {backbone_value(opts.backbones[0], opts)}
 '''
@@ -237,7 +242,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--attention-epochs", type=int, default=10, help="the attention probe's epoch cap [10]")
     parser.add_argument("--memory-budget", default=None, help="the attention fit's memory budget, e.g. 1GiB")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default=None, help="extraction dtype [fp32; fp32,bf16 on CUDA]")
+    parser.add_argument("--dtype", default=None,
+                        help="extraction dtypes, the fits' first [fp32,bf16 on CUDA; bf16 on a CPU with AMX; fp32]")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=None, help="scene side in px [the preset's]")
@@ -246,11 +252,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if not (0 < opts.scale <= 1) or not math.isfinite(opts.scale):
         parser.exit(2, f"paper_scale.py: error: --scale must be in (0, 1], got {opts.scale}\n")
     opts.on_cuda = opts.device.startswith("cuda") or (opts.device == "auto" and cuda_available())
+    opts.dtypes = (opts.dtype or default_dtypes(opts.on_cuda)).split(",")
     opts.backbones = [b.strip() for b in (opts.backbones or ",".join(BACKBONES[: 2 if opts.on_cuda else 1])).split(",")
                       if b.strip()]
     from bench.core.errors import BenchError
+    from evaluators.cache.keys import check_dtype
 
     try:
+        for dtype in opts.dtypes:
+            check_dtype(dtype)
         check_budget(opts)
     except BenchError as e:
         parser.exit(2, f"paper_scale.py: error: {e}\n")
@@ -280,6 +290,18 @@ def check_budget(opts: argparse.Namespace) -> None:
                                                            batch_size=auto_batch_size(n_train)), holds=False)
 
 
+def default_dtypes(on_cuda: bool) -> str:
+    """fp32 and bf16 on CUDA; on a CPU bf16 only where the processor has bf16 matrix units (AMX),
+    since elsewhere it is slower than fp32 (see the module's docstring)."""
+    if on_cuda:
+        return "fp32,bf16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "fp32"
+    return "bf16" if "amx_bf16" in flags.split() else "fp32"
+
+
 def cuda_available() -> bool:
     """Whether torch sees a CUDA device (the default backbones and dtypes depend on it)."""
     import torch
@@ -300,21 +322,21 @@ def run(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
     scenes = scenes_at(opts.scale)
     report: dict[str, Any] = {"scale": opts.scale, "scenes": scenes, "backbones": opts.backbones,
                               "epochs": opts.epochs, "attention_epochs": opts.attention_epochs,
-                              "memory_budget": opts.memory_budget, "device": opts.device, "cpus": os.cpu_count(),
-                              "phases": [],
+                              "memory_budget": opts.memory_budget, "device": opts.device, "dtypes": opts.dtypes,
+                              "cpus": os.cpu_count(), "phases": [],
                               "baseline": json.loads(opts.baseline.read_text()) if opts.baseline else None}
     (work / "study.toml").write_text(study_text(opts, scenes))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BINDINGBENCH_CACHE": str(work / "cache")}
     data, results = work / "balanced", work / "results"  # the folder's name is the rows' dataset, as in study.toml
     print(f"scale {opts.scale}: {scenes['train']:,}/{scenes['val']:,}/{scenes['test']:,} scenes; "
           f"{', '.join(opts.backbones)}; epochs ≤ {opts.epochs} (attention ≤ {opts.attention_epochs}); "
-          f"{opts.threads} thread(s)", flush=True)
+          f"extraction {', '.join(opts.dtypes)} (fits read {opts.dtypes[0]}); {opts.threads} thread(s)", flush=True)
     common = ["--device", opts.device, "--threads", str(opts.threads)]
     size = ["--image-size", str(opts.image_size)] if opts.image_size else []
     run_phase("generate", ["generate", "colorshape", "--preset", "balanced", "--n-train", str(scenes["train"]),
                            "--n-val", str(scenes["val"]), "--n-test", str(scenes["test"]), "--seed", str(opts.seed),
                            "--workers", str(opts.threads), "--out", str(data), *size], work, env, report)
-    dtypes = (opts.dtype or ("fp32,bf16" if opts.on_cuda else "fp32")).split(",")
+    dtypes, fit_dtype = opts.dtypes, ["--dtype", opts.dtypes[0]]
     inputs = ["--image-size", str(opts.input_size)] if opts.input_size else []
     for b in opts.backbones:
         for dtype in dtypes:
@@ -323,15 +345,15 @@ def run(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
                       work, env, report)
     run_phase(f"extract {opts.backbones[0]} all tokens", ["extract", "-m", opts.backbones[0], "-d", str(data),
                                                           "--layers", "last", "--tokens", "all", "--device",
-                                                          opts.device, *inputs], work, env, report)
+                                                          opts.device, *fit_dtype, *inputs], work, env, report)
     models = [a for b in opts.backbones for a in ("-m", f"{label(b)}={b}")]
     run_phase("fit pooled", ["evaluate", *models, "-d", str(data), "--layers", opts.layers, "--tokens", "cls,mean",
                              "--probes", POOLED_FAMILIES, "--epochs", str(opts.epochs), "--results", str(results),
-                             *inputs, *common], work, env, report)
+                             *fit_dtype, *inputs, *common], work, env, report)
     budget = ["--memory-budget", str(opts.memory_budget)] if opts.memory_budget else []
     run_phase("fit attention", ["evaluate", "-m", f"{label(opts.backbones[0])}={opts.backbones[0]}", "-d", str(data), "--tokens", "all", "--probes",
                                 "attention", "--epochs", str(opts.attention_epochs), "--results", str(results),
-                                *inputs, *budget, *common], work, env, report)
+                                *fit_dtype, *inputs, *budget, *common], work, env, report)
     report["total_s"] = round(sum(p["wall_s"] for p in report["phases"]), 1)
     report["peak_rss_bytes"] = max(p["peak_rss_bytes"] for p in report["phases"])
     report["beta_star"] = headline(results)

@@ -25,12 +25,15 @@ def test_a_scale_outside_zero_to_one_is_one_line_and_exit_2(scale, tmp_path):
     assert not (tmp_path / "w").exists()  # refused before any work
 
 
-@pytest.mark.parametrize("budget, says", [("1KiB", "cannot read one batch of rows"), ("lots", "memory budget")])
-def test_a_memory_budget_below_one_batch_or_unreadable_is_one_line_and_exit_2(budget, says, tmp_path, capsys):
+@pytest.mark.parametrize("option, value, says", [("--memory-budget", "1KiB", "cannot read one batch of rows"),
+                                                 ("--memory-budget", "lots", "memory budget"),
+                                                 ("--dtype", "fp32,bf8", "dtype: unknown 'bf8'")])
+def test_a_memory_budget_below_one_batch_or_an_unknown_dtype_is_one_line_and_exit_2(option, value, says, tmp_path,
+                                                                                    capsys):
     """Refused before any scene is made: a budget below one training batch of the attention backbone's
     tokens (128 rows of 256 x 384 values at --scale 0.25) would fail its fit only after the extraction."""
     with pytest.raises(SystemExit) as ended:
-        paper_scale.main(["--scale", "0.25", "--memory-budget", budget, "--out", str(tmp_path / "w")])
+        paper_scale.main(["--scale", "0.25", option, value, "--out", str(tmp_path / "w")])
     err = capsys.readouterr().err
     assert ended.value.code == 2
     assert err.strip().count("\n") == 0 and says in err
@@ -51,11 +54,12 @@ def test_a_tiny_run_gives_what_bench_run_gives_on_its_study(tmp_path, monkeypatc
     from bench.api import load_study, run_study
 
     tiny = ["--scale", "0.0006", "--backbones", "random:dinov2-small", "--layers", "12", "--input-size", "28",
-            "--image-size", "112", "--epochs", "2", "--attention-epochs", "2", "--threads", "1"]
+            "--image-size", "112", "--epochs", "2", "--attention-epochs", "2", "--threads", "1", "--device", "cpu"]
     report = paper_scale.main([*tiny, "--out", str(tmp_path / "bench")])
     names = [p["name"] for p in report["phases"]]
-    assert names == ["generate", "extract random:dinov2-small fp32", "extract random:dinov2-small all tokens",
-                     "fit pooled", "fit attention"]
+    assert report["dtypes"] == paper_scale.default_dtypes(on_cuda=False).split(",")  # bf16 only on a CPU with AMX
+    assert names == ["generate", f"extract random:dinov2-small {report['dtypes'][0]}",
+                     "extract random:dinov2-small all tokens", "fit pooled", "fit attention"]
     assert all(p["wall_s"] > 0 and p["peak_rss_bytes"] > 0 for p in report["phases"])
     assert report["phases"][-1]["cache_bytes"] > report["phases"][0]["cache_bytes"] == 0
     cells = report["beta_star"]
