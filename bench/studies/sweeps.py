@@ -161,20 +161,28 @@ def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", limit
     """Fit every subspace of `plan` not yet in its file, on the dataset folder `dataset`; returns
     the files written. A backbone's swept subspace is fitted first and its controls at its rank
     (the rank its energy cut kept, not the probe's): a control is "a subspace of the same rank".
-    Files already there are read with numpy alone, so a rerun of a finished sweep imports no torch."""
+    Files already there are read with numpy alone, so a rerun of a finished sweep imports no torch;
+    one fitted on something else than the plan asks (the block's backbone name given another spec,
+    the dataset regenerated under its name, another limit: none of them is in the file's name) is
+    fitted again, and `say` says why."""
     from bench.core.dataset import Dataset
     from evaluators.interventions import load_subspace, save_subspace
 
     written = []
     ranks: dict[tuple[str, int], int] = {}  # (backbone, layer) -> the swept subspace's rank
+    train_fingerprint = Dataset(dataset).fingerprint("train")
     for fit in plan.fits:
         swept = (fit.backbone, fit.layer) not in ranks
-        if not fit.path.is_file():
+        rank = fit.rank if swept else ranks[(fit.backbone, fit.layer)]
+        stale = fit.path.is_file() and stale_because(load_subspace(fit.path).metadata(), fit, rank, limit,
+                                                     train_fingerprint)
+        if stale and say is not None:
+            say(f"{fit.path.name} was fitted on {stale}: fitting it again")
+        if stale or not fit.path.is_file():
             if say is not None:
                 say(f"fitting the {fit.kind} subspace of {fit.backbone} at layer {fit.layer} on {fit.dataset}")
             from evaluators.interventions.fit import fit_subspace  # model code: only when a file is missing
 
-            rank = fit.rank if swept else ranks[(fit.backbone, fit.layer)]
             sub = fit_subspace(fit.spec, Dataset(dataset), fit.layer, kind=fit.kind, rank=rank, seed=fit.seed,
                                device=device, limit=limit, progress=progress)
             fit.path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,3 +191,17 @@ def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", limit
         if swept:
             ranks[(fit.backbone, fit.layer)] = load_subspace(fit.path).rank
     return written
+
+
+def stale_because(meta: dict[str, Any], fit: SubspaceFit, rank: int, limit: int | None,
+                  train_fingerprint: str) -> str | None:
+    """What a subspace file (its metadata) was fitted on that `fit` does not ask for, in words; None
+    when it is the subspace `fit` asks for (at `rank`, on `limit` scenes of a train split of that
+    fingerprint)."""
+    settings = meta.get("settings", {})
+    asked = {"backbone": (meta.get("backbone"), fit.spec), "layer": (meta.get("layer"), fit.layer),
+             "kind": (meta.get("kind"), fit.kind), "seed": (settings.get("seed"), fit.seed),
+             "rank": (settings.get("rank"), rank), "limit": (settings.get("limit"), limit),
+             "train split": (str(meta.get("dataset_fingerprint"))[:16], train_fingerprint[:16])}
+    off = [f"{name} {was} (now {now})" for name, (was, now) in asked.items() if was != now]
+    return ", ".join(off) or None
