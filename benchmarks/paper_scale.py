@@ -11,7 +11,8 @@ its own `bench` process (as a user runs them), so that each one's peak memory is
 
 1. generate: the dataset, seed 0;
 2. extract BACKBONE: every layer's cls and mean tokens (and, for the attention backbone, every
-   token of its last layer) into a cache of the benchmark's own;
+   token of its last layer, from the same forward pass: `bench extract --also last:all`) into a
+   cache of the benchmark's own;
 3. fit pooled: `bench evaluate` of linear, quadratic, dnn on every row set of both backbones;
 4. fit attention: `bench evaluate --tokens all --probes attention`, under `--memory-budget`.
 
@@ -340,12 +341,11 @@ def run(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
     inputs = ["--image-size", str(opts.input_size)] if opts.input_size else []
     for b in opts.backbones:
         for dtype in dtypes:
-            run_phase(f"extract {b} {dtype}", ["extract", "-m", b, "-d", str(data), "--layers", "all", "--tokens",
-                                               "cls,mean", "--dtype", dtype, "--device", opts.device, *inputs],
-                      work, env, report)
-    run_phase(f"extract {opts.backbones[0]} all tokens", ["extract", "-m", opts.backbones[0], "-d", str(data),
-                                                          "--layers", "last", "--tokens", "all", "--device",
-                                                          opts.device, *fit_dtype, *inputs], work, env, report)
+            # the attention fit's tokens come from the same forward pass as the fits' dtype's pooled ones
+            tokens = ["--also", "last:all"] if (b, dtype) == (opts.backbones[0], dtypes[0]) else []
+            run_phase(f"extract {b} {dtype}{' (+ all tokens, last layer)' if tokens else ''}",
+                      ["extract", "-m", b, "-d", str(data), "--layers", "all", "--tokens", "cls,mean", *tokens,
+                       "--dtype", dtype, "--device", opts.device, *inputs], work, env, report)
     models = [a for b in opts.backbones for a in ("-m", f"{label(b)}={b}")]
     run_phase("fit pooled", ["evaluate", *models, "-d", str(data), "--layers", opts.layers, "--tokens", "cls,mean",
                              "--probes", POOLED_FAMILIES, "--epochs", str(opts.epochs), "--results", str(results),

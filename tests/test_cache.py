@@ -23,7 +23,7 @@ from evaluators.cache import entries as cache, inventory as cache_inventory
 from evaluators.backbones import PRESETS, resolve_backbone
 from evaluators.backbones.hf import HFBackbone
 from evaluators.backbones.presets import Preset
-from evaluators.cache.extract import extract_activations
+from evaluators.cache.extract import extract_activations, extract_selections
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,31 @@ def test_a_superset_entry_serves_smaller_requests(ds, tmp_path, monkeypatch):
         extract(str(ckpt), ds, tmp_path, layers="last", token_choices=("cls",), image_size=48)
 
 
+def test_one_forward_pass_fills_every_selection_with_the_bytes_of_its_own_pass(ds, tmp_path, monkeypatch):
+    """A study's two selections (every layer's cls,mean; every token of the last layer) from one
+    forward pass a batch: each is its own entry, byte for byte what its own extraction writes, and
+    a second call finds both without running the model."""
+    ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
+    wanted = [("all", ("cls", "mean")), ("last", ("all",))]
+    alone = [extract(str(ckpt), ds, tmp_path / "alone", layers=layers, token_choices=tokens)
+             for layers, tokens in wanted]
+    passes = []
+    forward = HFBackbone.hidden_states
+    monkeypatch.setattr(HFBackbone, "hidden_states", lambda self, x, layers: passes.append(layers) or
+                        forward(self, x, layers))
+    both = extract_selections(str(ckpt), ds, "test", wanted, cache_dir=tmp_path / "both", progress=False)
+    assert passes == [[0, 1, 2]] * -(-ds.num_rows("test") // 32)  # one pass a batch, every layer of both
+    for one, got in zip(alone, both):
+        assert got.path.name == one.path.name and got.layers == one.layers and got.token_choices == one.token_choices
+        arrays = sorted(one.path.glob("*.npy"))
+        assert len(arrays) == len(one.layers) * len(one.token_choices)
+        for f in arrays:
+            assert (got.path / f.name).read_bytes() == f.read_bytes(), f.name
+    forbid_forward(monkeypatch)
+    again = extract_selections(str(ckpt), ds, "test", wanted[::-1], cache_dir=tmp_path / "both", progress=False)
+    assert [a.path for a in again] == [b.path for b in both[::-1]]
+
+
 def test_reads_are_read_only_memmaps(ds, tmp_path):
     acts = extract("oracle:patches", ds, tmp_path, token_choices=("all",))
     arr = acts.get(0, "all")
@@ -106,7 +131,7 @@ STALLED_RUN = """
 import sys, time
 from bench.core.dataset import Dataset
 from evaluators.backbones.hf import HFBackbone
-from evaluators.cache.extract import extract_activations
+from evaluators.cache.extract import extract_activations, extract_selections
 
 forward, batches = HFBackbone.hidden_states, []
 def stalled(self, x, layers):  # after four batches (8 rows), the run stays mid-extraction until it is killed

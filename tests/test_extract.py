@@ -176,3 +176,11 @@ def test_bench_extract_cli(uniform_small, tmp_path, capsys):
     assert [line.split(":")[0] for line in out] == ["test", "val"] and "20 rows" in out[0]
     assert main([*args, "--tokens", "patch"]) == 2
     assert "patch" in capsys.readouterr().err
+    two = [*args[:-1], str(tmp_path / "two")]  # a cache of its own: the entries above would serve both
+    assert main([*two, "--split", "test", "--tokens", "cls", "--also", "last:cls,mean"]) == 0  # one pass, two entries
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "tokens cls ->" in out[0] and "tokens cls,mean ->" in out[1], out
+    for bad in ("last", "last:", ":all"):
+        assert main([*args, "--also", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.strip().count("\n") == 0 and "is not LAYERS:TOKENS" in err, err

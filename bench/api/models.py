@@ -43,10 +43,13 @@ def models(spec: str | None = None, *, image_size: int | None = None, mean: Sequ
 def extract(model: str, dataset: PathLike, *, splits: Sequence[str] = ("train", "val", "test"),
             layers: str = "all", token_choices: Sequence[str] = ("cls",), device: str = "auto", dtype: str = "fp32",
             batch_size: int = 32, resolution: str = "native", image_size: int | None = None,
-            cache_dir: PathLike | None = None, limit: int | None = None) -> Iterator[tuple[str, Activations]]:
+            cache_dir: PathLike | None = None, limit: int | None = None,
+            also: Sequence[tuple[str, Sequence[str]]] = ()) -> Iterator[tuple[str, Activations]]:
     """Extract `model`'s activations of each of `splits` into the cache (or find them there), as
-    `bench extract`; yields (split, its cached `Activations`) as each is done. Every split asked for
-    and the cache folder are checked now, before the model loads."""
+    `bench extract`; yields (split, its cached `Activations`) as each is done, and after each split's
+    `layers` x `token_choices` the entries of `also`'s (layers, tokens choices), which come from the
+    same forward pass (each its own cache entry). Every split asked for and the cache folder are
+    checked now, before the model loads."""
     from bench.core.dataset import Dataset
     from bench.core.paths import check_output_dir, output_path
     from evaluators.cache.entries import cache_root
@@ -58,12 +61,13 @@ def extract(model: str, dataset: PathLike, *, splits: Sequence[str] = ("train", 
     check_output_dir(cache_root(folder), "cache-dir")  # before the model loads and the first batch runs
 
     def extracted() -> Iterator[tuple[str, Activations]]:
-        from evaluators.cache.extract import extract_activations
+        from evaluators.cache.extract import extract_selections
 
+        selections = [(layers, list(token_choices)), *((lay, list(tok)) for lay, tok in also)]
         for s in splits:
-            yield s, extract_activations(model, ds, s, layers=layers, token_choices=list(token_choices), device=device,
-                                         dtype=dtype, batch_size=batch_size, resolution=resolution,
-                                         image_size=image_size, cache_dir=folder, limit=limit)
+            for acts in extract_selections(model, ds, s, selections, device=device, dtype=dtype, batch_size=batch_size,
+                                           resolution=resolution, image_size=image_size, cache_dir=folder, limit=limit):
+                yield s, acts
 
     return extracted()
 

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from bench import api
+from bench.core.errors import BenchError
 from bench.commands.common import Format, echo, parse_floats, render_table, stderr
 
 cache_app = typer.Typer(help="See and clear cached activations.")
@@ -56,13 +57,24 @@ def extract(
     image_size: Optional[int] = typer.Option(None, help="Input side in px (overrides native)."),
     cache_dir: Optional[str] = typer.Option(None, metavar="DIR", help="Cache root (default $BINDINGBENCH_CACHE or ~/.cache/bindingbench)."),
     limit: Optional[int] = typer.Option(None, help="Only the first N scenes of each split (as `bench evaluate --limit`)."),
+    also: list[str] = typer.Option([], "--also", metavar="LAYERS:TOKENS",
+                                   help="Another selection from the same forward pass, e.g. last:all (repeatable)."),
 ) -> None:
     """Extract and cache activations (evaluate does this on demand; this pre-fills the cache)."""
     for s, acts in api.extract(model, dataset, splits=split, layers=layers, token_choices=tokens.split(","),
                                device=device, dtype=dtype, batch_size=batch_size, resolution=resolution,
-                               image_size=image_size, cache_dir=cache_dir, limit=limit):
+                               image_size=image_size, cache_dir=cache_dir, limit=limit,
+                               also=[_selection(a) for a in also]):
         echo(f"{s}: {acts.n} rows, layers {acts.layers[0]}..{acts.layers[-1]}, "
              f"tokens {','.join(acts.token_choices)} -> {acts.path}")
+
+
+def _selection(text: str) -> tuple[str, list[str]]:
+    """`--also LAYERS:TOKENS` as (layers, tokens choices); a malformed one is one line."""
+    layers, sep, tokens = text.partition(":")
+    if not sep or not layers.strip() or not tokens.strip():
+        raise BenchError(f"also: {text!r} is not LAYERS:TOKENS (e.g. last:all or 0,6,12:cls,mean)")
+    return layers.strip(), [t.strip() for t in tokens.split(",")]
 
 
 @cache_app.callback(invoke_without_command=True)

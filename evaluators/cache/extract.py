@@ -17,7 +17,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -148,6 +148,10 @@ def check_cache_space(needed: int, cache_dir: Path | None = None, say: Callable[
 
 
 
+#: One cache entry's request: (layers, tokens choices), as `extract_activations` takes them.
+Selection = tuple[Union[str, Sequence[int]], Sequence[str]]
+
+
 def extract_activations(
     spec: str | Backbone,
     dataset: Dataset,
@@ -155,15 +159,7 @@ def extract_activations(
     *,
     layers: str | Sequence[int] = "all",
     token_choices: Sequence[str] = ("cls",),
-    device: str = "auto",
-    dtype: str = "fp32",
-    batch_size: int = BATCH_SIZE,
-    resolution: str = "native",
-    image_size: int | None = None,
-    cache_dir: Path | None = None,
-    progress: bool = True,
-    limit: int | None = None,
-    rows: tuple[int, int] | None = None,
+    **options: Any,
 ) -> Activations:
     """Activations of a split, from the cache when an entry covers the request, else extracted now.
 
@@ -173,63 +169,105 @@ def extract_activations(
     `limit`: readers take the first N.
     `rows` (start, stop) extracts only that row shard into the split's entry, beside other
     writers of other shards (`row_shards`); the entry returned is complete only once every
-    shard is (`is_complete`).
+    shard is (`is_complete`). The other options are `extract_selections`'.
     """
+    return extract_selections(spec, dataset, split, [(layers, token_choices)], **options)[0]
+
+
+def extract_selections(
+    spec: str | Backbone,
+    dataset: Dataset,
+    split: str,
+    selections: Sequence[Selection],
+    *,
+    device: str = "auto",
+    dtype: str = "fp32",
+    batch_size: int = BATCH_SIZE,
+    resolution: str = "native",
+    image_size: int | None = None,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+    limit: int | None = None,
+    rows: tuple[int, int] | None = None,
+) -> list[Activations]:
+    """Each selection's activations (`extract_activations`' arguments otherwise), the missing ones
+    from one forward pass: a study that reads every layer's pooled tokens and every token of one
+    layer runs the model once, not once per selection. Each selection is its own cache entry, so
+    a reader of either finds it as if it had been extracted alone, with the same bytes."""
     check_dtype(dtype)
     if batch_size < 1:
         raise BenchError(f"batch_size: must be ≥ 1, got {batch_size}")
     if limit is not None and limit < 1:
         raise BenchError(f"limit: must be ≥ 1, got {limit}")
-    token_list = parse_tokens(token_choices)
+    if not selections:
+        raise BenchError("selections: give at least one (layers, tokens)")
+    token_lists = [parse_tokens(tokens) for _, tokens in selections]  # before the model is built
     n = dataset.num_rows(split)
     limit = None if limit is None or limit >= n else limit
     backbone = (resolve_backbone(spec) if isinstance(spec, str) else spec).bind(dataset)
     info = backbone.info
-    side, grid = check_tokens(backbone, dataset, split, token_list, resolution, image_size)
-    layer_ids = parse_layers(layers, info.n_layers)
+    wanted = [(parse_layers(layers, info.n_layers), tokens) for (layers, _), tokens in zip(selections, token_lists)]
+    side, grid = check_tokens(backbone, dataset, split, [t for _, tokens in wanted for t in tokens], resolution,
+                              image_size)
     dev = resolve_device(device)
-    found = None
-    if limit is not None:  # the whole split's entry, when cached, already holds the first rows
-        found = entries.find_complete(cache_dir, _entry_key(backbone, dataset, split, side, dtype, None)[0],
-                                    layer_ids, token_list)
     key, material = _entry_key(backbone, dataset, split, side, dtype, limit)
-    found = found or entries.find_complete(cache_dir, key, layer_ids, token_list)
-    if found is None and backbone.loaded() is not backbone:  # a recorded model: built to extract, keyed by itself
-        return extract_activations(backbone.loaded(), dataset, split, layers=layers, token_choices=token_choices,
-                                   device=device, dtype=dtype, batch_size=batch_size, resolution=resolution,
-                                   image_size=image_size, cache_dir=cache_dir, progress=progress, limit=limit,
-                                   rows=rows)
+    whole = None if limit is None else _entry_key(backbone, dataset, split, side, dtype, None)[0]
+    # the whole split's entry, when cached, already holds a limited request's first rows
+    found = [(whole and entries.find_complete(cache_dir, whole, layer_ids, tokens))
+             or entries.find_complete(cache_dir, key, layer_ids, tokens) for layer_ids, tokens in wanted]
+    if None in found and backbone.loaded() is not backbone:  # a recorded model: built to extract, keyed by itself
+        return extract_selections(backbone.loaded(), dataset, split, selections, device=device, dtype=dtype,
+                                  batch_size=batch_size, resolution=resolution, image_size=image_size,
+                                  cache_dir=cache_dir, progress=progress, limit=limit, rows=rows)
     n = n if limit is None else limit
     if rows is not None and not (0 <= rows[0] < rows[1] <= n and rows[0] % batch_size == 0):
         raise BenchError(f"rows: {rows[0]}..{rows[1]} is not a row shard of {split}'s {n} rows starting on a batch "
                          f"boundary (a multiple of {batch_size})")
-    if found is None:
-        found = entries.activations_dir(cache_dir) / key / entries.selection_key(layer_ids, token_list)
-        row_shapes = _row_shapes(token_list, info.width, grid)
-        writer = entries.EntryWriter(found, material, layer_ids, token_list, n, row_shapes, rows=rows).open()
-        try:
-            t0 = time.perf_counter()
-            todo = writer.todo()  # empty when another writer finished these rows while we waited
-            if todo:
-                backbone = backbone.to(dev, dtype)
-            with ExitStack() as stack:
-                lo, hi = writer.span
-                advance = _progress(stack, progress and bool(todo), f"extract {info.spec} {split}", hi - lo,
-                                    hi - lo - sum(b - a for a, b in todo))
-                for start, stop in todo:
-                    _run(backbone, dataset, split, side, layer_ids, token_list, batch_size, writer, start, stop,
-                         advance)
-            complete = writer.finish({"info": info.to_dict(), "grid": list(grid) if grid else None,
-                                      "device": str(dev), "batch_size": batch_size,
-                                      "wall_s": round(time.perf_counter() - t0, 3)})
-        finally:
-            writer.close()
-        if not complete and rows is None:
+    missing = [i for i, f in enumerate(found) if f is None]
+    if missing:
+        folders = [entries.activations_dir(cache_dir) / key / entries.selection_key(*wanted[i]) for i in missing]
+        with ExitStack() as stack:
+            writers = []
+            for folder, i in zip(folders, missing):
+                layer_ids, tokens = wanted[i]
+                writer = entries.EntryWriter(folder, material, layer_ids, tokens, n, _row_shapes(tokens, info.width, grid),
+                                             rows=rows).open()
+                stack.callback(writer.close)
+                writers.append(writer)
+            complete = _fill(backbone, dataset, split, side, writers, dev, dtype, batch_size, progress,
+                             {"info": info.to_dict(), "grid": list(grid) if grid else None, "device": str(dev),
+                              "batch_size": batch_size})
+        if not all(complete) and rows is None:
             raise RuntimeError(f"extraction of {info.spec} {split} left the cache entry incomplete")
-    meta = entries.read_meta(found)
-    tokens_stored = list(meta["views"]) if meta else token_list
-    return Activations(info=info, layers=layer_ids, n=n if meta is None else int(meta["n"]), grid=grid,
-                       token_choices=tokens_stored, path=found)
+        for folder, i in zip(folders, missing):
+            found[i] = folder
+    out = []
+    for (layer_ids, tokens), path in zip(wanted, found):
+        meta = entries.read_meta(path)
+        out.append(Activations(info=info, layers=layer_ids, n=n if meta is None else int(meta["n"]), grid=grid,
+                               token_choices=list(meta["views"]) if meta else tokens, path=path))
+    return out
+
+
+def _fill(backbone: Backbone, dataset: Dataset, split: str, side: int, writers: list[entries.EntryWriter],
+          dev: torch.device, dtype: str, batch_size: int, progress: bool, meta: dict[str, Any]) -> list[bool]:
+    """Every writer's missing rows, writers missing the same rows from one forward pass each run
+    (their layers together), then each finished with `meta` and its wall time; whether each
+    entry is complete (a row shard's writer may finish before the others)."""
+    groups: dict[tuple[tuple[int, int], ...], list[entries.EntryWriter]] = {}
+    for w in writers:  # empty when another writer finished these rows while we waited
+        groups.setdefault(tuple(w.todo()), []).append(w)
+    if any(groups):
+        backbone = backbone.to(dev, dtype)
+    t0 = time.perf_counter()
+    for todo, group in groups.items():
+        with ExitStack() as stack:
+            lo, hi = group[0].span
+            advance = _progress(stack, progress and bool(todo), f"extract {backbone.info.spec} {split}", hi - lo,
+                                hi - lo - sum(b - a for a, b in todo))
+            for start, stop in todo:
+                _run(backbone, dataset, split, side, group, batch_size, start, stop, advance)
+    return [w.finish({**meta, "wall_s": round(time.perf_counter() - t0, 3)}) for w in writers]
 
 
 def row_shards(n: int, rows_per_shard: int, batch_size: int = BATCH_SIZE) -> list[tuple[int, int]]:
@@ -264,14 +302,16 @@ def select_tokens(h: torch.Tensor, info: BackboneInfo, token_choices: Sequence[s
     return {v: out[v] for v in token_choices}
 
 
-def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: list[int], token_choices: list[str],
-         batch_size: int, writer: entries.EntryWriter, start: int, stop: int, advance: Callable[[int], None]) -> None:
-    """Rows [start, stop) through the three-stage pipeline: loader thread -> forward here -> writer thread."""
+def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, writers: list[entries.EntryWriter],
+         batch_size: int, start: int, stop: int, advance: Callable[[int], None]) -> None:
+    """Rows [start, stop) through the three-stage pipeline: loader thread -> forward here (every
+    writer's layers) -> writer thread (each writer its own layers and tokens)."""
     inputs: queue.Queue = queue.Queue(maxsize=2)
     outputs: queue.Queue = queue.Queue(maxsize=2)
     errors: list[BaseException] = []
     halt = threading.Event()
     spatial = backbone.grid(side) is not None
+    layers = sorted({layer for w in writers for layer in w.layers})
 
     def load() -> None:
         try:
@@ -290,8 +330,9 @@ def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: li
                 continue
             offset, arrays = item
             try:
-                writer.write(offset, arrays)
-                advance(len(next(iter(arrays.values()))))
+                for writer, part in zip(writers, arrays):
+                    writer.write(offset, part)
+                advance(len(next(iter(arrays[0].values()))))
             except BaseException as e:
                 errors.append(e)
                 halt.set()
@@ -302,11 +343,10 @@ def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: li
     try:
         while (item := inputs.get()) is not _DONE and not halt.is_set():
             offset, x = item
-            hs = backbone.hidden_states(x, layers)
-            arrays = {}
-            for layer, h in zip(layers, hs):
-                for tokens, t in select_tokens(h, backbone.info, token_choices, spatial).items():
-                    arrays[layer, tokens] = t.to(torch.float16).cpu().numpy()
+            hs = dict(zip(layers, backbone.hidden_states(x, layers)))
+            arrays = [{(layer, tokens): t.to(torch.float16).cpu().numpy() for layer in w.layers
+                       for tokens, t in select_tokens(hs[layer], backbone.info, w.token_choices, spatial).items()}
+                      for w in writers]
             outputs.put((offset, arrays))
     finally:
         halt.set()
@@ -316,7 +356,7 @@ def _run(backbone: Backbone, dataset: Dataset, split: str, side: int, layers: li
             t.join()
     if errors:
         raise errors[0]
-    missing = [r for r in writer.todo() if r[0] < stop and r[1] > start]
+    missing = [r for w in writers for r in w.todo() if r[0] < stop and r[1] > start]
     if missing:
         raise RuntimeError(f"extraction of rows {start}..{stop} left rows {missing[0][0]}..{missing[0][1]} unwritten")
 
