@@ -86,8 +86,8 @@ def test_a_superset_entry_serves_smaller_requests(ds, tmp_path, monkeypatch):
 
 def test_one_forward_pass_fills_every_selection_with_the_bytes_of_its_own_pass(ds, tmp_path, monkeypatch):
     """A study's two selections (every layer's cls,mean; every token of the last layer) from one
-    forward pass a batch: each is its own entry, byte for byte what its own extraction writes, and
-    a second call finds both without running the model."""
+    forward pass a batch: each is its own entry, byte for byte what its own extraction writes (one
+    asked for twice is one entry), and a second call finds both without running the model."""
     ckpt = tiny_checkpoint("dinov2", tmp_path / "m")[1]
     wanted = [("all", ("cls", "mean")), ("last", ("all",))]
     alone = [extract(str(ckpt), ds, tmp_path / "alone", layers=layers, token_choices=tokens)
@@ -96,8 +96,10 @@ def test_one_forward_pass_fills_every_selection_with_the_bytes_of_its_own_pass(d
     forward = HFBackbone.hidden_states
     monkeypatch.setattr(HFBackbone, "hidden_states", lambda self, x, layers: passes.append(layers) or
                         forward(self, x, layers))
-    both = extract_selections(str(ckpt), ds, "test", wanted, cache_dir=tmp_path / "both", progress=False)
+    both = extract_selections(str(ckpt), ds, "test", [*wanted, wanted[0]], cache_dir=tmp_path / "both",
+                              progress=False)  # a selection asked twice is one entry, one writer
     assert passes == [[0, 1, 2]] * -(-ds.num_rows("test") // 32)  # one pass a batch, every layer of both
+    assert both[2].path == both[0].path
     for one, got in zip(alone, both):
         assert got.path.name == one.path.name and got.layers == one.layers and got.token_choices == one.token_choices
         arrays = sorted(one.path.glob("*.npy"))
@@ -106,7 +108,7 @@ def test_one_forward_pass_fills_every_selection_with_the_bytes_of_its_own_pass(d
             assert (got.path / f.name).read_bytes() == f.read_bytes(), f.name
     forbid_forward(monkeypatch)
     again = extract_selections(str(ckpt), ds, "test", wanted[::-1], cache_dir=tmp_path / "both", progress=False)
-    assert [a.path for a in again] == [b.path for b in both[::-1]]
+    assert [a.path for a in again] == [b.path for b in both[1::-1]]
 
 
 def test_reads_are_read_only_memmaps(ds, tmp_path):

@@ -223,12 +223,13 @@ def extract_selections(
     if rows is not None and not (0 <= rows[0] < rows[1] <= n and rows[0] % batch_size == 0):
         raise BenchError(f"rows: {rows[0]}..{rows[1]} is not a row shard of {split}'s {n} rows starting on a batch "
                          f"boundary (a multiple of {batch_size})")
-    missing = [i for i, f in enumerate(found) if f is None]
-    if missing:
-        folders = [entries.activations_dir(cache_dir) / key / entries.selection_key(*wanted[i]) for i in missing]
+    # a selection asked for twice is one entry, with one writer (a second would wait on the first's lock)
+    folders = {i: entries.activations_dir(cache_dir) / key / entries.selection_key(*wanted[i])
+               for i, f in enumerate(found) if f is None}
+    if folders:
         with ExitStack() as stack:
             writers = []
-            for folder, i in zip(folders, missing):
+            for folder, i in {folder: i for i, folder in folders.items()}.items():
                 layer_ids, tokens = wanted[i]
                 writer = entries.EntryWriter(folder, material, layer_ids, tokens, n, _row_shapes(tokens, info.width, grid),
                                              rows=rows).open()
@@ -239,7 +240,7 @@ def extract_selections(
                               "batch_size": batch_size})
         if not all(complete) and rows is None:
             raise RuntimeError(f"extraction of {info.spec} {split} left the cache entry incomplete")
-        for folder, i in zip(folders, missing):
+        for i, folder in folders.items():
             found[i] = folder
     out = []
     for (layer_ids, tokens), path in zip(wanted, found):
