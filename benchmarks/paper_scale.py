@@ -154,7 +154,7 @@ def baseline_phase(report: dict[str, Any], name: str) -> dict[str, Any] | None:
 def phase_line(phase: dict[str, Any], report: dict[str, Any], base: dict[str, Any] | None) -> str:
     """One phase's printout: time, memory, cache, and the ratio to its baseline's time beside the
     scenes' ratio."""
-    line = (f"{phase['name']:34s} {phase['wall_s']:9.1f} s  peak RSS {gib(phase['peak_rss_bytes']):6.2f} GiB  "
+    line = (f"{phase['name']:44s} {phase['wall_s']:9.1f} s  peak RSS {gib(phase['peak_rss_bytes']):6.2f} GiB  "
             f"GPU {gib(phase['peak_gpu_bytes']):5.2f} GiB  cache {gib(phase['cache_bytes']):7.3f} GiB")
     if base is not None:
         scenes = report["scenes"]["train"] / report["baseline"]["scenes"]["train"]
@@ -343,7 +343,7 @@ def run(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
         for dtype in dtypes:
             # the attention fit's tokens come from the same forward pass as the fits' dtype's pooled ones
             tokens = ["--also", "last:all"] if (b, dtype) == (opts.backbones[0], dtypes[0]) else []
-            run_phase(f"extract {b} {dtype}{' (+ all tokens, last layer)' if tokens else ''}",
+            run_phase(f"extract {b} {dtype}{' + last:all' if tokens else ''}",
                       ["extract", "-m", b, "-d", str(data), "--layers", "all", "--tokens", "cls,mean", *tokens,
                        "--dtype", dtype, "--device", opts.device, *inputs], work, env, report)
     models = [a for b in opts.backbones for a in ("-m", f"{label(b)}={b}")]

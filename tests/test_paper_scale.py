@@ -58,7 +58,7 @@ def test_a_tiny_run_gives_what_bench_run_gives_on_its_study(tmp_path, monkeypatc
     report = paper_scale.main([*tiny, "--out", str(tmp_path / "bench")])
     names = [p["name"] for p in report["phases"]]
     assert report["dtypes"] == paper_scale.default_dtypes(on_cuda=False).split(",")  # bf16 only on a CPU with AMX
-    assert names == ["generate", f"extract random:dinov2-small {report['dtypes'][0]} (+ all tokens, last layer)",
+    assert names == ["generate", f"extract random:dinov2-small {report['dtypes'][0]} + last:all",
                      "fit pooled", "fit attention"]
     assert all(p["wall_s"] > 0 and p["peak_rss_bytes"] > 0 for p in report["phases"])
     assert report["phases"][-1]["cache_bytes"] > report["phases"][0]["cache_bytes"] == 0
