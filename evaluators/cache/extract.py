@@ -231,8 +231,8 @@ def extract_selections(
             writers = []
             for folder, i in {folder: i for i, folder in folders.items()}.items():
                 layer_ids, tokens = wanted[i]
-                writer = entries.EntryWriter(folder, material, layer_ids, tokens, n, _row_shapes(tokens, info.width, grid),
-                                             rows=rows).open()
+                shapes = _row_shapes(tokens, info.width, grid)
+                writer = entries.EntryWriter(folder, material, layer_ids, tokens, n, shapes, rows=rows).open()
                 stack.callback(writer.close)
                 writers.append(writer)
             complete = _fill(backbone, dataset, split, side, writers, dev, dtype, batch_size, progress,
