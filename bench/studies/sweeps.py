@@ -170,26 +170,27 @@ def fit_subspaces(plan: SweepPlan, dataset: Path, *, device: str = "auto", limit
 
     written = []
     ranks: dict[tuple[str, int], int] = {}  # (backbone, layer) -> the swept subspace's rank
-    train_fingerprint = Dataset(dataset).fingerprint("train")
+    ds = Dataset(dataset)
+    train_fingerprint = ds.fingerprint("train")
     for fit in plan.fits:
         swept = (fit.backbone, fit.layer) not in ranks
         rank = fit.rank if swept else ranks[(fit.backbone, fit.layer)]
-        stale = fit.path.is_file() and stale_because(load_subspace(fit.path).metadata(), fit, rank, limit,
-                                                     train_fingerprint)
+        sub = load_subspace(fit.path) if fit.path.is_file() else None
+        stale = sub is not None and stale_because(sub.metadata(), fit, rank, limit, train_fingerprint)
         if stale and say is not None:
             say(f"{fit.path.name} was fitted on {stale}: fitting it again")
-        if stale or not fit.path.is_file():
+        if sub is None or stale:
             if say is not None:
                 say(f"fitting the {fit.kind} subspace of {fit.backbone} at layer {fit.layer} on {fit.dataset}")
             from evaluators.interventions.fit import fit_subspace  # model code: only when a file is missing
 
-            sub = fit_subspace(fit.spec, Dataset(dataset), fit.layer, kind=fit.kind, rank=rank, seed=fit.seed,
-                               device=device, limit=limit, progress=progress)
+            sub = fit_subspace(fit.spec, ds, fit.layer, kind=fit.kind, rank=rank, seed=fit.seed, device=device,
+                               limit=limit, progress=progress)
             fit.path.parent.mkdir(parents=True, exist_ok=True)
             save_subspace(sub, fit.path)
             written.append(fit.path)
         if swept:
-            ranks[(fit.backbone, fit.layer)] = load_subspace(fit.path).rank
+            ranks[(fit.backbone, fit.layer)] = sub.rank
     return written
 
 
