@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
         budget = None if opts.memory_budget is None else parse_size(opts.memory_budget)
     except BenchError as e:
         parser.exit(2, f"attention_stream.py: error: {e}\n")
+    if opts.out is not None:
+        opts.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=opts.out) as tmp:
         return run(Path(tmp), opts, budget)
 

@@ -11,7 +11,7 @@ import scipy.special
 import torch
 
 from bench.core.groups import group_labels, mean_se
-from evaluators.fitting.data import FitResult, ProbeJob, RowReader, to_device
+from evaluators.fitting.data import FitResult, ProbeJob, RowReader, piece_rows, to_device
 from evaluators.probes.base import anchor, scene_bits
 
 
@@ -117,9 +117,10 @@ class HeldSplit:
     def __len__(self) -> int:
         return self.n
 
-    def chunks(self, size: int, bounded: bool = False, share: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def chunks(self, size: int, bounded: bool = False, share: int = 1,
+               most: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(indices on the device, float32 rows, upcast exactly) in order, `size` rows at a time (held
-        on the device: nothing is read, whatever `bounded` and `share` say, `RowReader.chunks`)."""
+        on the device: nothing is read, whatever `bounded`, `share` and `most` say, `RowReader.chunks`)."""
         for start in range(0, self.n, size):
             stop = min(start + size, self.n)
             yield torch.arange(start, stop, device=self.rows.device), self.rows[start:stop].float()
@@ -153,7 +154,8 @@ def score_row_sets(sets: Sequence[tuple[Sequence[ProbeJob], RowReader]], split: 
         if not jobs:
             continue
         chunk = max(batch, SCORE_BYTES // max(reader.float_row_bytes, 1))
-        for idx, rows in reader.chunks(chunk, bounded=True):  # pieces within the fit's memory budget
+        # pieces within the fit's memory budget, and on a CPU of the rows that stay in its caches
+        for idx, rows in reader.chunks(chunk, bounded=True, most=piece_rows(reader.float_row_bytes, device)):
             x = torch.from_numpy(rows).to(device)
             for j in jobs:
                 if isinstance(mine[j.name], Exception):

@@ -20,7 +20,7 @@ from evaluators.tasks.binding.task import SPLITS
 
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
-PROBE_CODE_VERSION = 16
+PROBE_CODE_VERSION = 17
 
 
 def effective_limit(ds: Dataset, limit: int | None) -> int | None:
