@@ -47,7 +47,9 @@ class Task:
 
     Running: `runner(request, dataset, progress, on_skipped) -> Path | None` writes the run's rows;
     `ray_runner`, what it hands the work to under `--executor ray` (None: refused); `needs_codes`: it reads the
-    dataset's F/O codes. The request: `probes` names its probe registry (`module:REGISTRY`);
+    dataset's F/O codes; `fills_also`: its runner extracts each backbone's layers and tokens as the
+    request names them and fills the request's `also` selections from the same forward pass (a
+    study's later blocks, `EvaluationRequest.also`). The request: `probes` names its probe registry (`module:REGISTRY`);
     `default_layers`, `default_probes` and `token_choices` (when none are named) fill what a
     request leaves out; `fixed_tokens`: the tokens cannot be chosen; `controls` the control
     nulls it takes; `check(request)` its own checks of a request (probe names, probe x tokens), and
@@ -80,6 +82,7 @@ class Task:
     fixed_tokens: bool = False
     controls: tuple[str, ...] = ()
     needs_codes: bool = False
+    fills_also: bool = False
     ray_runner: Any = None
     check: Any = None
     request: Any = None

@@ -105,16 +105,17 @@ def _run(study: Study, plan: StudyPlan, executor: str, address: str | None, prog
                     f"afterwards) while evaluating {', '.join(_names(first)) or 'nothing else'}")
             else:
                 say(f"2/3 evaluating {', '.join(_names(first + later))}")
-            for block, dataset, models in first:
+            order = first + later
+            for i, (block, dataset, models) in enumerate(first):
                 written += _evaluate(study, block, dataset, models, results, executor, address, progress, command,
-                                     skipped)
+                                     skipped, _also(order, i, results, executor))
             if later:
                 for spec, path in zoo_trained().items():
                     say(f"{spec} → {path}")
                 say(f"2/3 evaluating {', '.join(_names(later))}")
-            for block, dataset, models in later:
+            for i, (block, dataset, models) in enumerate(later, len(first)):
                 written += _evaluate(study, block, dataset, models, results, executor, address, progress, command,
-                                     skipped)
+                                     skipped, _also(order, i, results, executor))
     return written, skipped
 
 
@@ -173,20 +174,47 @@ def _work(study: Study, plan: StudyPlan) -> list[tuple[EvaluateBlock, DatasetSte
     return out
 
 
+def _also(work: Sequence[tuple[EvaluateBlock, DatasetStep, tuple]], i: int, results: Path, executor: str
+          ) -> tuple[tuple[str, Any, tuple[str, ...]], ...]:
+    """What evaluation `work[i]` extracts beside its own selections, from the same forward pass
+    (`EvaluationRequest.also`): the layers and tokens of every later evaluation of `work` that reads
+    one of its backbones on its dataset with the same extraction (dtype, limit, input settings) and
+    still owes that backbone rows. The README's study reads every layer's class token, then every
+    token of the last layer, of the same backbones: each runs through its model once, not twice."""
+    from bench.core.tasks import TASKS
+    from evaluators.runner.run import held_rows
+
+    block, step, models = work[i]
+    mine = block.request(models, step.target, results_dir=results)
+    if executor != "local" or not TASKS.get(mine.task).fills_also:
+        return ()
+    out: list[tuple[str, Any, tuple[str, ...]]] = []
+    for later, later_step, later_models in work[i + 1:]:
+        if later_step.target != step.target:
+            continue
+        for entry in (m for m in later_models if m in models):
+            theirs = later.request([entry], step.target, results_dir=results)
+            if (TASKS.get(theirs.task).fills_also and (theirs.dtype, theirs.limit) == (mine.dtype, mine.limit)
+                    and held_rows(theirs) is None):
+                out.append((entry.name, theirs.layer_request, tuple(theirs.token_choices)))
+    return tuple(dict.fromkeys(out))
+
+
 def _evaluate(study: Study, block: EvaluateBlock, step: DatasetStep, backbones: tuple, results: Path, executor: str,
-              address: str | None, progress: bool, command: str | None, skipped: list[int]) -> list[Path]:
-    """One `run_evaluation` of a block's backbones (sharing input settings) on one dataset, then,
-    when the block sweeps interventions, its subspaces fitted (once, into the study folder) and a
-    second of the intervened backbones they name."""
+              address: str | None, progress: bool, command: str | None, skipped: list[int],
+              also: tuple = ()) -> list[Path]:
+    """One `run_evaluation` of a block's backbones (sharing input settings) on one dataset, its
+    extraction filling `also` too (`_also`), then, when the block sweeps interventions, its
+    subspaces fitted (once, into the study folder) and a second of the intervened backbones they name."""
     from evaluators.runner.run import run_evaluation
 
-    def run(entries: Sequence[BackboneEntry]) -> list[Path]:
+    def run(entries: Sequence[BackboneEntry], also: tuple = ()) -> list[Path]:
         plan = block.request(entries, step.target, results_dir=results, executor=executor, address=address,
-                             threads=study.threads, command=command)
+                             threads=study.threads, command=command, also=also)
         path = run_evaluation(plan, progress=progress, on_skipped=skipped.append)
         return [] if path is None else [path]
 
-    written = run(backbones)
+    written = run(backbones, also)
     if block.interventions is None:
         return written
     sweep = sweep_plan(block.interventions, backbones, step.entry.name, results.parent)

@@ -273,7 +273,9 @@ def _step(idx: np.ndarray, pieces: int | None, rows: torch.Tensor | None, train:
         losses = {}
         for name, j in list(running.items()):
             try:
-                losses[name] = batch_bits(j, "train", index, x, device, j.optim.amp, held)[0].sum() / len(idx)
+                bits = batch_bits(j, "train", index, x, device, j.optim.amp, held)[0]
+                # the piece's share of the batch's mean (a whole batch: its mean, as CUDA's kernel rounds it)
+                losses[name] = bits.mean() if len(part) == len(idx) else bits.sum() / len(idx)
             except Exception as e:  # noqa: BLE001 — a failing probe becomes an error row
                 _drop([name], e, running, groups, results, active)
                 totals.pop(name, None)

@@ -4,7 +4,7 @@ checked against free disk."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from bench.core.dataset import Dataset
@@ -76,6 +76,14 @@ class BackbonePlan:
     name: str  # the `backbone` column: the display name of `-m NAME=SPEC`, else the spec
     model: Model  # what `backbone` was made from (`build_backbone`), for Ray workers to make it again
     preprocessing: Mapping[str, object] | None = None
+    #: Other (layers, tokens) its extraction fills from the same forward pass (`EvaluationRequest.also`).
+    also: list[tuple[list[int], list[str]]] = field(default_factory=list)
+
+    @property
+    def selections(self) -> list[tuple[list[int], list[str]]]:
+        """What its extraction fills, each once: its own layers and tokens first, then `also`."""
+        return list({(tuple(layers), tuple(tokens)): (layers, tokens)
+                     for layers, tokens in [(self.layers, self.token_choices), *self.also]}.values())
 
     def shown(self, tokens: str) -> list[str]:
         return [tokens, *self.aliases.get(tokens, [])]
@@ -106,6 +114,12 @@ def view_aliases(info: BackboneInfo, token_choices: Sequence[str]) -> dict[str, 
     return {"cls": ["mean"]} if cls_is_mean(info) and {"cls", "mean"} <= set(token_choices) else {}
 
 
+def trained_views(info: BackboneInfo, token_choices: Sequence[str]) -> list[str]:
+    """The views of `token_choices` whose probes are trained (and extracted): all but aliases (`view_aliases`)."""
+    aliases = view_aliases(info, token_choices)
+    return [v for v in token_choices if not any(v in a for a in aliases.values())]
+
+
 @dataclass(frozen=True)
 class Owed:
     """What one backbone of a request owes on one dataset: the layers asked for, the views trained
@@ -129,8 +143,7 @@ def rows_owed(request: EvaluationRequest, name: str, info: BackboneInfo, *, data
     (`backbone_metadata`), so both plan the same rows. A layer request the backbone cannot meet
     raises `parse_layers`'s BenchError (the caller names the backbone)."""
     layers = parse_layers(request.layer_request, info.n_layers)
-    aliases = view_aliases(info, request.token_choices)
-    trained = [v for v in request.token_choices if not any(v in a for a in aliases.values())]
+    aliases, trained = view_aliases(info, request.token_choices), trained_views(info, request.token_choices)
     fixed = {"backbone": name, "dataset": dataset, "dataset_fingerprint": test_fp, "limit": limit,
              "control": request.control, "split": TASKS.get(request.task).split, "task": request.task,
              "weights_fingerprint": info.revision}
@@ -216,10 +229,25 @@ def backbone_plans(request: EvaluationRequest, ds: Dataset, *, done: set[tuple],
         if backbone_notes is not None:
             notes += backbone_notes(spec, backbone, owed.layers, request.families)
         plans.append(BackbonePlan(spec, backbone, owed.layers, owed.token_choices, owed.todo, owed.skipped,
-                                  owed.aliases, probe_fps, name, model, preprocessing))
+                                  owed.aliases, probe_fps, name, model, preprocessing,
+                                  also_selections(request, name, backbone.info)))
     for note in notes:
         say(progress, note)
     return plans
+
+
+def also_selections(request: EvaluationRequest, name: str, info: BackboneInfo) -> list[tuple[list[int], list[str]]]:
+    """The (layers, tokens) of `request.also` for model `name`, resolved as its own are (`rows_owed`):
+    the entries the runs that ask for them will look up. One this backbone cannot meet is left out: the
+    run that asks for it refuses it in its own words."""
+    out = []
+    for named, layers, tokens in request.also:
+        if named == name:
+            try:
+                out.append((parse_layers(layers, info.n_layers), trained_views(info, tokens)))
+            except BenchError:
+                continue
+    return out
 
 
 def check_cache(plans: Sequence[BackbonePlan], ds: Dataset, dtype: str, limit: int | None, progress: bool,
@@ -235,9 +263,8 @@ def check_cache(plans: Sequence[BackbonePlan], ds: Dataset, dtype: str, limit: i
     for p in plans:
         if not p.todo:
             continue
-        size = sum(pending_bytes(p.backbone, ds, s, layers=p.layers, token_choices=p.token_choices, dtype=dtype,
-                                 limit=limit)
-                   for s in SPLITS)
+        size = sum(pending_bytes(p.backbone, ds, s, layers=layers, token_choices=tokens, dtype=dtype, limit=limit)
+                   for s in SPLITS for layers, tokens in p.selections)
         if "all" in p.token_choices and len(p.layers) > 1 and size:
             say(progress, f"warning: --tokens all over {len(p.layers)} layers of {p.spec} stores every patch token "
                            f"of every layer: ~{gib(size)} of activations cache")

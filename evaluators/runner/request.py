@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence, Union
 from bench.core.errors import BenchError
 from bench.core.labels import check_label
 from bench.core.paths import output_path
-from bench.core.tasks import DEFAULT_TASK, TASKS
+from bench.core.tasks import DEFAULT_TASK, TASKS, Task
 from evaluators.backbones.info import BackboneInfo
 from evaluators.backbones.presets import checked_preprocessing
 from evaluators.cache.keys import check_device, check_dtype, parse_tokens
@@ -168,7 +168,10 @@ class EvaluationRequest:
     `std` (R, G, B) replace the input side and normalisation of every spec given (as
     `resolve_backbone` does; a source without them refuses in one line), e.g. for a
     `save_pretrained` folder without preprocessor_config.json; Ray workers build each backbone
-    with them as the driver does (`planning.build_backbone`).
+    with them as the driver does (`planning.build_backbone`). `also`: (model name, layers, tokens)
+    selections that a model's extraction fills beside its own, from the same forward pass, for
+    the runs that read them next (a study's later blocks, `bench.studies.runner`): cache entries,
+    no rows; a task whose runner does (`Task.fills_also`), in this process.
     """
 
     models: tuple[Model, ...]
@@ -197,6 +200,7 @@ class EvaluationRequest:
     image_size: int | None = None
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
+    also: tuple[tuple[str, str | tuple[int, ...], tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         # frozen: the normalised values are set once, here, through object.__setattr__
@@ -218,6 +222,8 @@ class EvaluationRequest:
         put("seeds", tuple(int(s) for s in seeds))
         for name, value in checked_preprocessing(self.image_size, self.mean, self.std).items():
             put(name, value)  # checked (one line on a bad value) and normalised: an int, tuples of 3 floats
+        put("also", tuple((name, layers if isinstance(layers, str) else tuple(layers), tuple(parse_tokens(tokens)))
+                          for name, layers, tokens in self.also))
         self._check()
         put("seeds", tuple(dict.fromkeys(self.seeds)))  # each seed once, in order
 
@@ -260,6 +266,19 @@ class EvaluationRequest:
                 raise BenchError(f"{name}: must be ≥ 1, got {value}")
         if self.threads is not None:
             check_threads(self.threads)
+        if self.also:
+            self._check_also(task)
+
+    def _check_also(self, task: Task) -> None:
+        """`also` names models of this request, for a task whose runner fills it, in this process."""
+        if not task.fills_also:
+            raise BenchError(f"also: the {self.task} task's runner extracts its own selections only")
+        if self.executor != "local":
+            raise BenchError("also: other selections are filled in this process; use --executor local")
+        names = {m.name for m in self.models}
+        for name, _, _ in self.also:
+            if name not in names:
+                raise BenchError(f"also: {name} is no model of this request ({', '.join(sorted(names))})")
 
     @property
     def preprocessing(self) -> dict[str, object]:

@@ -46,9 +46,7 @@ def run_evaluation(request: EvaluationRequest, *, progress: bool = True,
     ds = open_dataset(request.dataset, need_codes=task.needs_codes)
     check_writable(request.results_dir)
     if not request.overwrite:  # nothing owed: said before any model code (torch) is imported
-        limit = effective_limit(ds, request.limit)
-        held = held_by_metadata(request, ds.name, test_fp=split_fingerprint(ds, "test", limit), limit=limit,
-                                done=existing_keys(request.results_dir))
+        held = held_rows(request, ds)
         if held is not None:
             if held and on_skipped is not None:
                 on_skipped(held)
@@ -56,7 +54,17 @@ def run_evaluation(request: EvaluationRequest, *, progress: bool = True,
     return task.hook("runner")(request, ds, progress, on_skipped)
 
 
-__all__ = ["run_evaluation", "run_start", "local_threads"]
+def held_rows(request: EvaluationRequest, ds: Dataset | None = None) -> int | None:
+    """The family fits the request's results folder already holds when it owes no row, planned from
+    the registry's metadata without loading a model (`held_by_metadata`); None when it owes one,
+    or only loading a model tells. `ds`: the request's dataset, where the caller opened it."""
+    ds = ds if ds is not None else open_dataset(request.dataset)
+    limit = effective_limit(ds, request.limit)
+    return held_by_metadata(request, ds.name, test_fp=split_fingerprint(ds, "test", limit), limit=limit,
+                            done=existing_keys(request.results_dir))
+
+
+__all__ = ["run_evaluation", "run_start", "local_threads", "held_rows"]
 
 
 def local_threads(threads: int | None, progress: bool, plans: Sequence[BackbonePlan],

@@ -16,6 +16,7 @@ TASK = Task(
     summary="B, β, β* from F/O probes",
     probes="evaluators.probes.families:BINDING_PROBES",
     runner="evaluators.tasks.binding.run:run_binding",
+    fills_also=True,
     ray_runner="evaluators.runner.ray_executor:run_binding",
     metric="beta_star",
     metrics=(

@@ -22,7 +22,7 @@ from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.results import write_run
 from bench.core.tasks import TASKS
-from evaluators.cache.extract import extract_activations
+from evaluators.cache.extract import extract_selections
 from evaluators.fitting import TrainConfig, resolve_device, stacks_row_sets
 from evaluators.runner.request import EvaluationRequest
 from evaluators.runner.planning import backbone_plans, check_cache, effective_limit, say
@@ -78,9 +78,8 @@ def run_binding(request: EvaluationRequest, ds: Dataset, progress: bool,
             task_data = task_data or binding_task(ds, limit, request.unanchored, request.control)
             common = binding_common(prov, one, ds, test_fp, limit, task_data)
             try:
-                acts = {s: extract_activations(one.backbone, ds, s, layers=one.layers, token_choices=one.token_choices,
-                                               device=request.device, dtype=request.dtype, progress=progress,
-                                               limit=limit)
+                acts = {s: extract_selections(one.backbone, ds, s, one.selections, device=request.device,
+                                              dtype=request.dtype, progress=progress, limit=limit)[0]
                         for s in SPLITS}
             except BenchError:
                 raise
