@@ -17,6 +17,7 @@ from evaluators.fitting import stacked as stacked_stage
 from evaluators.fitting.data import LEAST_ROWS, STATS_VALUE_BYTES, read_spans
 from evaluators.tasks.binding.columns import evaluate_binding, evaluate_binding_sets
 from evaluators.tasks.binding.task import SPLITS, binding_task
+from tests.helpers import spatial_rows
 
 CONFIG = TrainConfig(epochs=3, batch_size=16, l2_path=(1e-1, 1e-2), l1_path=(1e-2,))
 
@@ -34,18 +35,6 @@ def _pooled(task, dtype=np.float32) -> dict[str, RowReader]:
         o = task.codes[s][1].astype(np.float32)
         z = o @ rng.normal(size=(o.shape[1], 24)) + rng.normal(size=(len(o), 24))
         out[s] = RowReader(z.astype(np.float16).astype(dtype))  # values float16 holds, as the cache's
-    return out
-
-
-def _spatial(task) -> dict[str, RowReader]:
-    """4 tokens of 8 values a scene, the O code in token 1."""
-    rng = np.random.default_rng(1)
-    out = {}
-    for s in SPLITS:
-        o = task.codes[s][1].astype(np.float32)
-        z = rng.normal(size=(len(o), 4, 8)).astype(np.float32)
-        z[:, 1] += o @ rng.normal(size=(o.shape[1], 8)).astype(np.float32)
-        out[s] = RowReader(z)
     return out
 
 
@@ -80,7 +69,7 @@ def _taking(monkeypatch) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("kind", ["pooled", "spatial"])
 def test_a_fit_under_the_least_budget_gets_the_numbers_of_an_unbounded_one(task, kind, monkeypatch, one_torch_thread):
     families = ["linear", "quadratic", "dnn"] if kind == "pooled" else ["attention"]
-    inputs = _pooled(task) if kind == "pooled" else _spatial(task)
+    inputs = _pooled(task) if kind == "pooled" else spatial_rows(task)
     takes = _taking(monkeypatch)
     free = _numbers(evaluate_binding(inputs, task, families, train=replace(CONFIG, memory_budget=2**40), n_boot=20))
     reads = len(takes)
@@ -112,7 +101,7 @@ def test_a_chunk_read_in_pieces_is_split_evenly_and_never_below_16_rows():
 
 
 def test_a_budget_below_one_batch_of_rows_is_refused(task):
-    inputs = _spatial(task)
+    inputs = spatial_rows(task)
     with pytest.raises(BenchError, match=r"^memory budget: .* cannot read one batch of rows \(32 rows of 4 x 8"):
         evaluate_binding(inputs, task, ["attention"], train=replace(CONFIG, memory_budget=_least(inputs) - 1), n_boot=20)
 

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from bench.core.dataset import Dataset
-from evaluators.fitting import RowReader, TrainConfig
+from evaluators.fitting import TrainConfig
 from evaluators.fitting import data as fitting_data
 from evaluators.fitting.data import LEAST_ROWS, PIECE_BYTES, piece_rows
 from evaluators.tasks.binding.columns import evaluate_binding
-from evaluators.tasks.binding.task import SPLITS, binding_task
-from tests.helpers import make_dataset
+from evaluators.tasks.binding.task import binding_task
+from tests.helpers import make_dataset, spatial_rows
 
 CONFIG = TrainConfig(epochs=3, l2_path=(1e-1, 1e-2), l1_path=(1e-2,))
-#: A row of `_spatial`'s, as float32: 4 tokens of 8 values.
+#: A row of `spatial_rows`'s, as float32: 4 tokens of 8 values.
 ROW_BYTES = 4 * 8 * 4
 
 
@@ -30,23 +30,11 @@ def task(tmp_path_factory):
                                              n_train=64, n_val=48, n_test=48, shard_size=64)))
 
 
-def _spatial(task) -> dict[str, RowReader]:
-    """4 tokens of 8 values a scene, the O code in token 1."""
-    rng = np.random.default_rng(1)
-    out = {}
-    for s in SPLITS:
-        o = task.codes[s][1].astype(np.float32)
-        z = rng.normal(size=(len(o), 4, 8)).astype(np.float32)
-        z[:, 1] += o @ rng.normal(size=(o.shape[1], 8)).astype(np.float32)
-        out[s] = RowReader(z)
-    return out
-
-
 def _fit(task, monkeypatch, piece_bytes: int, batch: int) -> tuple[dict, list[int]]:
-    """The attention family's result on `_spatial` with pieces of `piece_bytes`, and the rows of
+    """The attention family's result on `spatial_rows` with pieces of `piece_bytes`, and the rows of
     every read of the validation and test splits."""
     monkeypatch.setattr(fitting_data, "PIECE_BYTES", piece_bytes)
-    inputs = _spatial(task)
+    inputs = spatial_rows(task)
     reads: list[int] = []
     for s in ("val", "test"):
         reader, take = inputs[s], inputs[s].take
