@@ -182,7 +182,7 @@ def _also(work: Sequence[tuple[EvaluateBlock, DatasetStep, tuple]], i: int, resu
     still owes that backbone rows. The README's study reads every layer's class token, then every
     token of the last layer, of the same backbones: each runs through its model once, not twice."""
     from bench.core.tasks import TASKS
-    from evaluators.runner.run import held_rows
+    from evaluators.runner.planning import held_rows
 
     block, step, models = work[i]
     mine = block.request(models, step.target, results_dir=results)

@@ -10,13 +10,13 @@ from typing import Any, Callable, Mapping, Sequence
 from bench.core.dataset import Dataset
 from bench.core.errors import BenchError
 from bench.core.hashing import config_hash
-from bench.core.results import row_key
+from bench.core.results import existing_keys, row_key
 from bench.core.tasks import TASKS
 from evaluators.backbones.info import BackboneInfo, cls_is_mean
-from evaluators.cache.keys import parse_layers
+from evaluators.cache.keys import parse_layers, split_fingerprint
 from evaluators.runner.request import EvaluationRequest, Model
 from evaluators.probes.families import family_defaults
-from evaluators.tasks.binding.task import SPLITS
+from evaluators.tasks.binding.task import SPLITS, open_dataset
 
 #: Part of every probe fingerprint: raise it when a change to the probes, their training or the
 #: metrics changes the numbers a request gives, so rows measured before are measured again.
@@ -198,6 +198,16 @@ def metadata_bytes(info: BackboneInfo, side: int, rows: int, layers: Sequence[in
 
     grid = (side // info.patch_size,) * 2 if info.patch_size else None
     return entry_bytes(rows, layers, token_choices, info.width or 64, grid)
+
+
+def held_rows(request: EvaluationRequest, ds: Dataset | None = None) -> int | None:
+    """The family fits the request's results folder already holds when it owes no row, planned from
+    the registry's metadata without loading a model (`held_by_metadata`); None when it owes one,
+    or only loading a model tells. `ds`: the request's dataset, where the caller opened it."""
+    ds = ds if ds is not None else open_dataset(request.dataset)
+    limit = effective_limit(ds, request.limit)
+    return held_by_metadata(request, ds.name, test_fp=split_fingerprint(ds, "test", limit), limit=limit,
+                            done=existing_keys(request.results_dir))
 
 
 def backbone_plans(request: EvaluationRequest, ds: Dataset, *, done: set[tuple], test_fp: str, limit: int | None,

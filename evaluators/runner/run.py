@@ -19,7 +19,7 @@ from bench.core.results import check_writable, existing_keys, new_run_id, proven
 from bench.core.tasks import TASKS
 from evaluators.cache.keys import split_fingerprint
 from evaluators.runner.request import EvaluationRequest
-from evaluators.runner.planning import BackbonePlan, effective_limit, held_by_metadata, say
+from evaluators.runner.planning import BackbonePlan, held_rows, say
 from evaluators.runner.threads import chosen_threads
 from evaluators.tasks.binding.task import open_dataset
 
@@ -54,17 +54,7 @@ def run_evaluation(request: EvaluationRequest, *, progress: bool = True,
     return task.hook("runner")(request, ds, progress, on_skipped)
 
 
-def held_rows(request: EvaluationRequest, ds: Dataset | None = None) -> int | None:
-    """The family fits the request's results folder already holds when it owes no row, planned from
-    the registry's metadata without loading a model (`held_by_metadata`); None when it owes one,
-    or only loading a model tells. `ds`: the request's dataset, where the caller opened it."""
-    ds = ds if ds is not None else open_dataset(request.dataset)
-    limit = effective_limit(ds, request.limit)
-    return held_by_metadata(request, ds.name, test_fp=split_fingerprint(ds, "test", limit), limit=limit,
-                            done=existing_keys(request.results_dir))
-
-
-__all__ = ["run_evaluation", "run_start", "local_threads", "held_rows"]
+__all__ = ["run_evaluation", "run_start", "local_threads"]
 
 
 def local_threads(threads: int | None, progress: bool, plans: Sequence[BackbonePlan],
